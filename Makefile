@@ -1,0 +1,41 @@
+# zfbench: set up, demo, test, figures, bench.
+# Every target that needs the virtual environment depends on `setup`, so on a fresh clone
+# `make demo` and `make test` each work as the first command.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test figures bench clean
+
+setup: $(STAMP)
+
+# Without CUDA, install the CPU build of torch first so that the `torch>=2.4` range is
+# already satisfied and pip does not pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
+	  echo "CUDA found: torch comes from the package's own range"; \
+	else \
+	  $(PY) -m pip install --quiet torch==2.13.0; \
+	fi
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: setup
+	$(PY) -m zfbench.simulate --pcie gen4 --out runs/demo
+
+# pytest exits 5 when it collects no test: say so plainly and fail.
+test: setup
+	$(PY) -m pytest -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
+
+figures: setup
+	$(PY) -m zfbench.figures
+
+bench: setup
+	$(PY) bench/sim_speed.py
+
+clean:
+	rm -rf $(VENV) runs

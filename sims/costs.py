@@ -1,0 +1,271 @@
+"""The simulator's knobs and its cost model: what each op costs on the chosen hardware.
+
+`SimSettings` holds every knob of a simulation (model, node, batch, precision, ZenFlow
+parameters, steps) and validates them with messages that name the knob and the valid
+values. `CostModel` turns settings into per-rank costs, per bucket of layers in forward
+order: compute seconds (FLOPs over peak times MFU), bytes each direction moves, host work
+in elements, and the memory each strategy needs per rank. The SimPy processes in
+`strategies.py` only schedule these costs; all arithmetic about the hardware is here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from zfbench import hardware, models
+from zfbench.config import ConfigError, zenflow_from_dict
+from zfbench.schedule import topk_count
+
+STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zenflow")
+TRANSFER_MODES = ("design", "shipped")
+PRECISIONS = ("bf16", "fp16")
+
+# Bytes per parameter of a memory-bound Adam step with fp32 master weights and moments:
+# read+write master, m, v (24 B), read a 16-bit gradient (2 B), write a 16-bit copy (2 B).
+# Source: ../shared/reference/hardware.md, "CPU Adam throughput", roofline bound.
+ADAM_BYTES_PER_PARAM = 28.0
+# Host gradient accumulation: read a 16-bit gradient, read and write an fp32 accumulator.
+ACCUM_BYTES_PER_ELEMENT = 10.0
+# An elementwise add is several times cheaper per core than an Adam update (judgment:
+# Adam does ~10 flops and a sqrt per element, accumulation one fused multiply-add).
+ACCUM_SPEEDUP_OVER_ADAM_PER_CORE = 4.0
+# Fraction of peak HBM bandwidth a fused device Adam achieves (judgment; multi-tensor
+# apply kernels typically reach 70-90 % of STREAM-like bandwidth).
+DEVICE_OPTIM_HBM_EFFICIENCY = 0.8
+# Activation bytes per layer per token without recomputation, bf16: s*b*h*(34 + 5*a*s/h)
+# (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+# Models", eq. 1); with full recomputation 2*s*b*h per layer is kept (the layer input).
+ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34.0
+
+
+class SimSettingsError(ValueError):
+    """A knob has an invalid value; the message names the knob and the valid values."""
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    model: str = "llama2-7b"
+    layers: int | None = None
+    gpus: int = 4
+    gpu: str = "a100-80g"
+    pcie: str = "gen4"
+    host: str = "epyc-7763-milan"
+    host_cores: int | None = None
+    net: str = "nvlink3"
+    gpus_per_switch: int = 2
+    micro_batch: int = 1
+    seq: int = 1024
+    precision: str = "bf16"
+    mfu: float | None = None
+    activation_checkpointing: bool = True
+    topk_ratio: float = 0.1
+    update_interval: int = 4
+    select_interval: int = 0
+    overlap_step: bool = True
+    full_warm_up_rounds: int = 0
+    steps: int = 40
+    transfers: str = "design"
+    bandwidth_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_int(self, "gpus", 1)
+        _check_int(self, "gpus_per_switch", 1)
+        _check_int(self, "micro_batch", 1)
+        _check_int(self, "seq", 1)
+        _check_int(self, "steps", 1)
+        if self.layers is not None:
+            _check_int(self, "layers", 1)
+        if self.host_cores is not None:
+            _check_int(self, "host_cores", 1)
+        if self.precision not in PRECISIONS:
+            raise SimSettingsError(f"precision {self.precision!r} is not supported; "
+                                   f"choose one of: {', '.join(PRECISIONS)}")
+        if self.transfers not in TRANSFER_MODES:
+            raise SimSettingsError(f"transfers {self.transfers!r} is not known; "
+                                   f"choose one of: {', '.join(TRANSFER_MODES)}")
+        if self.mfu is not None and not 0 < self.mfu <= 1:
+            raise SimSettingsError(f"mfu must be in (0, 1], got {self.mfu}")
+        if not self.bandwidth_scale > 0:
+            raise SimSettingsError(f"bandwidth_scale must be > 0, got {self.bandwidth_scale}")
+        try:  # one set of ZenFlow rules, shared with the engine's config
+            zenflow_from_dict({
+                "topk_ratio": self.topk_ratio, "update_interval": self.update_interval,
+                "select_interval": self.select_interval, "select_strategy": "step",
+                "overlap_step": self.overlap_step,
+                "full_warm_up_rounds": self.full_warm_up_rounds}, prefix="zenflow")
+        except ConfigError as err:
+            raise SimSettingsError(str(err)) from None
+        try:
+            shape = models.get_model(self.model)
+            if self.layers is not None:
+                shape.with_layers(self.layers)
+            hardware.get_gpu(self.gpu)
+            hardware.get_link(self.pcie)
+            hardware.get_host(self.host)
+            hardware.get_net(self.net)
+        except ValueError as err:
+            raise SimSettingsError(str(err)) from None
+
+    def with_(self, **changes) -> "SimSettings":
+        unknown = sorted(set(changes) - set(asdict(self)))
+        if unknown:
+            raise SimSettingsError(f"unknown knob(s) {unknown}; knobs are: "
+                                   f"{', '.join(asdict(self))}")
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _check_int(settings: SimSettings, name: str, minimum: int) -> None:
+    value = getattr(settings, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SimSettingsError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Costs of one block of the model (embedding, a decoder layer, or the head), per rank."""
+
+    name: str
+    numel: int
+    matrix_numel: int
+    selected_numel: int  # elements updated on the device under zenflow (top-k cols + 1-D)
+    forward_s: float
+    backward_s: float
+
+
+@dataclass
+class CostModel:
+    settings: SimSettings
+    shape: models.ModelShape = field(init=False)
+    node: hardware.Node = field(init=False)
+    buckets: list[Bucket] = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        shape = models.get_model(s.model)
+        self.shape = shape.with_layers(s.layers) if s.layers is not None else shape
+        gpu = hardware.get_gpu(s.gpu)
+        link = hardware.get_link(s.pcie)
+        if s.bandwidth_scale != 1.0:
+            link = link.scaled(s.bandwidth_scale)
+        host = hardware.get_host(s.host)
+        if s.host_cores is not None:
+            host = host.with_cores(s.host_cores)
+        self.node = hardware.Node(name="custom", gpu=gpu, gpus=s.gpus, link=link,
+                                  gpus_per_switch=min(s.gpus_per_switch, s.gpus), host=host,
+                                  net=hardware.get_net(s.net))
+        self.mfu = s.mfu if s.mfu is not None else gpu.default_mfu
+        self.flops_per_s = gpu.peak_flops_per_s(s.precision) * self.mfu
+        bwd_factor = 3.0 if s.activation_checkpointing else 2.0  # recompute adds a forward
+        self.buckets = []
+        for block in self.shape.blocks():
+            fwd = block.forward_flops(s.seq, s.micro_batch) / self.flops_per_s
+            matrix_numel = sum(m.numel for m in block.matrices)
+            selected = sum(m.rows * topk_count(m.cols, s.topk_ratio) for m in block.matrices)
+            selected += block.numel - matrix_numel  # 1-D parameters are always selected
+            self.buckets.append(Bucket(block.name, block.numel, matrix_numel, selected,
+                                       fwd, fwd * bwd_factor))
+
+    # -- sizes ------------------------------------------------------------------------
+    @property
+    def gpus(self) -> int:
+        return self.settings.gpus
+
+    @property
+    def elem_bytes(self) -> int:
+        return 2  # bf16 / fp16 parameters and gradients on the device and on the link
+
+    @property
+    def params(self) -> int:
+        return self.shape.total_params
+
+    @property
+    def model_bytes(self) -> int:
+        return self.params * self.elem_bytes
+
+    @property
+    def selected_params(self) -> int:
+        return sum(b.selected_numel for b in self.buckets)
+
+    def share(self, numel: float) -> float:
+        """Elements of `numel` that one rank owns under ZeRO-2 partitioning."""
+        return numel / self.gpus
+
+    # -- compute lane -----------------------------------------------------------------
+    @property
+    def forward_s(self) -> float:
+        return sum(b.forward_s for b in self.buckets)
+
+    def device_optim_s(self, numel: float) -> float:
+        hbm = self.node.gpu.hbm_bytes_per_s * DEVICE_OPTIM_HBM_EFFICIENCY
+        return numel * ADAM_BYTES_PER_PARAM / hbm
+
+    def select_s(self) -> float:
+        """Per-column scores read every 2-D gradient once, then a top-k per matrix."""
+        matrix_numel = sum(b.matrix_numel for b in self.buckets)
+        hbm = self.node.gpu.hbm_bytes_per_s * DEVICE_OPTIM_HBM_EFFICIENCY
+        return matrix_numel * self.elem_bytes / hbm
+
+    # -- host work --------------------------------------------------------------------
+    @property
+    def cores_per_rank(self) -> float:
+        return self.node.host.cores / self.gpus
+
+    @property
+    def adam_units_per_core_s(self) -> float:
+        return self.node.host.adam_params_per_s_per_core
+
+    @property
+    def accum_units_per_core_s(self) -> float:
+        return self.node.host.adam_params_per_s_per_core * ACCUM_SPEEDUP_OVER_ADAM_PER_CORE
+
+    # -- net lane (ring collectives; NCCL busbw convention) ---------------------------
+    def allreduce_s(self, nbytes: float) -> float:
+        n, net = self.gpus, self.node.net
+        if n == 1:
+            return 0.0
+        return 2 * (n - 1) / n * nbytes / (net.bytes_per_s * net.efficiency) + \
+            2 * (n - 1) * net.latency_s
+
+    def allgather_s(self, nbytes: float) -> float:
+        n, net = self.gpus, self.node.net
+        if n == 1:
+            return 0.0
+        return (n - 1) / n * nbytes / (net.bytes_per_s * net.efficiency) + \
+            (n - 1) * net.latency_s
+
+    # -- memory per rank --------------------------------------------------------------
+    def activation_bytes(self) -> float:
+        s, h = self.settings, self.shape.hidden
+        tokens = s.seq * s.micro_batch
+        per_layer_full = tokens * h * (ACTIVATION_BYTES_PER_TOKEN_HIDDEN
+                                       + 5 * self.shape.heads * s.seq / h)
+        if s.activation_checkpointing:
+            return self.shape.layers * 2 * tokens * h + per_layer_full
+        return self.shape.layers * per_layer_full
+
+    def memory_per_rank(self, strategy: str) -> dict[str, float]:
+        """Device bytes per rank and host bytes for the whole node, by strategy."""
+        p, b = self.params, self.elem_bytes
+        part = self.share(p)
+        act = self.activation_bytes()
+        if strategy == "device":  # ZeRO-2: 16-bit params, partitioned grads and fp32 state
+            device = p * b + part * b + part * 12 + act
+            host = 0.0
+        elif strategy in ("zero-offload", "zero-offload-dpu"):
+            device = p * b + p * b + act  # params + a full gradient buffer
+            host = p * (12 + 4)  # fp32 master, m, v, fp32 gradient, over all ranks
+        else:  # zenflow: device Adam state for the selected slice, host state + 2 accumulators
+            sel = self.selected_params
+            device = p * b + p * b + sel * 12 + act
+            host = p * (12 + 2 * 4)
+        return {"device_bytes_per_rank": device, "host_bytes": host}
+
+    def fits(self, strategy: str) -> dict[str, float | bool]:
+        mem = self.memory_per_rank(strategy)
+        dev_cap = float(self.node.gpu.memory_bytes)
+        host_cap = float(self.node.host.memory_bytes)
+        return {**mem, "device_capacity_bytes": dev_cap, "host_capacity_bytes": host_cap,
+                "fits": mem["device_bytes_per_rank"] <= dev_cap and mem["host_bytes"] <= host_cap}

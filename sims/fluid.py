@@ -1,0 +1,173 @@
+"""Fluid sharing of a node's host-side resources between concurrent jobs.
+
+PCIe transfers (each direction of each GPU's link, the switch upstream that GPUs share)
+and host optimizer work (CPU cores, DRAM bandwidth) are not fixed-duration operations:
+how fast one runs depends on what else runs at the same time. `FluidPool` keeps the set
+of active jobs, gives each a rate from a rate function of that set, and recomputes every
+rate whenever a job starts or ends (processor sharing). A job's duration is therefore
+exact for piecewise-constant sharing, not an estimate frozen at its start.
+
+The rate function for a node lives in `node_rates`: per-direction link caps slowed by the
+bidirectional-interference factor, the switch upstream split between the GPUs behind it,
+and host jobs limited by their rank's cores and by the DRAM bandwidth the transfers leave.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import simpy
+
+# A job is finished when less than this fraction of its work remains (float round-off).
+_REL_EPS = 1e-9
+
+
+@dataclass(eq=False)
+class Job:
+    """Work on the pool: `amount` units (bytes for transfers, elements for host work)."""
+
+    kind: str  # "d2h" | "h2d" | "host"
+    rank: int
+    amount: float
+    bytes_per_unit: float = 1.0  # DRAM bytes touched per unit of host work
+    units_per_core_s: float = 0.0  # host work: units one core completes per second
+    done: simpy.Event | None = None
+    remaining: float = field(init=False)
+    rate: float = field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        self.remaining = float(self.amount)
+
+
+RateFn = Callable[[list[Job]], list[float]]
+
+
+class FluidPool:
+    """Processor-sharing pool: active jobs progress at rates recomputed on every change."""
+
+    def __init__(self, env: simpy.Environment, rate_fn: RateFn) -> None:
+        self.env = env
+        self.rate_fn = rate_fn
+        self.active: list[Job] = []
+        self._last = 0.0
+        self._version = 0
+
+    def run(self, job: Job) -> simpy.Event:
+        """Start `job` now; the returned event fires when its work is done."""
+        job.done = self.env.event()
+        if job.amount <= 0:
+            job.done.succeed()
+            return job.done
+        self._advance()
+        self.active.append(job)
+        self._reschedule()
+        return job.done
+
+    def _advance(self) -> None:
+        now = self.env.now
+        dt = now - self._last
+        if dt > 0:
+            for job in self.active:
+                job.remaining -= job.rate * dt
+        self._last = now
+
+    def _reschedule(self) -> None:
+        self._version += 1
+        if not self.active:
+            return
+        rates = self.rate_fn(self.active)
+        soonest = float("inf")
+        for job, rate in zip(self.active, rates):
+            if not rate > 0:
+                raise RuntimeError(f"fluid pool gave a {job.kind} job a rate of {rate}")
+            job.rate = rate
+            soonest = min(soonest, max(job.remaining, 0.0) / rate)
+        version = self._version
+        timer = self.env.timeout(soonest)
+        timer.callbacks.append(lambda _event: self._on_timer(version))
+
+    def _on_timer(self, version: int) -> None:
+        if version != self._version:
+            return  # the active set changed since this timer was set
+        self._advance()
+        still = []
+        for job in self.active:
+            if job.remaining <= _REL_EPS * job.amount or job.remaining / job.rate < 1e-12:
+                job.remaining = 0.0
+                job.done.succeed()
+            else:
+                still.append(job)
+        self.active = still
+        self._reschedule()
+
+
+@dataclass(frozen=True)
+class NodeCapacities:
+    """The numbers `node_rates` shares out, per rank and per node."""
+
+    d2h_bytes_per_s: float
+    h2d_bytes_per_s: float
+    d2h_factor_when_h2d_busy: float
+    h2d_factor_when_d2h_busy: float
+    upstream_d2h_bytes_per_s: float
+    upstream_h2d_bytes_per_s: float
+    gpus_per_switch: int
+    cores_per_rank: float
+    dram_bytes_per_s: float
+    # Host work never gets less than this share of DRAM bandwidth, however busy the link.
+    dram_floor_fraction: float = 0.1
+
+
+def node_rates(caps: NodeCapacities) -> RateFn:
+    """Rate function for one node: links first, then host work on what DRAM is left."""
+
+    def rates(active: list[Job]) -> list[float]:
+        busy = {("d2h", j.rank) for j in active if j.kind == "d2h"}
+        busy |= {("h2d", j.rank) for j in active if j.kind == "h2d"}
+        per_switch: dict[tuple[str, int], int] = {}
+        for kind, rank in busy:
+            key = (kind, rank // caps.gpus_per_switch)
+            per_switch[key] = per_switch.get(key, 0) + 1
+        switch_both = {}
+        for kind, sw in per_switch:
+            other = "h2d" if kind == "d2h" else "d2h"
+            switch_both[(kind, sw)] = (other, sw) in per_switch
+        same_lane: dict[tuple[str, int], int] = {}
+        for job in active:
+            if job.kind != "host":
+                same_lane[(job.kind, job.rank)] = same_lane.get((job.kind, job.rank), 0) + 1
+        out = [0.0] * len(active)
+        transfer_total = 0.0
+        for i, job in enumerate(active):
+            if job.kind == "host":
+                continue
+            if job.kind == "d2h":
+                cap, up = caps.d2h_bytes_per_s, caps.upstream_d2h_bytes_per_s
+                factor, other = caps.d2h_factor_when_h2d_busy, "h2d"
+            else:
+                cap, up = caps.h2d_bytes_per_s, caps.upstream_h2d_bytes_per_s
+                factor, other = caps.h2d_factor_when_d2h_busy, "d2h"
+            if (other, job.rank) in busy:
+                cap *= factor
+            sw = job.rank // caps.gpus_per_switch
+            if switch_both[(job.kind, sw)]:
+                up *= factor
+            rank_rate = min(cap, up / per_switch[(job.kind, sw)])
+            out[i] = rank_rate / same_lane[(job.kind, job.rank)]
+            transfer_total += out[i]
+        hosts = [i for i, j in enumerate(active) if j.kind == "host"]
+        if hosts:
+            dram_left = max(caps.dram_bytes_per_s - transfer_total,
+                            caps.dram_floor_fraction * caps.dram_bytes_per_s)
+            dram_each = dram_left / len(hosts)
+            per_rank: dict[int, int] = {}
+            for i in hosts:
+                per_rank[active[i].rank] = per_rank.get(active[i].rank, 0) + 1
+            for i in hosts:
+                job = active[i]
+                cores = caps.cores_per_rank / per_rank[job.rank]
+                out[i] = min(cores * job.units_per_core_s, dram_each / job.bytes_per_unit)
+        return out
+
+    return rates
