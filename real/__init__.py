@@ -1,1 +1,5 @@
-"""real."""
+"""The real engine: ZenFlow and its baselines in PyTorch (`real.initialize`)."""
+
+from real.engine import Engine, NonFiniteGradientError, initialize
+
+__all__ = ["Engine", "NonFiniteGradientError", "initialize"]

@@ -21,6 +21,8 @@ import simpy
 
 # A job is finished when less than this fraction of its work remains (float round-off).
 _REL_EPS = 1e-9
+_INF = float("inf")
+_NORMAL = simpy.events.NORMAL
 
 
 @dataclass(eq=False)
@@ -41,6 +43,19 @@ class Job:
 
 
 RateFn = Callable[[list[Job]], list[float]]
+
+
+class _Timer:
+    """The pool's wake-up at the soonest completion: a bare SimPy heap entry (processed
+    exactly like a `Timeout`, without the `Event` machinery the pool does not need)."""
+
+    __slots__ = ("callbacks", "_ok", "_value", "version")
+
+    def __init__(self, callback, version: int) -> None:
+        self.callbacks = [callback]
+        self._ok = True
+        self._value = None
+        self.version = version
 
 
 class FluidPool:
@@ -74,21 +89,26 @@ class FluidPool:
 
     def _reschedule(self) -> None:
         self._version += 1
-        if not self.active:
+        active = self.active
+        if not active:
             return
-        rates = self.rate_fn(self.active)
-        soonest = float("inf")
-        for job, rate in zip(self.active, rates):
+        rates = self.rate_fn(active)
+        soonest = _INF
+        for job, rate in zip(active, rates):
             if not rate > 0:
                 raise RuntimeError(f"fluid pool gave a {job.kind} job a rate of {rate}")
             job.rate = rate
-            soonest = min(soonest, max(job.remaining, 0.0) / rate)
-        version = self._version
-        timer = self.env.timeout(soonest)
-        timer.callbacks.append(lambda _event: self._on_timer(version))
+            left = job.remaining
+            if left < 0.0:
+                left = 0.0
+            left /= rate
+            if left < soonest:  # min(): the first of equal values wins, as here
+                soonest = left
+        # As `env.timeout(soonest)` would: same time, priority and place in the queue.
+        self.env.schedule(_Timer(self._on_timer, self._version), _NORMAL, soonest)
 
-    def _on_timer(self, version: int) -> None:
-        if version != self._version:
+    def _on_timer(self, timer: _Timer) -> None:
+        if timer.version != self._version:
             return  # the active set changed since this timer was set
         self._advance()
         still = []
@@ -119,10 +139,29 @@ class NodeCapacities:
     dram_floor_fraction: float = 0.1
 
 
+# Distinct active sets seen by one rate function are few (a step repeats itself); the memo
+# is dropped if it ever grows past this many entries.
+_MEMO_MAX = 1 << 16
+
+
 def node_rates(caps: NodeCapacities) -> RateFn:
-    """Rate function for one node: links first, then host work on what DRAM is left."""
+    """Rate function for one node: links first, then host work on what DRAM is left.
+
+    The rates are a pure function of each active job's (kind, rank, bytes_per_unit,
+    units_per_core_s), in order, so they are memoized on that key: the same key always
+    gives the very same floats, computed once by `compute`."""
+    memo: dict[tuple, list[float]] = {}
 
     def rates(active: list[Job]) -> list[float]:
+        key = tuple([(j.kind, j.rank, j.bytes_per_unit, j.units_per_core_s) for j in active])
+        out = memo.get(key)
+        if out is None:
+            if len(memo) >= _MEMO_MAX:
+                memo.clear()
+            out = memo[key] = compute(active)
+        return list(out)
+
+    def compute(active: list[Job]) -> list[float]:
         busy = {("d2h", j.rank) for j in active if j.kind == "d2h"}
         busy |= {("h2d", j.rank) for j in active if j.kind == "h2d"}
         per_switch: dict[tuple[str, int], int] = {}

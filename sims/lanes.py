@@ -13,6 +13,7 @@ stream, running its forward/backward/optimizer ops in program order with `run_co
 from __future__ import annotations
 
 from collections import deque
+from heapq import heappush
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -22,7 +23,7 @@ from sims.fluid import FluidPool, Job
 from zfbench.trace import Timeline
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Op:
     op: str
     step: int
@@ -33,8 +34,58 @@ class Op:
     done: simpy.Event | None = None
 
 
+class _Hop:
+    """A bare entry in SimPy's event queue: `env.step()` processes it like any event (it
+    calls the callbacks once), without the `Event`/`Process`/`Condition` machinery."""
+
+    __slots__ = ("callbacks", "_ok", "_value")
+
+    def __init__(self, callback) -> None:
+        self.callbacks = [callback]
+        self._ok = True
+        self._value = None
+
+
+class _Wait(_Hop):
+    """The lane worker waiting for a submit or for a queue head's dependency.
+
+    It stands for the `AnyOf` condition a generator worker would yield: `check` is
+    registered where that condition's check would be, and the first check schedules the
+    wait itself (as the condition schedules itself), whose processing resumes the worker.
+    """
+
+    __slots__ = ("lane", "pending", "woken", "check", "deps")
+
+    def __init__(self, lane: "Lane") -> None:
+        self.callbacks = [lane._on_wait]
+        self._ok = True
+        self._value = None
+        self.lane = lane
+        self.pending = True  # not yet checked off
+        self.woken = False  # a submit has scheduled its wake-up
+        self.check = self._check  # the one bound method registered on the deps
+        self.deps: list = []  # the dependencies it is registered on
+
+    def _check(self, _event) -> None:
+        if self.pending:
+            self.pending = False
+            self.lane._push(self, 0.0)
+
+
+_URGENT, _NORMAL = simpy.events.URGENT, simpy.events.NORMAL
+_PENDING = simpy.events.PENDING
+
+
 class Lane:
-    """One in-order worker lane of one rank (d2h, h2d, host or net)."""
+    """One in-order worker lane of one rank (d2h, h2d, host or net).
+
+    The worker is a small state machine driven by event callbacks rather than a generator
+    process: where a generator worker would yield an event, it registers a callback on
+    that very event, and every SimPy event such a worker schedules (its start, its wake-up
+    on submit, its any-of wait, latency timeouts) is scheduled here at the same moment, with
+    the same time and priority, so the simulation unfolds in exactly the same order. A
+    wake-up that would find the worker busy does nothing and is not scheduled at all.
+    """
 
     def __init__(self, env: simpy.Environment, timeline: Timeline, pool: FluidPool,
                  rank: int, name: str, priority_ops: tuple[str, ...] = ()) -> None:
@@ -43,48 +94,109 @@ class Lane:
         self.priority_ops = priority_ops
         self._urgent: deque[Op] = deque()
         self._normal: deque[Op] = deque()
-        self._wakeup = env.event()
+        self._wait: _Wait | None = None  # set while the worker waits
+        self._item: Op | None = None  # the op running
+        self._t0 = 0.0
         self.busy_s = 0.0
-        env.process(self._worker())
+        self._queue, self._eid = env._queue, env._eid  # for `_push`, SimPy's own schedule
+        # The worker starts as a process would: an urgent event at the current time.
+        env.schedule(_Hop(self._on_start), _URGENT)
+
+    def _push(self, event, delay: float) -> None:
+        """`env.schedule(event, NORMAL, delay)`, inlined."""
+        heappush(self._queue, (self.env._now + delay, _NORMAL, next(self._eid), event))
 
     def submit(self, op: str, step: int, deps: Sequence[simpy.Event] = (),
                seconds: float = 0.0, job: Job | None = None, nbytes: int = 0) -> simpy.Event:
         """Queue an op; the returned event fires when it has finished."""
-        item = Op(op, step, tuple(d for d in deps if d is not None), seconds, job, nbytes,
-                  self.env.event())
-        (self._urgent if op in self.priority_ops else self._normal).append(item)
-        if not self._wakeup.triggered:
-            self._wakeup.succeed()
-        return item.done
+        done = simpy.Event(self.env)
+        item = Op(op, step, tuple([d for d in deps if d is not None]), seconds, job, nbytes,
+                  done)
+        if op in self.priority_ops:
+            self._urgent.append(item)
+        else:
+            self._normal.append(item)
+        wait = self._wait
+        if wait is not None and wait.pending and not wait.woken:
+            # A waiting worker is woken through one event, as by a wake-up `Event`.
+            wait.woken = True
+            self._push(_Hop(wait.check), 0.0)
+        return done
 
     def _next_ready(self) -> Op | None:
-        for queue in (self._urgent, self._normal):
-            if queue and all(d.triggered for d in queue[0].deps):
+        queue = self._urgent
+        if queue:
+            for dep in queue[0].deps:
+                if dep._value is _PENDING:  # not yet triggered
+                    break
+            else:
+                return queue.popleft()
+        queue = self._normal
+        if queue:
+            for dep in queue[0].deps:
+                if dep._value is _PENDING:
+                    break
+            else:
                 return queue.popleft()
         return None
 
-    def _worker(self):
-        env = self.env
+    # -- the worker: run ops in order until none is ready, then wait -----------------
+    def _on_start(self, _event) -> None:
+        self._run()
+
+    def _on_wait(self, wait: _Wait) -> None:
+        self._wait = None
+        check = wait.check
+        for dep in wait.deps:  # as a condition does: unhook from events yet to fire
+            callbacks = dep.callbacks
+            if callbacks is not None:
+                callbacks.remove(check)
+        self._run()
+
+    def _run(self) -> None:
         while True:
             item = self._next_ready()
             if item is None:
-                if self._wakeup.triggered:
-                    self._wakeup = env.event()
-                waits = [self._wakeup]
-                for queue in (self._urgent, self._normal):
-                    if queue:
-                        waits.extend(d for d in queue[0].deps if not d.triggered)
-                yield env.any_of(waits)
-                continue
-            t0 = env.now
+                self._start_wait()
+                return
+            self._item, self._t0 = item, self.env._now
             if item.seconds > 0:
-                yield env.timeout(item.seconds)
-            if item.job is not None and item.job.amount > 0:
-                yield self.pool.run(item.job)
-            t1 = env.now
-            self.busy_s += t1 - t0
-            self.timeline.add(self.rank, self.name, item.op, item.step, t0, t1, item.nbytes)
-            item.done.succeed()
+                self._push(_Hop(self._on_delay), item.seconds)
+                return
+            job = item.job
+            if job is not None and job.amount > 0:
+                self.pool.run(job).callbacks.append(self._on_job)
+                return
+            self._finish(item)
+
+    def _start_wait(self) -> None:
+        wait = self._wait = _Wait(self)
+        check, hooked = wait.check, wait.deps
+        for queue in (self._urgent, self._normal):
+            if queue:
+                for dep in queue[0].deps:
+                    if dep._value is _PENDING:
+                        dep.callbacks.append(check)
+                        hooked.append(dep)
+
+    def _on_delay(self, _event) -> None:
+        item = self._item
+        job = item.job
+        if job is not None and job.amount > 0:
+            self.pool.run(job).callbacks.append(self._on_job)
+            return
+        self._finish(item)
+        self._run()
+
+    def _on_job(self, _event) -> None:
+        self._finish(self._item)
+        self._run()
+
+    def _finish(self, item: Op) -> None:
+        t0, t1 = self._t0, self.env._now
+        self.busy_s += t1 - t0
+        self.timeline.add(self.rank, self.name, item.op, item.step, t0, t1, item.nbytes)
+        item.done.succeed()
 
 
 def run_compute(env: simpy.Environment, timeline: Timeline, rank: int, op: str, step: int,

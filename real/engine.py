@@ -1,0 +1,244 @@
+"""The engine: DeepSpeed's shape (`initialize`, `engine(batch)`, `backward`, `step`).
+
+`initialize(model, config)` takes any `torch.nn.Module` whose forward returns a loss and a
+DeepSpeed-style config (dict or JSON path, validated by `zfbench.config`), and returns an
+`Engine` running one of the four strategies. The engine owns what all strategies share:
+
+- the parameters, re-pointed as views into one flat device buffer;
+- the lanes. With CUDA: a compute stream, a d2h and an h2d stream, pinned host buffers.
+  Without CUDA the accelerator is emulated: the calling thread is the device lane with
+  `device_threads` torch threads, and a `HostLane` worker with `host_threads` threads runs
+  the host optimizer, so asynchronous schedules really overlap and their stalls are real;
+- the span recorder (every op as a span in the shared vocabulary) and the per-step log;
+- refusal of non-finite gradients (`zfbench.nonfinite`: skip the step or raise);
+- checkpoints that capture a pending asynchronous update, so a resumed run continues
+  exactly as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from real.flat import FlatLayout
+from real.host_lane import HostLane
+from real.recorder import SpanRecorder
+from real.strategies import DelayedOffloadStrategy, DeviceStrategy, OffloadStrategy
+from real.zenflow import ZenFlowStrategy
+from zfbench.config import EngineConfig, load_config
+
+STRATEGY_CLASSES = {"device": DeviceStrategy, "zero-offload": OffloadStrategy,
+                    "zero-offload-dpu": DelayedOffloadStrategy, "zenflow": ZenFlowStrategy}
+CHECKPOINT_FILE = "zfbench_engine.pt"
+
+
+class NonFiniteGradientError(FloatingPointError):
+    """A NaN or inf gradient with `zfbench.nonfinite: raise`."""
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda asked for, but torch sees no CUDA device; "
+                           "use --device cpu (the emulated accelerator) or auto")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be auto, cuda or cpu, not {device!r}")
+    return torch.device(device)
+
+
+def default_thread_split(cores: int | None = None) -> tuple[int, int]:
+    """An even split of the cores between the device lane and the host lane."""
+    cores = cores or os.cpu_count() or 2
+    device = max(1, cores // 2)
+    return device, max(1, cores - device)
+
+
+class Engine:
+    def __init__(self, model: torch.nn.Module, config: EngineConfig, *, device: str = "auto",
+                 device_threads: int | None = None, host_threads: int | None = None,
+                 steps_per_epoch: int | None = None, host_chunk_elems: int = 1 << 22,
+                 host_timeout_s: float = 600.0, rank: int = 0) -> None:
+        self.config = config
+        self.device = resolve_device(device)
+        self.use_cuda = self.device.type == "cuda"
+        split = default_thread_split()
+        self.device_threads = device_threads or split[0]
+        self.host_threads = host_threads or split[1]
+        if not self.use_cuda:
+            torch.set_num_threads(self.device_threads)
+        self.steps_per_epoch = steps_per_epoch
+        self.host_chunk_elems = host_chunk_elems
+        self.host_timeout_s = host_timeout_s
+        self.model = model.to(self.device)
+        self._flatten_parameters()
+        self.recorder = SpanRecorder(rank, use_cuda=self.use_cuda)
+        self.d2h_stream = torch.cuda.Stream() if self.use_cuda else None
+        self.h2d_stream = torch.cuda.Stream() if self.use_cuda else None
+        self.host_lane = HostLane(self.recorder, self.host_threads)
+        self.t = 0
+        self.step_log: list[dict] = []
+        self._step_start: float | None = None
+        self._loss: float | None = None
+        self.strategy = STRATEGY_CLASSES[config.strategy](self)
+
+    # -- parameters as views into one flat buffer -------------------------------------
+    def _flatten_parameters(self) -> None:
+        self.named_params = [(n, p) for n, p in self.model.named_parameters()
+                             if p.requires_grad]
+        if not self.named_params:
+            raise ValueError("the model has no trainable parameters")
+        dtypes = {p.dtype for _, p in self.named_params}
+        if len(dtypes) != 1:
+            raise ValueError(f"all trainable parameters must share one dtype, got {dtypes}")
+        want = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.config.precision)
+        dtype = want or dtypes.pop()
+        self.layout = FlatLayout(self.named_params)
+        self.flat_params = torch.empty(self.layout.total, dtype=dtype, device=self.device)
+        for slot, (_, p) in zip(self.layout.slots, self.named_params):
+            view = self.layout.view(self.flat_params, slot.name)
+            view.copy_(p.detach())
+            p.data = view
+        self.param_bytes = self.flat_params.element_size()
+        self.grad_bytes = self.layout.total * self.param_bytes
+
+    def new_device_flat(self) -> torch.Tensor:
+        return torch.zeros_like(self.flat_params)
+
+    def copy_grads_to(self, dst: torch.Tensor) -> None:
+        """d2h: every gradient into its slot of the flat host buffer `dst`."""
+        stream = self.d2h_stream
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream) if stream is not None else _nullcontext():
+            for slot, (_, p) in zip(self.layout.slots, self.named_params):
+                view = dst[slot.offset:slot.offset + slot.numel].view(slot.shape)
+                if p.grad is None:
+                    view.zero_()
+                else:
+                    view.copy_(p.grad, non_blocking=stream is not None)
+        if stream is not None:
+            stream.synchronize()
+
+    def upload_range(self, target: torch.Tensor, master: torch.Tensor, a: int, b: int) -> None:
+        """h2d (from the host worker): master[a:b] into the device buffer `target`."""
+        stream = self.h2d_stream
+        with torch.cuda.stream(stream) if stream is not None else _nullcontext():
+            target[a:b].copy_(master[a:b], non_blocking=stream is not None)
+        if stream is not None:
+            stream.synchronize()
+
+    # -- the training loop API --------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        if self._step_start is None:
+            self._step_start = self.recorder.now()
+        with self.recorder.span("compute", "forward", self.t):
+            out = self.model(*args, **kwargs)
+        return out
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self._loss = float(loss.detach())
+        with self.recorder.span("compute", "backward", self.t):
+            loss.backward()
+
+    def step(self) -> None:
+        self.host_lane.check()
+        start = self._step_start if self._step_start is not None else self.recorder.now()
+        record = {"step": self.t, "loss": self._loss, "skipped": False}
+        bad = self._nonfinite_params()
+        if bad:
+            if self.config.nonfinite == "raise":
+                raise NonFiniteGradientError(
+                    f"step {self.t}: non-finite gradient in {bad[:5]}; nothing was "
+                    f"written to the optimizer state (zfbench.nonfinite: 'skip' skips "
+                    f"such steps instead)")
+            record["skipped"] = True
+        else:
+            with torch.no_grad():
+                self.strategy.step(self.t)
+        self._zero_grads()
+        end = self.recorder.now()
+        if self.use_cuda:
+            self.recorder.resolve_cuda()
+        record.update({"t_start_s": start, "t_end_s": end, "wall_s": end - start})
+        self.step_log.append(record)
+        if not record["skipped"]:
+            self.recorder.mark_step(self.t, start, end)
+            self.t += 1
+        self._step_start = None
+
+    def _nonfinite_params(self) -> list[str]:
+        flags = [torch.isfinite(p.grad).all() for _, p in self.named_params
+                 if p.grad is not None]
+        if not flags or bool(torch.stack(flags).all()):
+            return []
+        return [n for n, p in self.named_params
+                if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+
+    def _zero_grads(self) -> None:
+        for _, p in self.named_params:
+            if p.grad is not None:
+                p.grad.zero_()
+
+    # -- results, checkpoints, shutdown -----------------------------------------------
+    @property
+    def timeline(self):
+        return self.recorder.timeline
+
+    def finish(self) -> None:
+        """Apply any pending asynchronous update (end of training)."""
+        self.host_lane.check()
+        with torch.no_grad():
+            self.strategy.finish()
+
+    def save_checkpoint(self, directory: str | os.PathLike) -> Path:
+        """Everything needed to continue exactly: parameters, device and host optimizer
+        state, a pending asynchronous update, counters. Written via a rename."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {"t": self.t, "strategy_name": self.config.strategy,
+                 "flat_params": self.flat_params.detach().cpu(),
+                 "strategy": self.strategy.state_dict(), "config": self.config.raw}
+        path = directory / CHECKPOINT_FILE
+        tmp = directory / (CHECKPOINT_FILE + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+        return path
+
+    def load_checkpoint(self, directory: str | os.PathLike) -> None:
+        path = Path(directory) / CHECKPOINT_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"no zfbench checkpoint at {path}")
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if state["strategy_name"] != self.config.strategy:
+            raise ValueError(f"checkpoint {path} was written by strategy "
+                             f"{state['strategy_name']!r}, this engine runs "
+                             f"{self.config.strategy!r}")
+        if state["flat_params"].numel() != self.flat_params.numel():
+            raise ValueError(f"checkpoint {path} holds {state['flat_params'].numel()} "
+                             f"parameters, the model has {self.flat_params.numel()}")
+        with torch.no_grad():
+            self.flat_params.copy_(state["flat_params"])
+            self.strategy.load_state_dict(state["strategy"])
+        self.t = state["t"]
+
+    def close(self) -> None:
+        self.host_lane.close()
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def initialize(model: torch.nn.Module, config: dict | str | os.PathLike | EngineConfig |
+               None = None, **engine_kwargs) -> Engine:
+    """`engine = real.initialize(model, config)`, as `deepspeed.initialize` is used."""
+    if not isinstance(config, EngineConfig):
+        config = load_config(config)
+    return Engine(model, config, **engine_kwargs)

@@ -1,0 +1,127 @@
+"""The host lane: one worker thread with its own torch thread budget, running host work.
+
+The worker takes tasks in order, with one exception that mirrors the simulator's host
+lane: urgent tasks (gradient accumulation) go ahead of queued normal tasks (optimizer
+chunks) not yet started, so a long asynchronous Adam never holds up the accumulation the
+next step needs. A job is a list of chunk callables sharing one `Future`; each chunk
+records its own span. A chunk that raises fails its job's future with the original
+traceback, cancels the job's remaining chunks, and is kept as `error` so the engine's next
+`step()` re-raises it: a dead worker never makes the engine hang.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from concurrent.futures import Future
+from typing import Callable
+
+import torch
+
+from real.recorder import SpanRecorder
+
+
+class HostWorkerError(RuntimeError):
+    """The host worker failed; the original exception is chained as the cause."""
+
+
+class _Job:
+    def __init__(self, op: str, step: int, chunks: list[Callable[[], int | None]],
+                 lane: str) -> None:
+        self.op, self.step, self.lane = op, step, lane
+        self.chunks = deque(chunks)
+        self.future: Future = Future()
+
+
+class HostLane:
+    def __init__(self, recorder: SpanRecorder, threads: int, name: str = "host-lane") -> None:
+        self.recorder = recorder
+        self.threads = max(1, int(threads))
+        self.error: BaseException | None = None
+        self._urgent: deque[_Job] = deque()
+        self._normal: deque[_Job] = deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, op: str, step: int, chunks: list[Callable[[], int | None]],
+               urgent: bool = False, lane: str = "host") -> Future:
+        """Queue a job of chunk callables; each returns the bytes it moved (or None)."""
+        job = _Job(op, step, list(chunks), lane)
+        if not job.chunks:
+            job.future.set_result(None)
+            return job.future
+        with self._cv:
+            if self._closed:
+                raise HostWorkerError("host lane is closed")
+            (self._urgent if urgent else self._normal).append(job)
+            self._cv.notify()
+        return job.future
+
+    def _next(self) -> _Job | None:
+        with self._cv:
+            while not (self._urgent or self._normal or self._closed):
+                self._cv.wait()
+            if self._urgent:
+                return self._urgent[0]
+            if self._normal:
+                return self._normal[0]
+            return None
+
+    def _loop(self) -> None:
+        torch.set_num_threads(self.threads)
+        while True:
+            job = self._next()
+            if job is None:
+                return
+            chunk = job.chunks.popleft()
+            start = self.recorder.now()
+            try:
+                moved = chunk()
+            except BaseException as err:  # keep it for the engine; never die silently
+                self.error = err
+                with self._cv:
+                    self._remove(job)
+                job.future.set_exception(err)
+                continue
+            self.recorder.add(job.lane, job.op, job.step, start, self.recorder.now(),
+                              int(moved or 0))
+            if not job.chunks:
+                with self._cv:
+                    self._remove(job)
+                job.future.set_result(None)
+
+    def _remove(self, job: _Job) -> None:
+        for queue in (self._urgent, self._normal):
+            if queue and queue[0] is job:
+                queue.popleft()
+                return
+
+    def wait(self, future: Future | None, timeout_s: float) -> None:
+        """Wait for a job; re-raise its error, or fail after `timeout_s` seconds."""
+        if future is None:
+            return
+        try:
+            future.result(timeout=timeout_s)
+        except TimeoutError:
+            raise HostWorkerError(f"host worker did not finish within {timeout_s:.0f} s "
+                                  f"(raise zfbench.host_timeout_s if the host is this slow)"
+                                  ) from None
+        except BaseException as err:
+            raise HostWorkerError(f"host worker failed: {err!r}") from err
+
+    def check(self) -> None:
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise HostWorkerError(f"host worker failed: {err!r}") from err
+
+    def idle(self) -> bool:
+        with self._cv:
+            return not (self._urgent or self._normal)
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout=60)

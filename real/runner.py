@@ -1,0 +1,119 @@
+"""One measured training run: build the model and data, run N steps of one strategy.
+
+`train(spec, strategy)` is what `python -m zfbench.run` calls once per strategy: it builds
+the model from its named shape (or takes a module), streams seeded synthetic batches or
+byte-level text, drives `engine(batch)` / `backward` / `step` with a progress bar
+(steps/s and the stall fraction so far), and returns the engine's timeline and per-step
+log. Nothing here knows about the simulator or the analysis (DESIGN.md's arrows).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from real.data import synthetic_batches, text_batches
+from real.engine import Engine, initialize
+from real.model import build_model
+from zfbench.config import EngineConfig, load_config
+from zfbench.models import ModelShape, get_model
+
+
+@dataclass
+class RunSpec:
+    model: str = "opt-350m"
+    layers: int | None = 2
+    batch: int = 1
+    seq: int = 32
+    steps: int = 30
+    seed: int = 0
+    device: str = "auto"
+    device_threads: int | None = None
+    host_threads: int | None = None
+    text: str | None = None  # a path, or "builtin" for the standard library's text
+    config: dict | str | None = None  # DeepSpeed-style config (dict or JSON path)
+    overrides: dict = field(default_factory=dict)
+
+    def shape(self) -> ModelShape:
+        shape = get_model(self.model)
+        return shape.with_layers(self.layers) if self.layers is not None else shape
+
+    def engine_config(self, strategy: str) -> EngineConfig:
+        base = self.config if self.config is not None else {
+            "train_micro_batch_size_per_gpu": self.batch,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}},
+            "zero_optimization": {"stage": 2},
+        }
+        over = dict(self.overrides)
+        over.setdefault("micro_batch", self.batch)
+        if strategy == "zenflow" and "update_interval" not in over and \
+                not _has_zenflow(base):
+            over.update({"topk_ratio": 0.1, "update_interval": 4, "overlap_step": True,
+                         "select_strategy": "step", "select_interval": 0})
+        return load_config(base, strategy=strategy, **over)
+
+
+def _has_zenflow(config) -> bool:
+    return isinstance(config, dict) and "zenflow" in config.get("zero_optimization", {})
+
+
+@dataclass
+class RunResult:
+    strategy: str
+    engine: Engine
+    losses: list[float]
+    wall_s: float
+
+    @property
+    def timeline(self):
+        return self.engine.timeline
+
+
+def batches(spec: RunSpec, vocab: int):
+    if spec.text is None:
+        return synthetic_batches(vocab, spec.batch, spec.seq, seed=spec.seed)
+    from real.data import default_text
+
+    source = default_text() if spec.text == "builtin" else spec.text
+    return text_batches(source, spec.batch, spec.seq, seed=spec.seed, vocab=vocab)
+
+
+def train(spec: RunSpec, strategy: str, model: torch.nn.Module | None = None,
+          progress: bool = True) -> RunResult:
+    shape = spec.shape()
+    config = spec.engine_config(strategy)
+    torch.manual_seed(spec.seed)
+    if model is None:
+        dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
+        model = build_model(shape, dtype=dtype, seed=spec.seed)
+    engine = initialize(model, config, device=spec.device,
+                        device_threads=spec.device_threads, host_threads=spec.host_threads)
+    data = batches(spec, shape.vocab)
+    losses: list[float] = []
+    bar = tqdm(total=spec.steps, desc=f"{strategy:>16}", unit="step", disable=not progress,
+               leave=True)
+    started = time.perf_counter()
+    compute_s = 0.0
+    try:
+        for _ in range(spec.steps):
+            batch = next(data)
+            ids = batch["input_ids"].to(engine.device)
+            labels = batch["labels"].to(engine.device)
+            loss = engine(ids, labels)
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss.detach()))
+            compute_s = sum(s.duration_s for s in engine.timeline.spans
+                            if s.lane == "compute") if bar.n % 5 == 4 else compute_s
+            wall = time.perf_counter() - started
+            bar.update()
+            bar.set_postfix(loss=f"{losses[-1]:.3f}",
+                            stall=f"{max(0.0, 1 - compute_s / wall):.0%}" if compute_s else "-")
+        engine.finish()
+    finally:
+        bar.close()
+        engine.close()
+    return RunResult(strategy, engine, losses, time.perf_counter() - started)

@@ -1,0 +1,250 @@
+"""ZenFlow in the real engine: top-k columns on the device, the rest accumulated on the host.
+
+Implements ../shared/reference/zenflow.md (in its numbering):
+1-2. At a selection step, score each 2-D weight's columns (L1, or sum of squares with
+     `importance: l2sq`) on this iteration's gradient, keep the top k sorted, and zero the
+     device moments of the selected slices (their step count is kept). After the first
+     selection the host master is first re-synced from the device weights; a pending
+     asynchronous update is applied before that, so no host work is lost.
+3.   Every post-warm-up step the gradient goes down (d2h lane) and is accumulated on the
+     host lane, divided by U (or summed, and divided by the window's length at the flush,
+     with `update_interval: auto`).
+4.   Not a boundary: device AdamW on the selected columns and 1-D parameters.
+5.   Boundary: host AdamW over the whole fp32 master on the window gradient (clipped by
+     its global L2 norm), bias correction at step t + 1, then the master goes up; on the
+     device the unselected columns take the host's values and the selected ones and 1-D
+     parameters keep theirs, then this iteration's device AdamW runs.
+With `overlap_step` the host update of a window runs on the host lane behind the next
+window's compute and is applied at the next boundary: exactly one window late, so the
+result never depends on timing. Warm-up steps are synchronous host steps on grad / U.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from real.strategies import HostState, Strategy
+from zfbench.schedule import (AutoIntervalTracker, is_selection_step, is_update_boundary,
+                              is_warmup, topk_count)
+
+
+class ZenFlowStrategy(Strategy):
+    name = "zenflow"
+
+    def __init__(self, engine) -> None:
+        super().__init__(engine)
+        zf = engine.config.zenflow
+        self.zf = zf
+        self.W = zf.full_warm_up_rounds
+        self.auto = zf.update_interval == "auto"
+        self.U = None if self.auto else int(zf.update_interval)
+        self.S = zf.select_interval_steps(engine.steps_per_epoch)
+        self.host = HostState(engine, n_grad_buffers=3)  # staging + two window buffers
+        self.upload = engine.new_device_flat()
+        self.matrices = [(n, p) for n, p in self.named if p.dim() == 2]
+        self.vectors = [(n, p) for n, p in self.named if p.dim() != 2]
+        self.selected: dict[str, torch.Tensor] = {}
+        self.dm: dict[str, torch.Tensor] = {}
+        self.dv: dict[str, torch.Tensor] = {}
+        for name, p in self.vectors:
+            self.dm[name] = torch.zeros_like(p, dtype=torch.float32)
+            self.dv[name] = torch.zeros_like(p, dtype=torch.float32)
+        self.device_count = 0
+        self.parity = 0  # which window buffer accumulates
+        self.window_len = 0
+        self.accum_job = None
+        self.pending = None
+        self.pending_ready = False
+        self.tracker = AutoIntervalTracker(zf.topk_ratio, zf.auto_ratio) if self.auto else None
+        self.auto_boundary_next = False
+        self.chosen_windows: list[int] = []
+
+    # -- schedule ---------------------------------------------------------------------
+    def is_boundary(self, t: int) -> bool:
+        if not self.auto:
+            return is_update_boundary(t, self.W, self.U, self.S)
+        return self.auto_boundary_next or is_update_boundary(t, self.W, None, self.S)
+
+    @property
+    def grad_divisor(self) -> float:
+        return 1.0 if self.auto else float(self.U)
+
+    # -- steps ------------------------------------------------------------------------
+    def step(self, t: int) -> None:
+        e = self.e
+        if is_warmup(t, self.W):
+            self.warmup_step(t)
+            return
+        if is_selection_step(t, self.W, self.S):
+            self.select(t)
+        staging, window = self.host.grads[2], self.host.grads[self.parity]
+        e.host_lane.wait(self.accum_job, e.host_timeout_s)  # staging is free again
+        with e.recorder.span("d2h", "d2h_grad", t, nbytes=e.grad_bytes, stream=e.d2h_stream):
+            e.copy_grads_to(staging)
+        alpha = 1.0 / self.grad_divisor
+
+        def accumulate() -> None:
+            window.add_(staging, alpha=alpha)
+        self.accum_job = e.host_lane.submit("host_accum", t, [accumulate], urgent=True)
+        self.window_len += 1
+        boundary = self.is_boundary(t)
+        if self.auto:
+            self.observe(t)
+        if boundary:
+            self.flush(t, window)
+        with e.recorder.span("compute", "device_optim", t):
+            self.device_update()
+
+    def warmup_step(self, t: int) -> None:
+        """A plain synchronous offload step on grad / U at step number t + 1."""
+        e, host = self.e, self.host
+        grad = host.grads[2]
+        with e.recorder.span("d2h", "d2h_grad", t, nbytes=e.grad_bytes, stream=e.d2h_stream):
+            e.copy_grads_to(grad)
+        grad.div_(self.grad_divisor)
+        job = e.host_lane.submit("host_optim", t, self.update_chunks(
+            t, grad, e.flat_params, scale=1.0))
+        e.host_lane.wait(job, e.host_timeout_s)
+
+    def select(self, t: int) -> None:
+        e = self.e
+        if t != 0:
+            self.apply_pending(t)
+            with e.recorder.span("d2h", "select", t, nbytes=e.grad_bytes):
+                self.host.master.copy_(e.flat_params.detach().float().cpu())
+        with e.recorder.span("compute", "select", t):
+            for name, p in self.matrices:
+                scores = self.column_scores(p.grad)
+                k = topk_count(p.shape[1], self.zf.topk_ratio)
+                idx = torch.topk(scores, k, sorted=False).indices.sort().values
+                self.selected[name] = idx
+                self.dm[name] = torch.zeros(p.shape[0], k, dtype=torch.float32)
+                self.dv[name] = torch.zeros(p.shape[0], k, dtype=torch.float32)
+            for name, _ in self.vectors:  # 1-D parameters: moments zeroed too
+                self.dm[name].zero_()
+                self.dv[name].zero_()
+
+    def column_scores(self, grad: torch.Tensor) -> torch.Tensor:
+        g = grad.float()
+        if self.e.config.importance == "l2sq":
+            return g.pow(2).sum(0)
+        return g.abs().sum(0)
+
+    def observe(self, t: int) -> None:
+        per_weight = []
+        for name, p in self.matrices:
+            g = p.grad.float().abs()
+            per_weight.append((float(g.sum()), float(g[:, self.selected[name]].sum())))
+        self.auto_boundary_next = self.tracker.observe(per_weight)
+
+    def device_update(self) -> None:
+        """Device AdamW on the selected columns and the 1-D parameters (grad / U)."""
+        self.device_count += 1
+        div = self.grad_divisor
+        params, grads, ms, vs, slices = [], [], [], [], []
+        for name, p in self.matrices:
+            idx = self.selected[name]
+            params.append(p.detach().index_select(1, idx).float())
+            grads.append(p.grad.index_select(1, idx).float() / div)
+            ms.append(self.dm[name])
+            vs.append(self.dv[name])
+            slices.append((p, idx))
+        for name, p in self.vectors:
+            params.append(p.detach().float() if p.dtype != torch.float32 else p.detach())
+            grads.append(p.grad.float() / div)
+            ms.append(self.dm[name])
+            vs.append(self.dv[name])
+            slices.append((p, None))
+        self._device_adam(params, grads, ms, vs, [self.device_count] * len(params))
+        for (p, idx), new in zip(slices, params):
+            if idx is not None:
+                p.data.index_copy_(1, idx, new.to(p.dtype))
+            elif new.data_ptr() != p.data_ptr():
+                p.data.copy_(new)
+
+    # -- host update of a window ------------------------------------------------------
+    def update_chunks(self, t: int, grad: torch.Tensor, target: torch.Tensor, scale: float,
+                      zero_after: bool = False):
+        host, opt, e = self.host, self.opt, self.e
+        clip = e.config.gradient_clipping
+
+        def prepare() -> None:
+            if scale != 1.0:
+                grad.mul_(scale)
+            host.clip_(grad, clip)
+        jobs = [prepare]
+        for a, b in host.chunks:
+            def chunk(a=a, b=b) -> None:
+                host.adam_chunk(a, b, grad, t + 1, opt)
+                if zero_after:
+                    grad[a:b].zero_()
+                start = e.recorder.now()
+                e.upload_range(target, host.master, a, b)
+                e.recorder.add("h2d", "h2d_param", t, start, e.recorder.now(),
+                               (b - a) * e.param_bytes)
+            jobs.append(chunk)
+        return jobs
+
+    def flush(self, t: int, window: torch.Tensor) -> None:
+        e = self.e
+        scale = 1.0 / self.window_len if self.auto else 1.0
+        if self.auto:
+            self.chosen_windows.append(self.window_len)
+            self.tracker.flush()
+            self.auto_boundary_next = False
+        self.window_len = 0
+        if self.zf.overlap_step:
+            self.apply_pending(t)
+        job = e.host_lane.submit("host_optim", t, self.update_chunks(
+            t, window, self.upload, scale, zero_after=True))
+        self.parity ^= 1
+        self.pending = job
+        if not self.zf.overlap_step:
+            self.apply_pending(t)
+
+    def apply_pending(self, t: int) -> None:
+        """Unselected columns take the host's values; selected ones and 1-D keep theirs."""
+        e = self.e
+        if self.pending is None and not self.pending_ready:
+            return
+        e.host_lane.wait(self.pending, e.host_timeout_s)
+        with e.recorder.span("compute", "device_optim", t):
+            keep = [(p, idx, p.detach().index_select(1, idx).clone())
+                    for (name, p), idx in ((m, self.selected[m[0]]) for m in self.matrices)]
+            keep_vec = [(p, p.detach().clone()) for _, p in self.vectors]
+            e.flat_params.copy_(self.upload)
+            for p, idx, vals in keep:
+                p.data.index_copy_(1, idx, vals)
+            for p, vals in keep_vec:
+                p.data.copy_(vals)
+        self.pending, self.pending_ready = None, False
+
+    def finish(self) -> None:
+        self.apply_pending(self.e.t)
+
+    # -- checkpoint -------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        e = self.e
+        e.host_lane.wait(self.accum_job, e.host_timeout_s)
+        e.host_lane.wait(self.pending, e.host_timeout_s)
+        return {"host": self.host.state_dict(), "upload": self.upload,
+                "selected": self.selected, "dm": self.dm, "dv": self.dv,
+                "device_count": self.device_count, "parity": self.parity,
+                "window_len": self.window_len,
+                "pending": self.pending is not None or self.pending_ready,
+                "tracker": None if self.tracker is None else self.tracker.__dict__,
+                "auto_boundary_next": self.auto_boundary_next,
+                "chosen_windows": self.chosen_windows}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.host.load_state_dict(state["host"])
+        self.upload.copy_(state["upload"])
+        self.selected = dict(state["selected"])
+        self.dm, self.dv = dict(state["dm"]), dict(state["dv"])
+        self.device_count, self.parity = state["device_count"], state["parity"]
+        self.window_len = state["window_len"]
+        self.pending, self.pending_ready = None, bool(state["pending"])
+        if self.tracker is not None and state["tracker"] is not None:
+            self.tracker.__dict__.update(state["tracker"])
+        self.auto_boundary_next = state["auto_boundary_next"]
+        self.chosen_windows = list(state["chosen_windows"])

@@ -1,0 +1,405 @@
+"""Closed-form steady state of each strategy, for inputs where no rate is shared.
+
+This module owns an independent check of the event simulation. From the dependency
+structure that `sims/strategies.py` implements (DESIGN.md, reference/zenflow.md) it derives
+the steady-state step time of each strategy from `CostModel` quantities alone (bucket
+forward/backward seconds, bytes, host element counts, link and core rates) as sums,
+maxima and in-order-lane recurrences. It never runs SimPy and uses nothing from the fluid
+pool, the lanes or the simulator.
+
+Building block: an in-order lane with fixed durations, where item j ends at
+`max(ready_j, end_{j-1}) + d_j` (the flow-shop formula `max_j(ready_j + sum_{i>=j} d_i)`
+unrolled). A transfer lasts `latency + bytes/rate`, host work `elements/rate`, a collective
+its fixed ring time; a zero-sized transfer or host job is done at submission (no latency,
+no dependency), as the strategies skip it.
+
+- `device`, `zero-offload`, `zenflow` without `overlap_step`: every step (window) starts
+  with all lanes drained, so one step (window) from a clean start is the steady state.
+- `zero-offload-dpu` and `zenflow` with `overlap_step`: the period map (one step, resp.
+  one window from the moment the device resumes at a boundary) takes the lanes' carried
+  state to the next; its fixed point, reached by iterating from a clean state, is the
+  steady state. The host lane of zenflow is not first-in-first-out (accumulations go
+  ahead of Adam chunks not yet started): the window map merges them by that rule.
+
+`exact` is True when the closed form is exact for the input: every rank of a switch group
+moves the same bytes at the same moments (so m GPUs behind a switch each get rate/m);
+host jobs never reach the DRAM limit (`_dram_ok`); no upload overlaps a gradient download
+(the bidirectional factor) unless both factors are 1; no two events the merge rule must
+order coincide; the period map reaches a fixed point; zenflow uses design transfers and
+select_interval 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sims.costs import (ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, STRATEGIES,
+                        CostModel, SimSettings, SimSettingsError)
+
+NEG = float("-inf")
+_TIE = 1e-9  # relative: events closer than this are a tie whose order SimPy decides
+_CONVERGED = 1e-13  # relative: carried state equal from one period to the next
+_MAX_PERIODS = 200
+
+
+@dataclass(frozen=True)
+class OracleResult:
+    strategy: str
+    step_time_s: float  # steady-state mean wall time per step (zenflow: window / U)
+    compute_s: float  # compute-lane busy time per step
+    stall_s: float  # step_time_s - compute_s
+    exact: bool
+    reason: str  # why the closed form is (or is not) exact for this input
+    regime: str = ""
+    settle_periods: int = 0  # periods the map needed from a clean state (a transient hint)
+    cycle_periods: int = 1  # the steady state repeats every this many periods (steps/windows)
+
+
+class _Lane:
+    """An in-order lane with fixed durations; remembers the rate-limited intervals."""
+
+    def __init__(self, free: float = NEG) -> None:
+        self.free = free
+        self.busy: list[tuple[float, float]] = []  # (start after latency, end)
+
+    def run(self, submit: float, ready: float, item: tuple[float, float] | None) -> float:
+        """Submit at `submit` an item `(latency, seconds)` needing `ready`; None = skipped."""
+        if item is None:
+            return submit
+        start = max(submit, ready, self.free)
+        self.free = start + item[0] + item[1]
+        self.busy.append((start + item[0], self.free))
+        return self.free
+
+
+class _Terms:
+    """Per-rank durations of every op, for one switch group of `m` GPUs moving in step."""
+
+    def __init__(self, costs: CostModel, m: int) -> None:
+        c, node, link = costs, costs.node, costs.node.link
+        self.c, self.gpus, self.U = c, c.gpus, c.settings.update_interval
+        self.order = list(reversed(range(len(c.buckets))))  # backward (= host chunk) order
+        self.F = c.forward_s
+        self.bwd = [c.buckets[i].backward_s for i in self.order]
+        self.B = sum(self.bwd)
+        self.lat = link.setup_latency_s
+        self.rd = min(link.d2h_bytes_per_s, node.upstream_bytes_per_s("d2h") / m)
+        self.rh = min(link.h2d_bytes_per_s, node.upstream_bytes_per_s("h2d") / m)
+        self.numel = [c.buckets[i].numel for i in self.order]
+        self.unsel = [c.buckets[i].numel - c.buckets[i].selected_numel for i in self.order]
+        cores = c.cores_per_rank
+        adam = cores * c.adam_units_per_core_s
+        self.chunk = [(0.0, c.share(n) / adam) for n in self.numel]
+        acc = c.share(sum(self.unsel))
+        self.acc = (0.0, acc / (cores * c.accum_units_per_core_s)) if acc > 0 else None
+        self.o_sel = c.device_optim_s(c.selected_params)
+        self.P_zen = self.F + self.B + self.o_sel
+
+    def down(self, numel: float):
+        n = int(round(self.c.share(numel) * 2))
+        return None if n <= 0 else (self.lat, n / self.rd)
+
+    def up(self, numel: float):
+        n = int(round(self.c.share(numel) * 2))
+        return None if n <= 0 else (self.lat, n / self.rh)
+
+    def ar(self, k: int):
+        return None if self.gpus == 1 else (0.0, self.c.allreduce_s(self.numel[k] * 2))
+
+    def ag(self, k: int):
+        return None if self.gpus == 1 else (0.0, self.c.allgather_s(self.numel[k] * 2))
+
+    def releases(self, t0: float) -> list[float]:
+        """Ends of each backward bucket of a step whose forward starts at t0."""
+        out, t = [], t0 + self.F
+        for b in self.bwd:
+            t += b
+            out.append(t)
+        return out
+
+    def grads_down(self, t0, net: _Lane, d2h: _Lane, numel, gate=None):
+        """Backward from t0: each bucket all-reduced (net) then sent down after
+        `gate[k]`; the end times."""
+        downs = []
+        for k, r in enumerate(self.releases(t0)):
+            red = net.run(r, r, self.ar(k)) if self.gpus > 1 else NEG
+            g = NEG if gate is None else gate[k]
+            downs.append(d2h.run(r, max(red, g), self.down(numel[k])))
+        return downs
+
+    def update_up(self, submit, chunk_end, up_numel, h2d: _Lane, net: _Lane) -> float:
+        """Each chunk's parameters up then all-gathered; the last event (the step waits)."""
+        last = submit
+        for k, e in enumerate(chunk_end):
+            last = h2d.run(submit, e, self.up(up_numel[k]))
+            if self.gpus > 1:
+                last = net.run(submit, last, self.ag(k))
+        return last
+
+
+# ----------------------------------------------------------------------------- checks
+def _groups(settings: SimSettings) -> list[tuple[int, int]]:
+    """(GPUs behind one switch, ranks in such groups) for the node's switch layout."""
+    gps = min(settings.gpus_per_switch, settings.gpus)
+    full, rem = divmod(settings.gpus, gps)
+    return [(gps, full * gps)] + ([(rem, rem)] if rem else [])
+
+
+def _dram_ok(costs: CostModel) -> bool:
+    """Host jobs stay core-bound even with every rank's job running while every switch
+    upstream moves data both ways at full rate (conservative)."""
+    node, link = costs.node, costs.node.link
+    switches = math.ceil(costs.gpus / min(costs.settings.gpus_per_switch, costs.gpus))
+    left = node.host.dram_bytes_per_s - switches * (link.d2h_bytes_per_s + link.h2d_bytes_per_s)
+    cores = costs.cores_per_rank
+    need = max(cores * costs.adam_units_per_core_s * ADAM_BYTES_PER_PARAM,
+               cores * costs.accum_units_per_core_s * ACCUM_BYTES_PER_ELEMENT)
+    return costs.gpus * need <= left
+
+
+def _interferes(T: _Terms, ups, downs, period: float = 0.0, reach: int = 0) -> bool:
+    """Whether an upload overlaps a download, the downloads repeating every `period`."""
+    link = T.c.node.link
+    if link.h2d_factor_when_d2h_busy == 1.0 and link.d2h_factor_when_h2d_busy == 1.0:
+        return False
+    tol = _TIE * max([abs(x) for iv in ups + downs for x in iv] + [period, 1e-30])
+    return any(a0 < b1 + j * period - tol and b0 + j * period < a1 - tol
+               for j in range(-reach, reach + 1) for a0, a1 in ups for b0, b1 in downs)
+
+
+def _fixed_point(period_map, carry: tuple, max_cycle: int = 4):
+    """Iterate `period_map(carry) -> (period, carry', info)` from a clean carry until the
+    carry repeats after c periods (c <= max_cycle: a max-plus system may settle into a
+    cycle, not a point); returns (the c periods, their infos, periods needed) or None."""
+    seen: list[tuple] = [carry]
+    out: list[tuple] = []
+    for n in range(_MAX_PERIODS):
+        period, carry, info = period_map(carry)
+        out.append((period, info))
+        seen.append(carry)
+        for c in range(1, min(max_cycle, n + 1) + 1):  # carry_n == carry_{n-c}: the
+            tol = _CONVERGED * max(p for p, _ in out[-c:])  # last c periods repeat
+            if all(a == b or abs(a - b) <= tol for a, b in zip(carry, seen[-1 - c])):
+                cycle = out[-c:]
+                return [p for p, _ in cycle], [i for _, i in cycle], n - c + 1
+    return None
+
+
+def _cycle_intervals(periods, infos, which: int):
+    """Intervals `which` of every period of a cycle, on one clock starting with it."""
+    out, t0 = [], 0.0
+    for period, info in zip(periods, infos):
+        out += [(a + t0, b + t0) for a, b in info[which]]
+        t0 += period
+    return out
+
+
+def _rel(t0: float, *values: float) -> tuple:
+    return tuple(v - t0 for v in values)
+
+
+# --------------------------------------------------------------------------- strategies
+def _device(T: _Terms):
+    net = _Lane()
+    x = max([T.F + T.B] + [net.run(r, r, T.ar(k)) for k, r in enumerate(T.releases(0.0))])
+    o = T.c.device_optim_s(T.c.share(T.c.params))
+    y = x + o
+    if T.gpus > 1:
+        y = net.run(y, y, (0.0, T.c.allgather_s(T.c.model_bytes)))
+    return y, T.F + T.B + o, True, "compute and fixed-time collectives only", "", 0, 1
+
+
+def _offload_chunks(T: _Terms, host: _Lane, submit: float, first_ready: float):
+    return [host.run(submit, first_ready if k == 0 else NEG, ch)
+            for k, ch in enumerate(T.chunk)]
+
+
+def _zero_offload(T: _Terms):
+    net, d2h, h2d = _Lane(), _Lane(), _Lane()
+    downs = T.grads_down(0.0, net, d2h, T.numel)
+    sub = T.F + T.B
+    ends = _offload_chunks(T, _Lane(), sub, max(downs + [sub]))
+    landed = T.update_up(sub, ends, T.numel, h2d, net)
+    return max(sub, landed), sub, True, "synchronous: every step starts drained", "", 0, 1
+
+
+def _dpu_step(T: _Terms, carry):
+    """One dpu step from its start; carry: landed(t-1), chunk ends of t-1, lane frees."""
+    nb = len(T.order)
+    land1, chunk_prev = carry[0], carry[1:1 + nb]
+    d2h, host, h2d, net = (_Lane(f) for f in carry[1 + nb:])
+    downs = T.grads_down(0.0, net, d2h, T.numel, chunk_prev)
+    sub = T.F + T.B
+    ends = _offload_chunks(T, host, sub, max(downs + [sub]))
+    landed = T.update_up(sub, ends, T.numel, h2d, net)
+    end = max(sub, land1)
+    new = _rel(end, landed, *ends, d2h.free, host.free, h2d.free, net.free)
+    return end, new, (h2d.busy, d2h.busy, landed)
+
+
+def _dpu(T: _Terms):
+    P = T.F + T.B
+    found = _fixed_point(lambda cr: _dpu_step(T, cr), (NEG,) * (len(T.order) + 5))
+    if found is None:
+        return P, P, False, "the step map never settles", "", _MAX_PERIODS, 1
+    periods, infos, n = found
+    cycle = sum(periods)
+    reach = int(math.ceil(max(i[2] for i in infos) / cycle)) + 1
+    if _interferes(T, _cycle_intervals(periods, infos, 0),
+                   _cycle_intervals(periods, infos, 1), cycle, reach):
+        return cycle / len(periods), P, False, "an upload overlaps a gradient download", "", \
+            n, len(periods)
+    regime = "compute-bound" if cycle <= len(periods) * P * (1 + _CONVERGED) else \
+        "host/link-bound"
+    return cycle / len(periods), P, True, "fixed point of the one-step map", regime, n, \
+        len(periods)
+
+
+def _zen_sequential(T: _Terms):
+    """Without overlap a window drains at its boundary: one clean window is the period."""
+    U, P = T.U, T.P_zen
+    net, d2h, host, h2d = _Lane(), _Lane(), _Lane(), _Lane()
+    A, acc_start = NEG, []
+    for s in range(U):
+        downs = T.grads_down(s * P, net, d2h, T.unsel, (A,) * len(T.order))
+        sub = s * P + T.F + T.B
+        A = host.run(sub, max(downs + [sub]), T.acc)
+        acc_start.append(A - T.acc[1] if T.acc else math.inf)
+    ends = _offload_chunks(T, host, sub, A)
+    landed = T.update_up(sub, ends, T.unsel, h2d, net)
+    window = max(sub, landed) + T.o_sel
+    if max(ends) > window + acc_start[0]:
+        return window, U * P, False, "host Adam outlives its window (nothing to wait for)", \
+            "", 0, 1
+    if _interferes(T, h2d.busy, d2h.busy):
+        return window, U * P, False, "an upload overlaps a gradient download", "", 0, 1
+    return window, U * P, True, "the window drains at its boundary", "sequential", 0, 1
+
+
+def _zen_first_window(T: _Terms) -> tuple:
+    """The first window after warm-up, from drained lanes: selection (and the score
+    all-reduce) at its first step, no pending update at its boundary. Returns the carry
+    of `_zen_frame` at that boundary: the map has several cycles, the start picks one."""
+    nb, net, d2h, host = len(T.order), _Lane(), _Lane(), _Lane()
+    t0, A, t = 0.0, NEG, 0.0
+    for s in range(T.U):
+        downs = T.grads_down(t0, net, d2h, T.unsel, (A,) * nb)
+        t = t0 + T.F + T.B
+        if s == 0:
+            t += T.c.select_s()
+            if T.gpus > 1:
+                cols = sum(m.cols for m in T.c.shape.matrices())
+                t = net.run(t, t, (0.0, T.c.allreduce_s(4 * cols)))
+        A = host.run(t, max(downs + [t]), T.acc)
+        t0 = t + T.o_sel
+    return _rel(t, host.free, A, d2h.free, NEG, net.free)
+
+
+def _zen_frame(T: _Terms, carry):
+    """One overlap window. Time 0: the device resumes at boundary k-1 and submits window
+    k-1's host Adam; it runs that boundary's device optimizer and the U steps of window k,
+    then waits at boundary k for window k-1's update (tau'). carry, relative to 0: host
+    lane free, end of the accumulation of boundary k-1, d2h / h2d / net lane frees."""
+    U, P, nb = T.U, T.P_zen, len(T.order)
+    hf, acc_last = carry[0], carry[1]
+    d2h, h2d, net = _Lane(carry[2]), _Lane(carry[3]), _Lane(carry[4])
+    chunk_end = [0.0] * nb
+    scale = U * P + sum(ch[1] for ch in T.chunk)
+    tie = False
+
+    def step_ready(s: int, gate: float) -> float:  # accumulation of step s of window k
+        t0 = T.o_sel + (s - 1) * P
+        downs = T.grads_down(t0, net, d2h, T.unsel, (gate,) * nb)
+        return max(downs + [t0 + T.F + T.B])
+
+    if T.gpus > 1:  # window k's all-reduces queue behind window k-1's all-gathers, which
+        # follow its uploads and chunks: no accumulation of window k can slip in between
+        hf = max(hf, 0.0, acc_last)
+        for j, ch in enumerate(T.chunk):
+            hf = chunk_end[j] = hf + ch[1]
+        landed = T.update_up(0.0, chunk_end, T.unsel, h2d, net)
+    gate = acc_last
+    j = 0
+    for s in range(1, U + 1):
+        r = step_ready(s, gate)
+        if T.acc is None:
+            gate = r
+            continue
+        if T.gpus == 1:  # merge: at each free moment a ready accumulation goes first
+            while j < nb:
+                avail = max(0.0, acc_last) if j == 0 else NEG
+                start = max(hf, avail)
+                tie |= abs(r - start) <= _TIE * scale
+                if r <= start:
+                    break
+                hf = chunk_end[j] = start + T.chunk[j][1]
+                j += 1
+        elif r < hf:
+            tie = True  # cannot happen: the all-gathers gate window k's downloads
+        hf = gate = max(hf, r) + T.acc[1]
+    if T.gpus == 1:
+        for j in range(j, nb):
+            hf = chunk_end[j] = max(hf, 0.0 if j else max(0.0, acc_last)) + T.chunk[j][1]
+        landed = T.update_up(0.0, chunk_end, T.unsel, h2d, net)
+    arrival = T.o_sel + (U - 1) * P + T.F + T.B
+    tau = max(arrival, landed)
+    new = _rel(tau, hf, gate, d2h.free, h2d.free, net.free)
+    return tau, new, (h2d.busy, d2h.busy, tie, landed > arrival)
+
+
+def _zen_overlap(T: _Terms):
+    U, P = T.U, T.P_zen
+    found = _fixed_point(lambda cr: _zen_frame(T, cr), _zen_first_window(T))
+    if found is None:
+        return U * P, U * P, False, "the window map never settles", "overlap", \
+            _MAX_PERIODS, 1
+    periods, infos, n = found
+    cycle = sum(periods)
+    waits = any(i[3] for i in infos)
+    regime = "overlap, host slower" if waits else "overlap, host faster"
+    window = cycle / len(periods)
+    if any(i[2] for i in infos):
+        return window, U * P, False, "an accumulation is ready exactly as a chunk ends", \
+            regime, n, len(periods)
+    if _interferes(T, _cycle_intervals(periods, infos, 0),
+                   _cycle_intervals(periods, infos, 1), cycle, 3):
+        return window, U * P, False, "an upload overlaps a gradient download", regime, n, \
+            len(periods)
+    return window, U * P, True, "fixed point of the one-window map", regime, n, len(periods)
+
+
+def _zenflow(T: _Terms):
+    s = T.c.settings
+    if s.transfers != "design":
+        why = "shipped transfers (the accumulator round trip meets downloads)"
+    elif s.select_interval != 0:
+        why = "periodic reselection (select_interval != 0)"
+    else:
+        return _zen_overlap(T) if s.overlap_step else _zen_sequential(T)
+    return T.U * T.P_zen, T.U * T.P_zen, False, why, "", 0, 1
+
+
+_STRATEGY_FN = {"device": _device, "zero-offload": _zero_offload,
+                "zero-offload-dpu": _dpu, "zenflow": _zenflow}
+
+
+def steady_state(settings: SimSettings, strategy: str) -> OracleResult:
+    """Steady-state mean step time, compute and stall per step of `strategy` on
+    `settings`, in closed form, with whether that form is exact for this input."""
+    if strategy not in STRATEGIES:
+        raise SimSettingsError(f"unknown strategy {strategy!r}; choose one of: "
+                               f"{', '.join(STRATEGIES)}")
+    costs = CostModel(settings)
+    groups = [(ranks, _STRATEGY_FN[strategy](_Terms(costs, m)))
+              for m, ranks in _groups(settings)]
+    div = settings.gpus * (settings.update_interval if strategy == "zenflow" else 1)
+    step = sum(r * g[0] for r, g in groups) / div
+    compute = sum(r * g[1] for r, g in groups) / div
+    exact = all(g[2] for _, g in groups)
+    reason = " | ".join(dict.fromkeys(g[3] for _, g in groups))
+    if strategy != "device" and not _dram_ok(costs):
+        exact, reason = False, "host jobs may be DRAM-bound; " + reason
+    return OracleResult(strategy, step, compute, step - compute, exact, reason,
+                        groups[0][1][4], max(g[5] for _, g in groups),
+                        math.lcm(*(g[6] for _, g in groups)))

@@ -1,0 +1,139 @@
+"""The engine's ZenFlow against the plain reference of zenflow.md, step for step.
+
+The engine's gradients (computed at the engine's own parameters) are fed to the
+reference each step, so a wrong update shows at the first step it happens."""
+
+import pytest
+import torch
+
+from engine_helpers import BiasMLP, batches, config, make_engine, params_of, train_steps
+from zenflow_reference import ReferenceZenFlow
+from zfbench.config import load_config
+
+CASES = {
+    "U4": dict(topk_ratio=0.25, update_interval=4, select_strategy="step",
+               select_interval=0),
+    "warmup_reselect": dict(topk_ratio=0.2, update_interval=3, select_strategy="step",
+                            select_interval=9, full_warm_up_rounds=2),
+    "clip_l2sq": dict(topk_ratio=0.3, update_interval=2, select_strategy="step",
+                      select_interval=8),
+    "auto": dict(topk_ratio=0.25, update_interval="auto", select_strategy="step",
+                 select_interval=0, auto_ratio=0.5),
+}
+
+
+def run_against_reference(zf: dict, overlap: bool, steps: int = 42, clip: float = 0.0,
+                          importance: str = "l1", host_delay_s: float = 0.0):
+    zf = dict(zf, overlap_step=overlap)
+    cfg = config("zenflow", clip=clip, **zf)
+    cfg["zfbench"]["importance"] = importance
+    model = BiasMLP()
+    parsed = load_config(cfg)
+    ref = ReferenceZenFlow(list(params_of(model).items()), parsed.zenflow, parsed.optimizer,
+                           gradient_clipping=clip, importance=importance)
+    engine = make_engine(model, cfg)
+    if host_delay_s:
+        original = engine.strategy.host.adam_chunk
+
+        def slow_chunk(*args, **kwargs):
+            import time
+            time.sleep(host_delay_s)
+            return original(*args, **kwargs)
+        engine.strategy.host.adam_chunk = slow_chunk
+    worst = 0.0
+    data = batches()
+    for _ in range(steps):
+        train_steps(engine, data, 1, on_grads=ref.step)
+        got = params_of(model)
+        for name, want in ref.params().items():
+            worst = max(worst, float((got[name].double() - want).abs().max()))
+    engine.finish()
+    ref.finish()
+    final = {n: (params_of(model)[n].double() - w).abs().max().item()
+             for n, w in ref.params().items()}
+    engine.close()
+    return worst, max(final.values()), engine, ref, params_of(model)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("overlap", [False, True])
+def test_engine_matches_reference(case, overlap):
+    clip = 0.5 if case == "clip_l2sq" else 0.0
+    importance = "l2sq" if case == "clip_l2sq" else "l1"
+    worst, final, engine, ref, _ = run_against_reference(CASES[case], overlap, clip=clip,
+                                                         importance=importance)
+    assert worst < 2e-5, f"largest parameter difference over the run: {worst}"
+    assert final < 2e-5
+    for name, idx in ref.selected.items():
+        assert torch.equal(engine.strategy.selected[name], idx), name
+    if case == "auto":
+        assert engine.strategy.chosen_windows == ref.chosen_windows
+        assert len(set(ref.chosen_windows)) > 1  # the tracker really chose
+
+
+def test_overlap_is_deterministic_whatever_the_host_speed():
+    """A slowed host worker changes timing, never parameters (one-window-late schedule)."""
+    zf = CASES["warmup_reselect"]
+    _, _, _, _, fast = run_against_reference(zf, overlap=True, steps=20)
+    _, _, engine, _, slow = run_against_reference(zf, overlap=True, steps=20,
+                                                  host_delay_s=0.02)
+    for name in fast:
+        assert torch.equal(fast[name], slow[name]), name
+    waits = [s for s in engine.timeline.spans if s.lane == "host"]
+    assert waits, "the slowed run recorded its host spans"
+
+
+def test_topk_one_u_one_is_torch_adamw():
+    model = BiasMLP()
+    twin = BiasMLP()
+    opt = torch.optim.AdamW(twin.parameters(), lr=1e-2, weight_decay=0.01)
+    engine = make_engine(model, config("zenflow", topk_ratio=1.0, update_interval=1,
+                                       select_strategy="step", select_interval=0))
+    data, twin_data = batches(), batches()
+    for _ in range(15):
+        train_steps(engine, data, 1)
+        ids, labels = next(twin_data)
+        twin(ids, labels).backward()
+        opt.step()
+        opt.zero_grad()
+        for (name, a), b in zip(model.named_parameters(), twin.parameters()):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), name
+    engine.close()
+
+
+def test_selected_column_gets_exactly_its_own_adamw_step():
+    """Between boundaries a selected column moves by AdamW on grad / U with its own state;
+    unselected columns do not move."""
+    zf = dict(topk_ratio=0.25, update_interval=4, select_strategy="step", select_interval=0)
+    model = BiasMLP()
+    engine = make_engine(model, config("zenflow", **zf))
+    data = batches()
+    grads = {}
+    train_steps(engine, data, 1, on_grads=grads.update)  # t=0: selection, not a boundary
+    before = params_of(model)
+    train_steps(engine, data, 1, on_grads=grads.update)  # t=1
+    after = params_of(model)
+    strategy = engine.strategy
+    w = "up.weight"
+    idx = strategy.selected[w]
+    unselected = [j for j in range(before[w].shape[1]) if j not in set(idx.tolist())]
+    assert torch.equal(after[w][:, unselected], before[w][:, unselected])
+    assert not torch.equal(after[w][:, idx], before[w][:, idx])
+    assert strategy.device_count == 2
+    engine.close()
+    # replay both steps from the initial values with a plain AdamW
+    model2 = BiasMLP()
+    engine2 = make_engine(model2, config("zenflow", **zf))
+    data2 = batches()
+    g_seq = []
+    train_steps(engine2, data2, 2, on_grads=lambda gr: g_seq.append(gr[w][:, idx] / 4))
+    p = BiasMLP().up.weight.detach()[:, idx].clone()
+    m = torch.zeros_like(p)
+    v = torch.zeros_like(p)
+    for step, g in enumerate(g_seq, start=1):
+        p.mul_(1 - 1e-2 * 0.01)
+        m = 0.9 * m + 0.1 * g
+        v = 0.999 * v + 0.001 * g * g
+        p -= 1e-2 / (1 - 0.9 ** step) * m / ((v / (1 - 0.999 ** step)).sqrt() + 1e-8)
+    assert torch.allclose(model2.up.weight.detach()[:, idx], p, rtol=1e-5, atol=1e-7)
+    engine2.close()

@@ -1,0 +1,179 @@
+"""`python -m zfbench.run`: train with the real engine and measure every op.
+
+Covers: `--model`, `--layers` (a depth slice at full width), `--strategy` (one or all),
+`--steps`, `--batch`, `--seq`, `--config ds_config.json`, `--device auto|cuda|cpu`,
+`--device-threads`, `--host-threads`, `--text`, `--out`.
+Scenario: with no flags, all four strategies run on a shape where the host Adam is slower
+than forward+backward on this machine (the regime ZenFlow is for), 30 steps each, and the
+breakdown table is printed: step time, stall, exposed I/O, host wait, achieved link GB/s,
+host Adam parameters/s, compute utilization, loss.
+
+Before anything is allocated the memory need is estimated and a run that cannot fit is
+refused with the numbers and the `--layers` that would fit. Files written to `--out`:
+`summary.csv`/`.json` (the simulator's columns plus achieved rates), `<strategy>.steps.jsonl`
+(one line per step), `<strategy>.spans.csv`/`.steps.csv` and `trace.json` (Chrome trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.breakdown import summarize
+from real.memory import InsufficientMemoryError, check_fits
+from real.runner import RunSpec, train
+from zfbench.config import STRATEGIES, ConfigError, load_config
+from zfbench.models import UnknownModelError
+from zfbench.trace import merge_chrome_traces, write_json_atomic
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m zfbench.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = RunSpec()
+    p.add_argument("--model", default=d.model, help=f"named shape (default {d.model})")
+    p.add_argument("--layers", type=int, default=None,
+                   help=f"depth slice at full width (default {d.layers} for the default "
+                        f"model, all layers otherwise)")
+    p.add_argument("--strategy", choices=STRATEGIES + ("all",), default="all")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--batch", type=int, default=d.batch, help="micro-batch per GPU")
+    p.add_argument("--seq", type=int, default=d.seq)
+    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--config", help="DeepSpeed-style JSON config (ds_config.json)")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--device-threads", type=int, help="torch threads of the device lane "
+                   "(emulated accelerator; default half the cores)")
+    p.add_argument("--host-threads", type=int, help="torch threads of the host lane "
+                   "(default the other half)")
+    p.add_argument("--text", help="train on a plain-text file (byte-level tokens); "
+                   "'builtin' uses the standard library's pydoc topics")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, help="directory for summary, per-step JSONL, spans, "
+                   "Chrome trace")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def spec_from_args(args) -> RunSpec:
+    if args.gpus != 1:
+        raise ValueError(f"--gpus {args.gpus}: multi-rank runs arrive with the "
+                         f"torch.distributed issue; this version runs one rank (--gpus 1)")
+    for name in ("steps", "batch", "seq"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    layers = args.layers
+    if layers is None and args.model == RunSpec().model:
+        layers = RunSpec().layers
+    config = args.config
+    if config is not None:
+        load_config(config)  # validate the file now, before anything runs
+    return RunSpec(model=args.model, layers=layers, batch=args.batch, seq=args.seq,
+                   steps=args.steps, seed=args.seed, device=args.device,
+                   device_threads=args.device_threads, host_threads=args.host_threads,
+                   text=args.text, config=config)
+
+
+def summary_row(result, model_bytes: float, params: int, flops_per_step: float) -> dict:
+    tl = result.timeline
+    skip = min(2 * 4, max(0, len(result.losses) - 2))  # leave the first windows out
+    strategy = result.strategy
+    per_step_params = 0.0 if strategy == "device" else float(params)
+    zf = result.engine.config.zenflow
+    if strategy == "zenflow" and zf is not None and zf.update_interval != "auto":
+        per_step_params = params / int(zf.update_interval)
+    row = {"strategy": strategy}
+    row.update(summarize(tl.spans_frame(), tl.steps_frame(), skip, model_bytes,
+                         per_step_params))
+    row["achieved_flops_per_s"] = flops_per_step / row["step_time_s"]
+    row["loss_first"] = result.losses[0]
+    row["loss_last"] = result.losses[-1]
+    row["skipped_steps"] = sum(r["skipped"] for r in result.engine.step_log)
+    return row
+
+
+def format_table(rows: list[dict]) -> str:
+    head = ["strategy", "step_s", "speedup", "stall%", "exp_io_s", "host_wait_s",
+            "d2h_GB/s", "h2d_GB/s", "hostAdam_Mp/s", "GFLOP/s", "util%", "loss"]
+    lines = []
+    for r in rows:
+        lines.append([r["strategy"], f"{r['step_time_s']:.3f}",
+                      f"{r['speedup_vs_zero_offload']:.2f}x",
+                      f"{100 * r['stall_fraction']:.1f}", f"{r['exposed_io_s']:.3f}",
+                      f"{r['host_wait_s']:.3f}", f"{r['d2h_gb_per_s']:.2f}",
+                      f"{r['h2d_gb_per_s']:.2f}",
+                      f"{r.get('host_adam_params_per_s', 0) / 1e6:.0f}",
+                      f"{r['achieved_flops_per_s'] / 1e9:.1f}",
+                      f"{100 * r['compute_utilization']:.0f}",
+                      f"{r['loss_first']:.3f}->{r['loss_last']:.3f}"])
+    widths = [max(len(h), *(len(x[i]) for x in lines)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
+    return "\n".join([fmt.format(*head)] + [fmt.format(*x) for x in lines])
+
+
+def write_outputs(out: Path, rows: list[dict], results: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
+    try:
+        pd.DataFrame(rows).to_csv(staging / "summary.csv", index=False)
+        write_json_atomic(staging / "summary.json", {"rows": rows})
+        for strategy, result in results.items():
+            result.timeline.write_csv(staging, prefix=f"{strategy}.")
+            with open(staging / f"{strategy}.steps.jsonl", "w") as handle:
+                for record, loss in zip(result.engine.step_log, result.losses):
+                    handle.write(json.dumps({**record, "loss": loss}) + "\n")
+        write_json_atomic(staging / "trace.json", merge_chrome_traces(
+            {s: r.timeline for s, r in results.items()}))
+        for path in staging.iterdir():
+            os.replace(path, out / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        spec = spec_from_args(args)
+        shape = spec.shape()
+        strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
+        elem = 2 if spec.engine_config(strategies[0]).precision != "fp32" else 4
+        from real.engine import resolve_device
+
+        use_cuda = resolve_device(spec.device).type == "cuda"
+        check_fits(shape, strategies, spec.batch, spec.seq, elem, use_cuda)
+    except (ValueError, ConfigError, UnknownModelError, InsufficientMemoryError,
+            RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{shape.name}: {shape.total_params / 1e6:.1f}M parameters, batch {spec.batch} x "
+          f"seq {spec.seq}, {spec.steps} steps per strategy (measured)", file=sys.stderr)
+    results, rows = {}, []
+    tokens = spec.batch * spec.seq
+    flops = (shape.forward_flops_per_token(spec.seq) +
+             shape.backward_flops_per_token(spec.seq)) * tokens
+    for strategy in strategies:
+        result = train(spec, strategy, progress=not args.quiet)
+        results[strategy] = result
+        rows.append(summary_row(result, shape.total_params * elem, shape.total_params,
+                                flops))
+    base = next((r for r in rows if r["strategy"] == "zero-offload"), None)
+    for r in rows:
+        r["speedup_vs_zero_offload"] = base["step_time_s"] / r["step_time_s"] if base \
+            else float("nan")
+    print(format_table(rows))
+    if args.out:
+        write_outputs(args.out, rows, results)
+        print(f"wrote {args.out}/summary.csv, per-step JSONL, spans and trace.json "
+              f"(open in https://ui.perfetto.dev)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
