@@ -16,8 +16,11 @@ import torch
 def adamw_foreach_(params: list[torch.Tensor], grads: list[torch.Tensor],
                    exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
                    steps: list[int], *, lr: float, beta1: float, beta2: float, eps: float,
-                   weight_decay: float) -> None:
-    """In place: p *= 1 - lr*wd; m, v updated; p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)."""
+                   weight_decay: float, scratch: list[torch.Tensor] | None = None) -> None:
+    """In place: p *= 1 - lr*wd; m, v updated; p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps).
+
+    `scratch` (tensors shaped like `exp_avg_sqs`) is reused for the denominators, so a hot
+    loop allocates nothing (fresh large CPU tensors page-fault on every step)."""
     if not params:
         return
     if weight_decay:
@@ -25,7 +28,12 @@ def adamw_foreach_(params: list[torch.Tensor], grads: list[torch.Tensor],
     torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
     torch._foreach_mul_(exp_avg_sqs, beta2)
     torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
-    denoms = torch._foreach_sqrt(exp_avg_sqs)
+    if scratch is None:
+        denoms = torch._foreach_sqrt(exp_avg_sqs)
+    else:
+        denoms = scratch
+        torch._foreach_copy_(denoms, exp_avg_sqs)
+        torch._foreach_sqrt_(denoms)
     torch._foreach_div_(denoms, [math.sqrt(1 - beta2 ** s) for s in steps])
     torch._foreach_add_(denoms, eps)
     torch._foreach_addcdiv_(params, exp_avgs, denoms,

@@ -47,7 +47,10 @@ class SpanRecorder:
     @contextmanager
     def span(self, lane: str, op: str, step: int, nbytes: int = 0, stream=None):
         """Time the enclosed work as one span. With CUDA and a stream, the span is the
-        stream's execution of the work (CUDA events), not the launch time."""
+        stream's execution of the work (CUDA events), not the launch time; compute spans
+        default to the current stream."""
+        if self.use_cuda and stream is None and lane == "compute":
+            stream = torch.cuda.current_stream()
         if self.use_cuda and stream is not None:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)

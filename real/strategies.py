@@ -50,10 +50,11 @@ class Strategy:
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, clip)
 
-    def _device_adam(self, params, grads, ms, vs, steps) -> None:
+    def _device_adam(self, params, grads, ms, vs, steps, scratch=None) -> None:
         o = self.opt
         adamw_foreach_(params, grads, ms, vs, steps, lr=o.lr, beta1=o.betas[0],
-                       beta2=o.betas[1], eps=o.eps, weight_decay=o.weight_decay)
+                       beta2=o.betas[1], eps=o.eps, weight_decay=o.weight_decay,
+                       scratch=scratch)
 
 
 class DeviceStrategy(Strategy):
@@ -67,6 +68,7 @@ class DeviceStrategy(Strategy):
         self.master = self.params if self.fp32 else [p.detach().float() for p in self.params]
         self.m = [torch.zeros_like(p) for p in self.master]
         self.v = [torch.zeros_like(p) for p in self.master]
+        self.scratch = [torch.zeros_like(p) for p in self.master]
         self.count = 0
 
     def step(self, t: int) -> None:
@@ -74,7 +76,8 @@ class DeviceStrategy(Strategy):
             self._clip_device_grads()
             self.count += 1
             grads = [p.grad.float() for p in self.params]
-            self._device_adam(self.master, grads, self.m, self.v, [self.count] * len(grads))
+            self._device_adam(self.master, grads, self.m, self.v, [self.count] * len(grads),
+                              self.scratch)
             if not self.fp32:
                 for p, m in zip(self.params, self.master):
                     p.data.copy_(m)

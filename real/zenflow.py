@@ -118,8 +118,10 @@ class ZenFlowStrategy(Strategy):
                 k = topk_count(p.shape[1], self.zf.topk_ratio)
                 idx = torch.topk(scores, k, sorted=False).indices.sort().values
                 self.selected[name] = idx
-                self.dm[name] = torch.zeros(p.shape[0], k, dtype=torch.float32)
-                self.dv[name] = torch.zeros(p.shape[0], k, dtype=torch.float32)
+                self.dm[name] = torch.zeros(p.shape[0], k, dtype=torch.float32,
+                                            device=p.device)
+                self.dv[name] = torch.zeros(p.shape[0], k, dtype=torch.float32,
+                                            device=p.device)
             for name, _ in self.vectors:  # 1-D parameters: moments zeroed too
                 self.dm[name].zero_()
                 self.dv[name].zero_()

@@ -15,6 +15,7 @@ and host jobs limited by their rank's cores and by the DRAM bandwidth the transf
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from heapq import heappush
 from typing import Callable
 
 import simpy
@@ -67,10 +68,11 @@ class FluidPool:
         self.active: list[Job] = []
         self._last = 0.0
         self._version = 0
+        self._queue, self._eid = env._queue, env._eid  # SimPy's own schedule, inlined below
 
     def run(self, job: Job) -> simpy.Event:
         """Start `job` now; the returned event fires when its work is done."""
-        job.done = self.env.event()
+        job.done = simpy.Event(self.env)
         if job.amount <= 0:
             job.done.succeed()
             return job.done
@@ -105,7 +107,8 @@ class FluidPool:
             if left < soonest:  # min(): the first of equal values wins, as here
                 soonest = left
         # As `env.timeout(soonest)` would: same time, priority and place in the queue.
-        self.env.schedule(_Timer(self._on_timer, self._version), _NORMAL, soonest)
+        heappush(self._queue, (self.env._now + soonest, _NORMAL, next(self._eid),
+                               _Timer(self._on_timer, self._version)))
 
     def _on_timer(self, timer: _Timer) -> None:
         if timer.version != self._version:

@@ -8,6 +8,9 @@ is relative to the O(1) operands (randn gradients, params), not to the result: w
 moment nearly cancels (crosses zero) a 1-ulp difference of an O(1) term, ~1.2e-7, is a
 large *relative* error, so atol is set to ~4-8 ulps of the operands' scale, 1e-6. (With
 atol 1e-7, lerp vs mul+add already fails on 1 element in 10,007 after 15 steps.)
+Measured over 20 steps on 1M elements against AdamW(foreach=False): "inplace" and
+"foreach" are bit-exact (tested below), "fused" has identical moments and params within
+4.8e-7 (1 ulp at |p| in [2, 4)), the reference within 4.8e-7 (p) and 3.0e-7 (m).
 """
 
 from __future__ import annotations
@@ -63,6 +66,25 @@ def test_matches_torch_adamw_20_steps(method, wd, chunk):
         _close(p, ref.detach(), f"param after step {t + 1}")
         _close(m, st_["exp_avg"], f"exp_avg after step {t + 1}")
         _close(v, st_["exp_avg_sq"], f"exp_avg_sq after step {t + 1}")
+
+
+@pytest.mark.parametrize("method", ["inplace", "foreach"])
+@pytest.mark.parametrize("chunk", [None, 1000, 4096])
+def test_op_by_op_methods_bit_exact_with_torch(method, chunk):
+    n = 10_007
+    gen = torch.Generator().manual_seed(7)
+    ref = torch.nn.Parameter(torch.randn(n, generator=gen))
+    opt = torch.optim.AdamW([ref], lr=HP["lr"], betas=(HP["beta1"], HP["beta2"]),
+                            eps=HP["eps"], weight_decay=0.1, foreach=False)
+    p, m, v = ref.detach().clone(), torch.zeros(n), torch.zeros(n)
+    for t in range(1, 11):
+        g = torch.randn(n, generator=gen)
+        ref.grad = g.clone()
+        opt.step()
+        host_adamw_(p, g, m, v, step=t, weight_decay=0.1, method=method, chunk_elems=chunk, **HP)
+    assert torch.equal(p, ref.detach())
+    assert torch.equal(m, opt.state[ref]["exp_avg"])
+    assert torch.equal(v, opt.state[ref]["exp_avg_sq"])
 
 
 @pytest.mark.parametrize("method", ALL)

@@ -1,0 +1,123 @@
+"""Measured stall reduction: `zero-offload` vs `zenflow` on this machine, side by side.
+
+Scenario: the default shape of `python -m zfbench.run` (host Adam slower than
+forward+backward), both strategies run in one process, alternating A B B A per repeat so
+drift on a shared machine hits both alike; each run's steady-state step time and stall
+fraction come from the same breakdown code as every other figure. Each setting (plain, and
+`THP_MEM_ALLOC_ENABLE=1` for torch's huge-page allocation) runs in its own subprocess,
+since the variable must be set before torch allocates.
+
+    python bench/engine_overlap.py                 # writes bench/results/engine_overlap.*
+    python bench/engine_overlap.py --steps 40 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+STRATEGIES = ("zero-offload", "zenflow")
+
+
+def measure(args) -> list[dict]:
+    import torch
+
+    from analysis.breakdown import summarize
+    from real.runner import RunSpec, train
+
+    spec = RunSpec(model=args.model, layers=args.layers, batch=args.batch, seq=args.seq,
+                   steps=args.steps, device="cpu")
+    rows = []
+    for repeat in range(args.repeats):
+        order = STRATEGIES if repeat % 2 == 0 else STRATEGIES[::-1]
+        for strategy in order:
+            result = train(spec, strategy, progress=not args.quiet)
+            tl = result.timeline
+            skip = min(8, args.steps - 2)
+            s = summarize(tl.spans_frame(), tl.steps_frame(), skip)
+            rows.append({"setting": args.setting, "repeat": repeat, "strategy": strategy,
+                         "step_time_s": s["step_time_s"], "stall_fraction": s["stall_fraction"],
+                         "host_wait_s": s["host_wait_s"], "exposed_io_s": s["exposed_io_s"],
+                         "compute_s": s["compute_s"], "torch_threads_device":
+                         result.engine.device_threads, "torch_threads_host":
+                         result.engine.host_threads, "torch": torch.__version__})
+    return rows
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    out = []
+    for setting in sorted({r["setting"] for r in rows}):
+        for repeat in sorted({r["repeat"] for r in rows}):
+            pick = {r["strategy"]: r for r in rows
+                    if r["setting"] == setting and r["repeat"] == repeat}
+            if len(pick) < 2:
+                continue
+            off, zen = pick["zero-offload"], pick["zenflow"]
+            out.append({"setting": setting, "repeat": repeat,
+                        "speedup_zenflow_over_zero_offload":
+                            off["step_time_s"] / zen["step_time_s"],
+                        "stall_fraction_zero_offload": off["stall_fraction"],
+                        "stall_fraction_zenflow": zen["stall_fraction"],
+                        "stall_reduction": 1 - zen["stall_fraction"] * zen["step_time_s"] /
+                        (off["stall_fraction"] * off["step_time_s"])})
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from real.runner import RunSpec
+
+    d = RunSpec()
+    p.add_argument("--model", default=d.model)
+    p.add_argument("--layers", type=int, default=d.layers)
+    p.add_argument("--batch", type=int, default=d.batch)
+    p.add_argument("--seq", type=int, default=d.seq)
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--settings", default="plain,thp", help="plain and/or thp")
+    p.add_argument("--setting", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--out", type=Path, default=Path("bench/results"))
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args()
+    if args.setting is not None:  # child: measure one setting, print JSON rows
+        print(json.dumps(measure(args)))
+        return 0
+    rows = []
+    for setting in args.settings.split(","):
+        env = dict(os.environ, THP_MEM_ALLOC_ENABLE="1" if setting == "thp" else "0")
+        cmd = [sys.executable, __file__, "--setting", setting, "--model", args.model,
+               "--layers", str(args.layers), "--batch", str(args.batch), "--seq",
+               str(args.seq), "--steps", str(args.steps), "--repeats", str(args.repeats)]
+        print(f"setting {setting}: {' '.join(cmd[1:])}", file=sys.stderr)
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            print(f"setting {setting} failed (exit {proc.returncode})", file=sys.stderr)
+            return 1
+        rows.extend(json.loads(proc.stdout.strip().splitlines()[-1]))
+    summary = ratios(rows)
+    import pandas as pd
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(args.out / "engine_overlap.csv", index=False)
+    payload = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+               "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+               "shape": {"model": args.model, "layers": args.layers, "batch": args.batch,
+                         "seq": args.seq, "steps": args.steps}, "runs": rows,
+               "ratios": summary}
+    (args.out / "engine_overlap.json").write_text(json.dumps(payload, indent=1))
+    print(pd.DataFrame(rows)[["setting", "repeat", "strategy", "step_time_s",
+                              "stall_fraction", "host_wait_s"]].to_string(index=False))
+    print(pd.DataFrame(summary).to_string(index=False))
+    print(f"wrote {args.out}/engine_overlap.json and .csv")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Run by test_checkpoint.py in fresh processes: train, save, or resume and continue."""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from engine_helpers import BiasMLP, batches, config, make_engine, train_steps  # noqa: E402
+
+ZENFLOW = dict(topk_ratio=0.25, update_interval=4, overlap_step=True,
+               select_strategy="step", select_interval=8)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--strategy", default="zenflow")
+    p.add_argument("--skip", type=int, default=0, help="batches already consumed")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--load")
+    p.add_argument("--save")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    zf = ZENFLOW if args.strategy == "zenflow" else {}
+    model = BiasMLP()
+    engine = make_engine(model, config(args.strategy, **zf))
+    if args.load:
+        engine.load_checkpoint(args.load)
+    data = batches()
+    for _ in range(args.skip):
+        next(data)
+    train_steps(engine, data, args.steps)
+    if args.save:
+        engine.save_checkpoint(args.save)
+    else:
+        engine.finish()
+    torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, args.out)
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""`python -m zfbench.run`: a small real run end to end, its files, and refusals."""
+
+import json
+import re
+
+import pandas as pd
+import pytest
+
+from real.memory import InsufficientMemoryError, check_fits, estimate
+from zfbench.models import get_model
+from zfbench.run import main
+
+TINY = ["--model", "tiny", "--steps", "12", "--batch", "2", "--seq", "16",
+        "--device-threads", "1", "--host-threads", "1", "--quiet"]
+
+
+def test_small_run_writes_summary_jsonl_spans_and_trace(tmp_path, capsys):
+    assert main(TINY + ["--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    for name in ("device", "zero-offload", "zero-offload-dpu", "zenflow"):
+        assert name in printed
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    for col in ("step_time_s", "compute_s", "exposed_io_s", "stall_s", "stall_fraction",
+                "d2h_bytes_per_step", "h2d_bytes_per_step", "host_busy_fraction",
+                "speedup_vs_zero_offload", "d2h_gb_per_s", "h2d_gb_per_s",
+                "host_adam_params_per_s", "compute_utilization", "achieved_flops_per_s"):
+        assert col in summary.columns, col
+    rows = summary.set_index("strategy")
+    assert rows.loc["device", "d2h_bytes_per_step"] == 0
+    assert rows.loc["zero-offload", "d2h_bytes_per_step"] > 0
+    assert rows.loc["zero-offload", "host_adam_params_per_s"] > 0
+    lines = (tmp_path / "zenflow.steps.jsonl").read_text().splitlines()
+    assert len(lines) == 12 and json.loads(lines[0])["step"] == 0
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    lanes = {e["args"]["name"] for e in trace["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"compute", "d2h", "h2d", "host"} <= lanes
+    assert (tmp_path / "zenflow.spans.csv").exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--model", "gpt5"], ["unknown model 'gpt5'", "llama2-7b"]),
+    (["--gpus", "4"], ["--gpus 4", "multi-rank"]),
+    (["--layers", "40"], ["1..2"]),
+    (["--steps", "0"], ["--steps"]),
+])
+def test_bad_input_is_refused_with_a_reason(tmp_path, capsys, argv, words):
+    out = tmp_path / "o"
+    assert main(TINY + argv + ["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err
+    assert not out.exists()
+
+
+def test_config_typo_is_refused(tmp_path, capsys):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2,
+                               "zero_optimization": {"stage": 2, "offload_optimizer":
+                                                     {"device": "cpu"},
+                                                     "zenflow": {"topk_ration": 0.1}}}))
+    assert main(TINY + ["--config", str(cfg), "--strategy", "zenflow"]) == 2
+    assert "did you mean 'topk_ratio'" in capsys.readouterr().err
+
+
+def test_too_little_memory_names_numbers_and_the_layers_that_fit():
+    shape = get_model("llama2-7b")
+    need = estimate(shape.with_layers(4), "zenflow", 1, 128, 4).total_bytes
+    with pytest.raises(InsufficientMemoryError) as info:
+        check_fits(shape, ["zenflow"], 1, 128, 4, use_cuda=False, host_bytes=need * 1.01)
+    msg = str(info.value)
+    assert "does not fit" in msg and "GiB needed" in msg and "--layers 4 would fit" in msg
+
+
+def test_memory_cli_refusal_for_a_full_size_model(capsys):
+    assert main(["--model", "opt-1.3b", "--seq", "64", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit" in err and "GiB available" in err
+    assert re.search(r"--layers \d+ would fit", err), err
