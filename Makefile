@@ -36,6 +36,8 @@ figures: setup
 
 bench: setup
 	$(PY) bench/sim_speed.py
+	$(PY) bench/host_adam.py
+	$(PY) bench/engine_overlap.py
 
 clean:
 	rm -rf $(VENV) runs

@@ -58,7 +58,7 @@ def configs(n: int) -> list[tuple[str, int | None, int | None]]:
     out = [("fused", None, None), ("fused", 1 << 20, None)]
     out += [("inplace", c, None) for c in (1 << 14, 1 << 16, 1 << 18, 1 << 20, None)]
     out += [("foreach", c, 1) for c in (1 << 16, 1 << 18)]
-    out += [("foreach", 1 << 14, 16), ("foreach", 1 << 16, 16), ("foreach", None, 1)]
+    out += [("foreach", 1 << 16, 16), ("foreach", None, 1)]
     seen, uniq = set(), []
     for method, chunk, window in out:
         chunk = n if chunk is None or chunk >= n else chunk

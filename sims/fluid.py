@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from heapq import heappush
-from typing import Callable
+from typing import Callable, Sequence
 
 import simpy
 
@@ -43,7 +43,7 @@ class Job:
         self.remaining = float(self.amount)
 
 
-RateFn = Callable[[list[Job]], list[float]]
+RateFn = Callable[[list[Job]], Sequence[float]]
 
 
 class _Timer:
@@ -115,10 +115,13 @@ class FluidPool:
             return  # the active set changed since this timer was set
         self._advance()
         still = []
+        now, queue, eid = self.env._now, self._queue, self._eid
         for job in self.active:
             if job.remaining <= _REL_EPS * job.amount or job.remaining / job.rate < 1e-12:
                 job.remaining = 0.0
-                job.done.succeed()
+                done = job.done  # done.succeed(), inlined: only the pool triggers it
+                done._ok, done._value = True, None
+                heappush(queue, (now, _NORMAL, next(eid), done))
             else:
                 still.append(job)
         self.active = still
@@ -153,16 +156,16 @@ def node_rates(caps: NodeCapacities) -> RateFn:
     The rates are a pure function of each active job's (kind, rank, bytes_per_unit,
     units_per_core_s), in order, so they are memoized on that key: the same key always
     gives the very same floats, computed once by `compute`."""
-    memo: dict[tuple, list[float]] = {}
+    memo: dict[tuple, tuple[float, ...]] = {}
 
-    def rates(active: list[Job]) -> list[float]:
+    def rates(active: list[Job]) -> tuple[float, ...]:
         key = tuple([(j.kind, j.rank, j.bytes_per_unit, j.units_per_core_s) for j in active])
         out = memo.get(key)
         if out is None:
             if len(memo) >= _MEMO_MAX:
                 memo.clear()
-            out = memo[key] = compute(active)
-        return list(out)
+            out = memo[key] = tuple(compute(active))
+        return out
 
     def compute(active: list[Job]) -> list[float]:
         busy = {("d2h", j.rank) for j in active if j.kind == "d2h"}

@@ -52,28 +52,22 @@ class _Wait(_Hop):
     It stands for the `AnyOf` condition a generator worker would yield: `check` is
     registered where that condition's check would be, and the first check schedules the
     wait itself (as the condition schedules itself), whose processing resumes the worker.
+    (The wait keeps no reference to its bound `check`: no reference cycle, so it is freed
+    at once rather than left to the cyclic garbage collector.)
     """
 
-    __slots__ = ("lane", "pending", "woken", "check", "deps")
+    __slots__ = ("lane", "pending", "woken", "deps")
 
-    def __init__(self, lane: "Lane") -> None:
-        self.callbacks = [lane._on_wait]
-        self._ok = True
-        self._value = None
-        self.lane = lane
-        self.pending = True  # not yet checked off
-        self.woken = False  # a submit has scheduled its wake-up
-        self.check = self._check  # the one bound method registered on the deps
-        self.deps: list = []  # the dependencies it is registered on
-
-    def _check(self, _event) -> None:
+    def check(self, _event) -> None:
         if self.pending:
             self.pending = False
-            self.lane._push(self, 0.0)
+            lane = self.lane
+            heappush(lane._queue, (lane.env._now, _NORMAL, next(lane._eid), self))
 
 
 _URGENT, _NORMAL = simpy.events.URGENT, simpy.events.NORMAL
 _PENDING = simpy.events.PENDING
+_new_wait = _Wait.__new__
 
 
 class Lane:
@@ -98,20 +92,20 @@ class Lane:
         self._item: Op | None = None  # the op running
         self._t0 = 0.0
         self.busy_s = 0.0
-        self._queue, self._eid = env._queue, env._eid  # for `_push`, SimPy's own schedule
+        self._queue, self._eid = env._queue, env._eid  # SimPy's own schedule, inlined
+        # One op runs at a time, so one latency hop, re-armed for each op, serves them all;
+        # the callback lists below are never mutated, so every wait can share one.
+        self._delay_hop, self._delay_callbacks = _Hop(self._on_delay), [self._on_delay]
+        self._wait_callbacks = [self._on_wait]
         # The worker starts as a process would: an urgent event at the current time.
         env.schedule(_Hop(self._on_start), _URGENT)
-
-    def _push(self, event, delay: float) -> None:
-        """`env.schedule(event, NORMAL, delay)`, inlined."""
-        heappush(self._queue, (self.env._now + delay, _NORMAL, next(self._eid), event))
 
     def submit(self, op: str, step: int, deps: Sequence[simpy.Event] = (),
                seconds: float = 0.0, job: Job | None = None, nbytes: int = 0) -> simpy.Event:
         """Queue an op; the returned event fires when it has finished."""
         done = simpy.Event(self.env)
-        item = Op(op, step, tuple([d for d in deps if d is not None]), seconds, job, nbytes,
-                  done)
+        deps = tuple(deps) if None not in deps else tuple([d for d in deps if d is not None])
+        item = Op(op, step, deps, seconds, job, nbytes, done)
         if op in self.priority_ops:
             self._urgent.append(item)
         else:
@@ -120,23 +114,13 @@ class Lane:
         if wait is not None and wait.pending and not wait.woken:
             # A waiting worker is woken through one event, as by a wake-up `Event`.
             wait.woken = True
-            self._push(_Hop(wait.check), 0.0)
+            heappush(self._queue, (self.env._now, _NORMAL, next(self._eid), _Hop(wait.check)))
         return done
 
     def _next_ready(self) -> Op | None:
-        queue = self._urgent
-        if queue:
-            for dep in queue[0].deps:
-                if dep._value is _PENDING:  # not yet triggered
-                    break
-            else:
-                return queue.popleft()
-        queue = self._normal
-        if queue:
-            for dep in queue[0].deps:
-                if dep._value is _PENDING:
-                    break
-            else:
+        """The op to run next, if its dependencies have all fired (urgent ones first)."""
+        for queue in (self._urgent, self._normal):
+            if queue and all(d._value is not _PENDING for d in queue[0].deps):
                 return queue.popleft()
         return None
 
@@ -146,57 +130,83 @@ class Lane:
 
     def _on_wait(self, wait: _Wait) -> None:
         self._wait = None
-        check = wait.check
+        check = wait.check  # equal to (not the same object as) the bound checks hooked
         for dep in wait.deps:  # as a condition does: unhook from events yet to fire
             callbacks = dep.callbacks
             if callbacks is not None:
                 callbacks.remove(check)
         self._run()
 
+    def _on_delay(self, _event) -> None:
+        job = self._item.job
+        if job is not None and job.amount > 0:
+            self.pool.run(job).callbacks.append(self._on_job)
+            return
+        self._finish()
+        self._run()
+
+    def _on_job(self, _event) -> None:
+        self._finish()
+        self._run()
+
+    def _finish(self) -> None:
+        item, t0, t1 = self._item, self._t0, self.env._now
+        self.busy_s += t1 - t0
+        self.timeline.add(self.rank, self.name, item.op, item.step, t0, t1, item.nbytes)
+        done = item.done  # done.succeed(), inlined: only this lane ever triggers it
+        done._ok, done._value = True, None
+        heappush(self._queue, (t1, _NORMAL, next(self._eid), done))
+
     def _run(self) -> None:
+        """Start ops until one must wait for time or work, or none is ready (the body of
+        `_next_ready` inlined: this runs once or more per op)."""
+        urgent, normal = self._urgent, self._normal
         while True:
-            item = self._next_ready()
+            item = None
+            if urgent:
+                for dep in urgent[0].deps:
+                    if dep._value is _PENDING:
+                        break
+                else:
+                    item = urgent.popleft()
+            if item is None and normal:
+                for dep in normal[0].deps:
+                    if dep._value is _PENDING:
+                        break
+                else:
+                    item = normal.popleft()
             if item is None:
                 self._start_wait()
                 return
-            self._item, self._t0 = item, self.env._now
-            if item.seconds > 0:
-                self._push(_Hop(self._on_delay), item.seconds)
+            now = self._t0 = self.env._now
+            self._item = item
+            if item.seconds > 0:  # as `yield env.timeout(item.seconds)` would
+                hop = self._delay_hop
+                hop.callbacks = self._delay_callbacks
+                heappush(self._queue, (now + item.seconds, _NORMAL, next(self._eid), hop))
                 return
             job = item.job
             if job is not None and job.amount > 0:
                 self.pool.run(job).callbacks.append(self._on_job)
                 return
-            self._finish(item)
+            self._finish()
 
     def _start_wait(self) -> None:
-        wait = self._wait = _Wait(self)
-        check, hooked = wait.check, wait.deps
-        for queue in (self._urgent, self._normal):
-            if queue:
-                for dep in queue[0].deps:
-                    if dep._value is _PENDING:
-                        dep.callbacks.append(check)
-                        hooked.append(dep)
-
-    def _on_delay(self, _event) -> None:
-        item = self._item
-        job = item.job
-        if job is not None and job.amount > 0:
-            self.pool.run(job).callbacks.append(self._on_job)
-            return
-        self._finish(item)
-        self._run()
-
-    def _on_job(self, _event) -> None:
-        self._finish(self._item)
-        self._run()
-
-    def _finish(self, item: Op) -> None:
-        t0, t1 = self._t0, self.env._now
-        self.busy_s += t1 - t0
-        self.timeline.add(self.rank, self.name, item.op, item.step, t0, t1, item.nbytes)
-        item.done.succeed()
+        wait = self._wait = _new_wait(_Wait)
+        wait.callbacks, wait._ok, wait._value = self._wait_callbacks, True, None
+        wait.lane, wait.pending, wait.woken = self, True, False
+        wait.deps = hooked = []  # the dependencies its check is registered on
+        check = wait.check
+        if self._urgent:
+            for dep in self._urgent[0].deps:
+                if dep._value is _PENDING:
+                    dep.callbacks.append(check)
+                    hooked.append(dep)
+        if self._normal:
+            for dep in self._normal[0].deps:
+                if dep._value is _PENDING:
+                    dep.callbacks.append(check)
+                    hooked.append(dep)
 
 
 def run_compute(env: simpy.Environment, timeline: Timeline, rank: int, op: str, step: int,

@@ -1,32 +1,31 @@
 """Closed-form steady state of each strategy, for inputs where no rate is shared.
 
-This module owns an independent check of the event simulation. From the dependency
-structure that `sims/strategies.py` implements (DESIGN.md, reference/zenflow.md) it derives
-the steady-state step time of each strategy from `CostModel` quantities alone (bucket
-forward/backward seconds, bytes, host element counts, link and core rates) as sums,
-maxima and in-order-lane recurrences. It never runs SimPy and uses nothing from the fluid
-pool, the lanes or the simulator.
+This module owns an independent check of the event simulation: from the dependency
+structure of `sims/strategies.py` it derives each strategy's steady-state step time from
+`CostModel` quantities alone (bucket seconds, bytes, elements, rates) as sums, maxima and
+in-order-lane recurrences; it never runs SimPy nor uses the fluid pool or the lanes.
 
-Building block: an in-order lane with fixed durations, where item j ends at
-`max(ready_j, end_{j-1}) + d_j` (the flow-shop formula `max_j(ready_j + sum_{i>=j} d_i)`
-unrolled). A transfer lasts `latency + bytes/rate`, host work `elements/rate`, a collective
-its fixed ring time; a zero-sized transfer or host job is done at submission (no latency,
-no dependency), as the strategies skip it.
+Building block: an in-order lane of fixed durations, item j ending at
+`max(ready_j, end_{j-1}) + d_j` (the flow-shop `max_j(ready_j + sum_{i>=j} d_i)` unrolled);
+a transfer lasts `latency + bytes/rate`, host work `elements/rate`, a collective its ring
+time; a zero-sized transfer or host job is done at submission, as the strategies skip it.
 
 - `device`, `zero-offload`, `zenflow` without `overlap_step`: every step (window) starts
   with all lanes drained, so one step (window) from a clean start is the steady state.
-- `zero-offload-dpu` and `zenflow` with `overlap_step`: the period map (one step, resp.
-  one window from the moment the device resumes at a boundary) takes the lanes' carried
-  state to the next; its fixed point, reached by iterating from a clean state, is the
-  steady state. The host lane of zenflow is not first-in-first-out (accumulations go
-  ahead of Adam chunks not yet started): the window map merges them by that rule.
+- `zero-offload-dpu`, `zenflow` with `overlap_step`: a period map (one step; one window
+  from the device resuming at a boundary) carries the lanes' state to the next period;
+  iterated from the run's real start it reaches a fixed point or a short cycle, the
+  steady state (the start matters: the zenflow map can have several cycles). Its host
+  lane is not first-in-first-out (accumulations go ahead of Adam chunks not yet started):
+  the window map merges them by that rule.
 
 `exact` is True when the closed form is exact for the input: every rank of a switch group
 moves the same bytes at the same moments (so m GPUs behind a switch each get rate/m);
 host jobs never reach the DRAM limit (`_dram_ok`); no upload overlaps a gradient download
 (the bidirectional factor) unless both factors are 1; no two events the merge rule must
 order coincide; the period map reaches a fixed point; zenflow uses design transfers and
-select_interval 0.
+select_interval 0. It models strategies.py as it stands (e.g. zenflow's device optimizer
+does not wait for the gradient all-reduce); a change there needs the same change here.
 """
 
 from __future__ import annotations
@@ -52,16 +51,17 @@ class OracleResult:
     exact: bool
     reason: str  # why the closed form is (or is not) exact for this input
     regime: str = ""
-    settle_periods: int = 0  # periods the map needed from a clean state (a transient hint)
-    cycle_periods: int = 1  # the steady state repeats every this many periods (steps/windows)
+    # periods before the steady cycle, from the run's start (dpu: steps; zenflow: windows
+    # after the first one); the cycle repeats every `cycle_periods` periods
+    settle_periods: int = 0
+    cycle_periods: int = 1
 
 
 class _Lane:
     """An in-order lane with fixed durations; remembers the rate-limited intervals."""
 
     def __init__(self, free: float = NEG) -> None:
-        self.free = free
-        self.busy: list[tuple[float, float]] = []  # (start after latency, end)
+        self.free, self.busy = free, []  # busy: (start after latency, end)
 
     def run(self, submit: float, ready: float, item: tuple[float, float] | None) -> float:
         """Submit at `submit` an item `(latency, seconds)` needing `ready`; None = skipped."""
@@ -96,13 +96,15 @@ class _Terms:
         self.o_sel = c.device_optim_s(c.selected_params)
         self.P_zen = self.F + self.B + self.o_sel
 
-    def down(self, numel: float):
+    def _xfer(self, numel: float, rate: float):  # this rank's share of 16-bit elements
         n = int(round(self.c.share(numel) * 2))
-        return None if n <= 0 else (self.lat, n / self.rd)
+        return None if n <= 0 else (self.lat, n / rate)
+
+    def down(self, numel: float):
+        return self._xfer(numel, self.rd)
 
     def up(self, numel: float):
-        n = int(round(self.c.share(numel) * 2))
-        return None if n <= 0 else (self.lat, n / self.rh)
+        return self._xfer(numel, self.rh)
 
     def ar(self, k: int):
         return None if self.gpus == 1 else (0.0, self.c.allreduce_s(self.numel[k] * 2))
@@ -112,11 +114,10 @@ class _Terms:
 
     def releases(self, t0: float) -> list[float]:
         """Ends of each backward bucket of a step whose forward starts at t0."""
-        out, t = [], t0 + self.F
+        out = [t0 + self.F]
         for b in self.bwd:
-            t += b
-            out.append(t)
-        return out
+            out.append(out[-1] + b)
+        return out[1:]
 
     def grads_down(self, t0, net: _Lane, d2h: _Lane, numel, gate=None):
         """Backward from t0: each bucket all-reduced (net) then sent down after
@@ -172,8 +173,7 @@ def _fixed_point(period_map, carry: tuple, max_cycle: int = 4):
     """Iterate `period_map(carry) -> (period, carry', info)` from a clean carry until the
     carry repeats after c periods (c <= max_cycle: a max-plus system may settle into a
     cycle, not a point); returns (the c periods, their infos, periods needed) or None."""
-    seen: list[tuple] = [carry]
-    out: list[tuple] = []
+    seen, out = [carry], []
     for n in range(_MAX_PERIODS):
         period, carry, info = period_map(carry)
         out.append((period, info))
@@ -193,10 +193,6 @@ def _cycle_intervals(periods, infos, which: int):
         out += [(a + t0, b + t0) for a, b in info[which]]
         t0 += period
     return out
-
-
-def _rel(t0: float, *values: float) -> tuple:
-    return tuple(v - t0 for v in values)
 
 
 # --------------------------------------------------------------------------- strategies
@@ -234,7 +230,7 @@ def _dpu_step(T: _Terms, carry):
     ends = _offload_chunks(T, host, sub, max(downs + [sub]))
     landed = T.update_up(sub, ends, T.numel, h2d, net)
     end = max(sub, land1)
-    new = _rel(end, landed, *ends, d2h.free, host.free, h2d.free, net.free)
+    new = tuple(v - end for v in (landed, *ends, d2h.free, host.free, h2d.free, net.free))
     return end, new, (h2d.busy, d2h.busy, landed)
 
 
@@ -244,16 +240,13 @@ def _dpu(T: _Terms):
     if found is None:
         return P, P, False, "the step map never settles", "", _MAX_PERIODS, 1
     periods, infos, n = found
-    cycle = sum(periods)
+    cycle, c = sum(periods), len(periods)
     reach = int(math.ceil(max(i[2] for i in infos) / cycle)) + 1
     if _interferes(T, _cycle_intervals(periods, infos, 0),
                    _cycle_intervals(periods, infos, 1), cycle, reach):
-        return cycle / len(periods), P, False, "an upload overlaps a gradient download", "", \
-            n, len(periods)
-    regime = "compute-bound" if cycle <= len(periods) * P * (1 + _CONVERGED) else \
-        "host/link-bound"
-    return cycle / len(periods), P, True, "fixed point of the one-step map", regime, n, \
-        len(periods)
+        return cycle / c, P, False, "an upload overlaps a gradient download", "", n, c
+    regime = "compute-bound" if cycle <= c * P * (1 + _CONVERGED) else "host/link-bound"
+    return cycle / c, P, True, "fixed point of the one-step map", regime, n, c
 
 
 def _zen_sequential(T: _Terms):
@@ -293,7 +286,7 @@ def _zen_first_window(T: _Terms) -> tuple:
                 t = net.run(t, t, (0.0, T.c.allreduce_s(4 * cols)))
         A = host.run(t, max(downs + [t]), T.acc)
         t0 = t + T.o_sel
-    return _rel(t, host.free, A, d2h.free, NEG, net.free)
+    return tuple(v - t for v in (host.free, A, d2h.free, NEG, net.free))
 
 
 def _zen_frame(T: _Terms, carry):
@@ -344,7 +337,7 @@ def _zen_frame(T: _Terms, carry):
         landed = T.update_up(0.0, chunk_end, T.unsel, h2d, net)
     arrival = T.o_sel + (U - 1) * P + T.F + T.B
     tau = max(arrival, landed)
-    new = _rel(tau, hf, gate, d2h.free, h2d.free, net.free)
+    new = tuple(v - tau for v in (hf, gate, d2h.free, h2d.free, net.free))
     return tau, new, (h2d.busy, d2h.busy, tie, landed > arrival)
 
 
@@ -360,8 +353,8 @@ def _zen_overlap(T: _Terms):
     regime = "overlap, host slower" if waits else "overlap, host faster"
     window = cycle / len(periods)
     if any(i[2] for i in infos):
-        return window, U * P, False, "an accumulation is ready exactly as a chunk ends", \
-            regime, n, len(periods)
+        why = "host lane order ambiguous (an accumulation ready as a chunk ends)"
+        return window, U * P, False, why, regime, n, len(periods)
     if _interferes(T, _cycle_intervals(periods, infos, 0),
                    _cycle_intervals(periods, infos, 1), cycle, 3):
         return window, U * P, False, "an upload overlaps a gradient download", regime, n, \
@@ -400,6 +393,12 @@ def steady_state(settings: SimSettings, strategy: str) -> OracleResult:
     reason = " | ".join(dict.fromkeys(g[3] for _, g in groups))
     if strategy != "device" and not _dram_ok(costs):
         exact, reason = False, "host jobs may be DRAM-bound; " + reason
+    if settings.gpus > 1 and strategy in ("zero-offload-dpu", "zenflow"):
+        # the simulator issues each all-gather when its parameters are up (so the net
+        # lane's order depends on timing) and zenflow's device update waits for the
+        # gradient all-reduces; this form keeps submission order and no such wait
+        exact, reason = False, "several GPUs: all-gathers join the net lane when ready " \
+            "and the device update waits for reduced gradients; " + reason
     return OracleResult(strategy, step, compute, step - compute, exact, reason,
                         groups[0][1][4], max(g[5] for _, g in groups),
                         math.lcm(*(g[6] for _, g in groups)))

@@ -80,19 +80,31 @@ class RankSim:
             yield from self.compute("backward", step, self.costs.buckets[i].backward_s)
             after_bucket(i)
 
-    def host_update(self, step: int, deps, elems_of, up_bytes_of) -> simpy.Event:
+    def gather_when_ready(self, step: int, nbytes: float, ready: simpy.Event) -> simpy.Event | None:
+        """All-gather updated parameters once `ready` fires: the collective joins the net
+        lane in the order parameters become ready, not blocking collectives issued before."""
+        if self.costs.gpus == 1:
+            return None
+        done = self.env.event()
+
+        def issue():
+            yield ready
+            yield self.collective("allgather", step, nbytes, [])
+            done.succeed()
+        self.env.process(issue())
+        return done
+
+    def host_update(self, step: int, deps, elems_of, up_bytes_of):
         """Host Adam chunk by chunk, each chunk's parameters up (and all-gathered) after it;
-        returns the event of the last upload."""
+        returns the event of the last upload and each chunk's host event."""
         c = self.costs
-        last = None
+        last, chunks = None, {}
         for i in reversed(range(self.nb)):
-            done = self.host_work("host_optim", step, elems_of(i), deps)
-            up = self.transfer(self.h2d, "h2d_param", step, up_bytes_of(i), [done])
-            gathered = self.collective("allgather", step, c.buckets[i].numel * c.elem_bytes,
-                                       [up])
-            last = gathered or up
+            chunks[i] = self.host_work("host_optim", step, elems_of(i), deps)
+            up = self.transfer(self.h2d, "h2d_param", step, up_bytes_of(i), [chunks[i]])
+            last = self.gather_when_ready(step, c.buckets[i].numel * c.elem_bytes, up) or up
             deps = ()
-        return last
+        return last, chunks
 
     # -- strategies -------------------------------------------------------------------
     def run(self, strategy: str, steps: int):
@@ -119,9 +131,11 @@ class RankSim:
         """Backward with each bucket's gradient reduced then sent down; returns the events."""
         c = self.costs
         down: dict[int, simpy.Event] = {}
+        self.reduced = []
 
         def after(i: int) -> None:
             red = self.collective("allreduce", t, c.buckets[i].numel * c.elem_bytes, [])
+            self.reduced.append(red)
             down[i] = self.transfer(self.d2h, "d2h_grad", t, bytes_of(i),
                                     [red, *extra_deps_of(i)])
         yield from self.backward(t, after)
@@ -131,9 +145,9 @@ class RankSim:
         c = self.costs
         yield from self.compute("forward", t, c.forward_s)
         down = yield from self._grads_down(t, lambda i: c.share(c.buckets[i].numel) * c.elem_bytes)
-        landed = self.host_update(t, list(down.values()),
-                                  lambda i: c.share(c.buckets[i].numel),
-                                  lambda i: c.share(c.buckets[i].numel) * c.elem_bytes)
+        landed, _ = self.host_update(t, list(down.values()),
+                                     lambda i: c.share(c.buckets[i].numel),
+                                     lambda i: c.share(c.buckets[i].numel) * c.elem_bytes)
         yield from all_done(self.env, [landed])
 
     def dpu_step(self, t: int):
@@ -144,15 +158,9 @@ class RankSim:
         down = yield from self._grads_down(
             t, lambda i: c.share(c.buckets[i].numel) * c.elem_bytes,
             lambda i: [prev_chunks.get(i)])
-        chunks: dict[int, simpy.Event] = {}
-        deps = list(down.values())
-        last = None
-        for i in reversed(range(self.nb)):
-            chunks[i] = self.host_work("host_optim", t, c.share(c.buckets[i].numel), deps)
-            up = self.transfer(self.h2d, "h2d_param", t, c.share(c.buckets[i].numel) *
-                               c.elem_bytes, [chunks[i]])
-            last = self.collective("allgather", t, c.buckets[i].numel * c.elem_bytes, [up]) or up
-            deps = ()
+        last, chunks = self.host_update(t, list(down.values()),
+                                        lambda i: c.share(c.buckets[i].numel),
+                                        lambda i: c.share(c.buckets[i].numel) * c.elem_bytes)
         st[("chunks", t)], st[("landed", t)] = chunks, last
         st.pop(("chunks", t - 1), None)
         # The next forward needs the update of step t-1: the step ends when it has landed.
@@ -202,13 +210,15 @@ class RankSim:
             up_elems = unselected if not shipped else [b.numel for b in c.buckets]
             if s.overlap_step:
                 yield from all_done(self.env, [st.pop("pending", None)])
-            landed = self.host_update(t, window_deps, lambda i: c.share(c.buckets[i].numel),
-                                      lambda i: c.share(up_elems[i]) * c.elem_bytes)
+            landed, _ = self.host_update(t, window_deps,
+                                         lambda i: c.share(c.buckets[i].numel),
+                                         lambda i: c.share(up_elems[i]) * c.elem_bytes)
             if s.overlap_step:
                 st["pending"] = landed
             else:
                 yield from all_done(self.env, [landed])
             st.pop("window_start", None)
+        yield from all_done(self.env, self.reduced)  # selected columns need reduced grads
         yield from self.compute("device_optim", t, c.device_optim_s(c.selected_params))
 
 

@@ -1,0 +1,528 @@
+"""zfbench against DeepSpeed's own ZenFlow on this machine (optional extra, never in CI).
+
+    pip install -e '.[deepspeed]'        # deepspeed==0.19.5 beside torch (CPU build is fine)
+    python bench/vs_deepspeed.py          # writes bench/results/vs_deepspeed.{json,csv}
+    python bench/vs_deepspeed.py --modes overlap --rounds 3 --skip-check
+
+DeepSpeed runs as a library only, in this process: one rank, gloo, DS_ACCELERATOR=cpu,
+ZeRO-2 with `offload_optimizer.device: cpu`, fp32, `zero_optimization.zenflow`. Its CPU
+Adam op is built with g++ and ninja on first use (minutes; cached under
+~/.cache/torch_extensions). 0.19.5 is the release this was checked with; 0.19.8 corrupts
+the weights at initialize on CPU, so other versions are refused unless --any-version.
+
+Three parts, all on the same model, seeded batches and ZenFlow config for both engines:
+
+* timing (per mode, `overlap` and/or `sequential`): after warm-up, DeepSpeed and zfbench
+  run alternately in blocks of whole update windows, the order swapping every round. After
+  each block the host side is let go idle (untimed), so one engine's pending host Adam
+  never runs inside the other's block, and each block's first window (which starts with an
+  idle host) is left out. Step time = median over the remaining windows of window time / U;
+  ratio = zfbench / DeepSpeed (below 1: zfbench faster). Same thread budget: overlap mode
+  gives each side 1 compute thread + 1 host-Adam core (DeepSpeed's own 50 % split of 2
+  cores: it pins the training thread and a separate optimizer process); sequential mode
+  gives each all cores for compute and host Adam in turn.
+* host Adam rate: zfbench's from its timeline (parameters updated / busy seconds of its
+  `host_optim` spans, with and without the h2d copy done inside them); DeepSpeed's in
+  sequential mode by timing its CPU Adam `step` from outside; and both kernels on the
+  model's flat size with the host thread budget (DeepSpeedCPUAdam.step vs
+  real.host_adam.host_adamw_), interleaved.
+* correctness (sequential, fp32, clipping off, explicit weight decay): max |param
+  difference| after N steps for (A) topk_ratio 1.0, U 1 (both must equal torch AdamW),
+  (B) topk_ratio 0.25, U 4 on a model with only 2-D weights (DeepSpeed's column-score
+  window is then not shifted, so both select the same columns), (C) the same on `tiny`,
+  whose 1-D norm weights shift DeepSpeed's score windows: selections differ, reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DS_VERSION = "0.19.5"
+INSTALL_HINT = (f"DeepSpeed is not installed. This benchmark is an optional extra:\n"
+                f"    pip install -e '.[deepspeed]'     (or: pip install deepspeed=={DS_VERSION})\n"
+                f"It needs g++ and ninja on PATH: DeepSpeed builds its CPU Adam op on first "
+                f"use. Check afterwards that pip kept your torch version.")
+
+
+# ------------------------------------------------------------------ DeepSpeed setup
+def import_deepspeed(any_version: bool):
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        import deepspeed
+    except ImportError:
+        print(INSTALL_HINT, file=sys.stderr)
+        sys.exit(2)
+    if deepspeed.__version__ != DS_VERSION and not any_version:
+        sys.exit(f"deepspeed {deepspeed.__version__} found; this benchmark was checked with "
+                 f"{DS_VERSION} (0.19.8 corrupts weights at initialize on CPU). "
+                 f"pip install deepspeed=={DS_VERSION}, or pass --any-version")
+    import logging
+
+    from deepspeed.utils import logger
+    logger.setLevel(logging.WARNING)
+    if not torch.distributed.is_initialized():
+        with socket.socket() as s:  # a free local port for the one-rank gloo group
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
+                          WORLD_SIZE="1", LOCAL_RANK="0")
+        deepspeed.init_distributed(dist_backend="gloo")
+    return deepspeed
+
+
+def ds_config(batch: int, zenflow: dict, lr: float, wd: float, clip: float) -> dict:
+    return {"train_micro_batch_size_per_gpu": batch,
+            "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd}},
+            "gradient_clipping": clip,
+            "zero_optimization": {"stage": 2, "zenflow": dict(zenflow),
+                                  "offload_optimizer": {"device": "cpu", "pin_memory": False}},
+            "steps_per_print": 1 << 30}
+
+
+def make_ds(ds, model: nn.Module, cfg: dict):
+    engine, *_ = ds.initialize(model=model, model_parameters=model.parameters(),
+                               config=copy.deepcopy(cfg))
+    return engine
+
+
+def make_zf(model: nn.Module, cfg: dict, device_threads: int, host_threads: int):
+    import real
+
+    cfg = copy.deepcopy(cfg)
+    cfg["zfbench"] = {"strategy": "zenflow"}
+    return real.initialize(model, cfg, device="cpu", device_threads=device_threads,
+                           host_threads=host_threads)
+
+
+def train_step(engine, batch) -> float:
+    loss = engine(batch["input_ids"], batch["labels"])
+    engine.backward(loss)
+    engine.step()
+    return float(loss.detach())
+
+
+class MatrixOnlyLM(nn.Module):
+    """Embedding, up (ReLU), down, head: every parameter 2-D, so no 1-D parameter can sit
+    before a matrix in DeepSpeed's gradient bucket and shift its column-score window."""
+
+    def __init__(self, vocab: int = 64, hidden: int = 32, inner: int = 64, seed: int = 0):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.emb = nn.Embedding(vocab, hidden)
+        self.up = nn.Linear(hidden, inner, bias=False)
+        self.down = nn.Linear(inner, hidden, bias=False)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+        self.vocab = vocab
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids)
+        h = h + self.down(torch.relu(self.up(h)))
+        return nn.functional.cross_entropy(self.head(h).flatten(0, 1), labels.flatten())
+
+
+def seeded_batches(vocab: int, batch: int, seq: int, n: int, seed: int) -> list[dict]:
+    from real.data import synthetic_batches
+
+    stream = synthetic_batches(vocab, batch, seq, seed=seed)
+    return [next(stream) for _ in range(n)]
+
+
+# ------------------------------------------------------------------ correctness
+def torch_adamw_params(model: nn.Module, batches, lr, wd, steps) -> dict:
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd, foreach=False)
+    for b in batches[:steps]:
+        opt.zero_grad()
+        model(b["input_ids"], b["labels"]).backward()
+        opt.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def check_case(ds, name: str, make_model, zenflow: dict, steps: int, batch: int, seq: int,
+               lr: float, wd: float, impose_ds_selection: bool = False) -> dict:
+    cfg = ds_config(batch, zenflow, lr, wd, clip=0.0)
+    ds_model, zf_model = make_model(), make_model()
+    vocab = ds_model.vocab if hasattr(ds_model, "vocab") else ds_model.shape.vocab
+    data = seeded_batches(vocab, batch, seq, steps, seed=1)
+    dse = make_ds(ds, ds_model, cfg)
+    torch.set_num_threads(2)
+    ds_losses = [train_step(dse, b) for b in data]
+    zfe = make_zf(zf_model, cfg, 1, 1)
+    if impose_ds_selection:  # select once (S = 0): DeepSpeed's final set is its only one
+        ds_sel = {n: p.selected_indices.long().sort().values
+                  for n, p in dse.module.named_parameters() if p.dim() == 2}
+        own_select = zfe.strategy.select
+
+        def select(t: int) -> None:
+            own_select(t)
+            zfe.strategy.selected.update(ds_sel)
+        zfe.strategy.select = select
+    zf_losses = [train_step(zfe, b) for b in data]
+    zfe.finish()
+    zfe.close()
+    ds_p = {n: p.detach().float().clone() for n, p in dse.module.named_parameters()}
+    zf_p = {n: p.detach().float().clone() for n, p in zf_model.named_parameters()}
+    init = {n: p.detach().clone() for n, p in make_model().named_parameters()}
+    diffs = {n: float((ds_p[n] - zf_p[n]).abs().max()) for n in zf_p}
+    moved = max(float((zf_p[n] - init[n]).abs().max()) for n in zf_p)
+    sel = {}
+    for n, p in dse.module.named_parameters():
+        if p.dim() == 2 and n in zfe.strategy.selected:
+            a = set(getattr(p, "selected_indices", torch.empty(0)).tolist())
+            b = set(zfe.strategy.selected[n].tolist())
+            sel[n] = len(a & b) / max(1, len(a | b))
+    out = {"case": name, "zenflow": zenflow, "impose_ds_selection": impose_ds_selection,
+           "steps": steps, "lr": lr, "weight_decay": wd,
+           "n_params": sum(p.numel() for p in zf_p.values()),
+           "max_abs_diff": max(diffs.values()), "max_abs_update": moved,
+           "worst_params": dict(sorted(diffs.items(), key=lambda kv: -kv[1])[:4]),
+           "max_abs_loss_diff": max(abs(a - b) for a, b in zip(ds_losses, zf_losses)),
+           "selection_jaccard": sel,
+           "weights_with_identical_selection": sum(v == 1.0 for v in sel.values()),
+           "weights_2d": len(sel)}
+    if zenflow["topk_ratio"] == 1.0 and zenflow["update_interval"] == 1:
+        ref = torch_adamw_params(make_model(), data, lr, wd, steps)
+        out["max_abs_diff_deepspeed_vs_torch_adamw"] = max(
+            float((ds_p[n] - ref[n]).abs().max()) for n in ref)
+        out["max_abs_diff_zfbench_vs_torch_adamw"] = max(
+            float((zf_p[n] - ref[n]).abs().max()) for n in ref)
+    dse.destroy() if hasattr(dse, "destroy") else None
+    return out
+
+
+def correctness(ds, args) -> list[dict]:
+    from real.model import build_model
+    from zfbench.models import get_model
+
+    tiny = get_model("tiny")
+    base = {"select_strategy": "step", "select_interval": 0, "overlap_step": False,
+            "full_warm_up_rounds": 0}
+    cases = [
+        ("A: tiny, topk 1.0, U 1 (= AdamW)", lambda: build_model(tiny, seed=0),
+         dict(base, topk_ratio=1.0, update_interval=1)),
+        ("B: 2-D-only model, topk 0.25, U 4", lambda: MatrixOnlyLM(seed=0),
+         dict(base, topk_ratio=0.25, update_interval=4)),
+        ("C: tiny, topk 0.25, U 4 (shipped score-window shift)",
+         lambda: build_model(tiny, seed=0), dict(base, topk_ratio=0.25, update_interval=4)),
+        ("D: as C, zfbench given DeepSpeed's selected columns",
+         lambda: build_model(tiny, seed=0), dict(base, topk_ratio=0.25, update_interval=4)),
+    ]
+    rows = []
+    for name, make, zf in cases:
+        row = check_case(ds, name, make, zf, args.check_steps, 4, 16, lr=1e-3, wd=0.01,
+                         impose_ds_selection=name.startswith("D"))
+        print(f"  {name}: max |dparam| {row['max_abs_diff']:.3g} "
+              f"(largest update {row['max_abs_update']:.3g}), identical selections "
+              f"{row['weights_with_identical_selection']}/{row['weights_2d']}", flush=True)
+        rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------ timing
+def zf_host_rate(engine, steps: set[int]) -> dict:
+    spans = [s for s in engine.timeline.spans if s.step in steps]
+    busy = sum(s.duration_s for s in spans if s.lane == "host" and s.op == "host_optim")
+    h2d = sum(s.duration_s for s in spans if s.lane == "h2d" and s.op == "h2d_param")
+    updates = len({s.step for s in spans if s.op == "host_optim"})
+    n = updates * engine.layout.total
+    return {"host_updates": updates, "host_optim_busy_s": busy,
+            "host_adam_params_per_s": n / busy if busy else None,
+            "host_adam_params_per_s_without_h2d": n / (busy - h2d) if busy > h2d else None}
+
+
+def settle(kind: str, engine, timeout_s: float = 60.0) -> None:
+    """Untimed: wait until the engine's host side has nothing left to do."""
+    end = time.perf_counter() + timeout_s
+    if kind == "zfbench":
+        while not engine.host_lane.idle() and time.perf_counter() < end:
+            time.sleep(0.005)
+        return
+    proc = getattr(engine.optimizer, "process", None)  # DeepSpeed's optimizer process
+    if proc is None:
+        return
+    import psutil
+
+    p, last = psutil.Process(proc.pid), -1.0
+    while time.perf_counter() < end:
+        now = sum(p.cpu_times()[:2])
+        if now == last:
+            return
+        last = now
+        time.sleep(0.05)
+
+
+def timing(ds, args, mode: str) -> dict:
+    from real.model import build_model
+    from zfbench.models import get_model
+
+    U, overlap = args.update_interval, mode == "overlap"
+    zenflow = {"topk_ratio": args.topk_ratio, "update_interval": U, "select_strategy": "step",
+               "select_interval": args.select_interval, "overlap_step": overlap,
+               "full_warm_up_rounds": 0}
+    cfg = ds_config(args.batch, zenflow, args.lr, 0.01, args.clip)
+    cores = len(os.sched_getaffinity(0))
+    dev_t, host_t = (max(1, cores // 2), max(1, cores - cores // 2)) if overlap else (cores, cores)
+    shape = get_model(args.model)
+    shape = shape.with_layers(args.layers) if args.layers else shape
+    block, warm = args.windows_per_block * U, args.warmup_windows * U
+    data = seeded_batches(shape.vocab, args.batch, args.seq, warm + args.rounds * block, 0)
+    full_aff = os.sched_getaffinity(0)
+
+    dse = make_ds(ds, build_model(shape, seed=0), cfg)
+    ds_host = []
+    if not overlap:  # time DeepSpeed's host CPU Adam from outside
+        opt, inner = dse.optimizer.optimizer, dse.optimizer.optimizer.step
+
+        def timed_step(*a, **k):
+            t0 = time.perf_counter()
+            out = inner(*a, **k)
+            ds_host.append(time.perf_counter() - t0)
+            return out
+        opt.step = timed_step
+    torch.set_num_threads(dev_t)
+    for b in data[:warm]:
+        train_step(dse, b)
+    settle("deepspeed", dse)
+    ds_aff = os.sched_getaffinity(0)  # DeepSpeed pins its training thread (overlap mode)
+    os.sched_setaffinity(0, full_aff)
+    zfe = make_zf(build_model(shape, seed=0), cfg, dev_t, host_t)
+    for b in data[:warm]:
+        train_step(zfe, b)
+    settle("zfbench", zfe)
+    n_params = zfe.layout.total
+    engines = {"deepspeed": (dse, ds_aff), "zfbench": (zfe, full_aff)}
+    windows = {"deepspeed": [], "zfbench": []}
+    all_steps = {"deepspeed": [], "zfbench": []}
+    zf_steps: set[int] = set()
+    ds_host.clear()
+    for r in range(args.rounds):
+        order = ("deepspeed", "zfbench") if r % 2 == 0 else ("zfbench", "deepspeed")
+        chunk = data[warm + r * block: warm + (r + 1) * block]
+        for kind in order:
+            engine, aff = engines[kind]
+            os.sched_setaffinity(0, aff)
+            torch.set_num_threads(dev_t)
+            if kind == "zfbench":
+                zf_steps.update(range(zfe.t, zfe.t + block))
+            times = []
+            for b in chunk:
+                t0 = time.perf_counter()
+                train_step(engine, b)
+                times.append(time.perf_counter() - t0)
+            settle(kind, engine)
+            all_steps[kind] += times
+            windows[kind] += [sum(times[i:i + U]) / U for i in range(U, block, U)]
+        print(f"  {mode} round {r + 1}/{args.rounds}: deepspeed "
+              f"{statistics.median(windows['deepspeed'][-args.windows_per_block + 1:]):.4f} s/step,"
+              f" zfbench {statistics.median(windows['zfbench'][-args.windows_per_block + 1:]):.4f}"
+              f" s/step", flush=True)
+    os.sched_setaffinity(0, full_aff)
+    zfe.finish()
+    zfe.close()
+    out = {"mode": mode, "model": shape.name, "n_params": n_params, "batch": args.batch,
+           "seq": args.seq, "zenflow": zenflow, "gradient_clipping": args.clip,
+           "rounds": args.rounds, "steps_per_block": block, "warmup_steps": warm,
+           "threads": {"cores": cores, "zfbench_device_threads": dev_t,
+                       "zfbench_host_threads": host_t, "deepspeed_torch_threads": dev_t,
+                       "deepspeed_training_affinity": sorted(ds_aff),
+                       "deepspeed_host": ("separate optimizer process, pinned to the other "
+                                          f"{cores - len(ds_aff)} core(s)") if overlap else
+                       f"in-process CPU Adam, {dev_t} OpenMP threads"}}
+    for kind in ("deepspeed", "zfbench"):
+        out[kind] = {"step_time_s": statistics.median(windows[kind]),
+                     "step_time_s_mean": statistics.fmean(windows[kind]),
+                     "step_time_s_min_window": min(windows[kind]),
+                     "step_time_s_max_window": max(windows[kind]),
+                     "step_time_s_median_single_step": statistics.median(all_steps[kind]),
+                     "steady_windows": len(windows[kind])}
+    out["zfbench"].update(zf_host_rate(zfe, zf_steps))
+    if ds_host:
+        out["deepspeed"].update({"host_updates": len(ds_host), "host_optim_busy_s": sum(ds_host),
+                                 "host_adam_params_per_s": len(ds_host) * n_params / sum(ds_host)})
+    out["ratio_zfbench_over_deepspeed"] = out["zfbench"]["step_time_s"] / out["deepspeed"]["step_time_s"]
+    del dse
+    return out
+
+
+def adam_kernels(n: int, threads: int, repeats: int) -> dict:
+    """DeepSpeedCPUAdam.step vs real.host_adam.host_adamw_ on one flat fp32 buffer of n."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    from real.host_adam import host_adamw_
+
+    torch.set_num_threads(threads)  # DeepSpeed's op uses torch's OpenMP runtime
+    gen = torch.Generator().manual_seed(0)
+    p_ds = nn.Parameter(torch.randn(n, generator=gen))
+    p_ds.grad = torch.randn(n, generator=gen) * 1e-3
+    opt = DeepSpeedCPUAdam([p_ds], lr=1e-4, weight_decay=0.01, adamw_mode=True)
+    p, g = p_ds.detach().clone(), p_ds.grad.clone()
+    m, v = torch.zeros(n), torch.zeros(n)
+    times = {"deepspeed": [], "zfbench": []}
+    for i in range(repeats + 1):
+        for kind in (("deepspeed", "zfbench") if i % 2 else ("zfbench", "deepspeed")):
+            t0 = time.perf_counter()
+            if kind == "deepspeed":
+                opt.step()
+            else:
+                host_adamw_(p, g, m, v, step=i + 1, lr=1e-4, beta1=0.9, beta2=0.999,
+                            eps=1e-8, weight_decay=0.01)
+            if i:  # the first call of each allocates / first-touches its state
+                times[kind].append(time.perf_counter() - t0)
+    rate = {k: n / statistics.median(t) for k, t in times.items()}
+    return {"n_params": n, "threads": threads, "repeats": repeats,
+            "deepspeed_cpu_adam_params_per_s": rate["deepspeed"],
+            "zfbench_host_adamw_params_per_s": rate["zfbench"],
+            "ratio_zfbench_over_deepspeed": rate["zfbench"] / rate["deepspeed"]}
+
+
+# ------------------------------------------------------------------ output
+def environment(ds) -> dict:
+    import numpy
+
+    return {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "deepspeed": ds.__version__, "numpy": numpy.__version__,
+            "platform": platform.platform(), "cpu": _cpu_model(),
+            "cores": os.cpu_count(), "affinity": sorted(os.sched_getaffinity(0)),
+            "loadavg_start": list(os.getloadavg()),
+            "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR"),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def csv_rows(result: dict) -> list[dict]:
+    rows = []
+    for t in result["timing"]:
+        for kind in ("deepspeed", "zfbench"):
+            for k, v in t[kind].items():
+                rows.append({"part": "timing", "case": t["mode"], "engine": kind, "metric": k,
+                             "value": v})
+        rows.append({"part": "timing", "case": t["mode"], "engine": "ratio",
+                     "metric": "step_time_zfbench_over_deepspeed",
+                     "value": t["ratio_zfbench_over_deepspeed"]})
+    for k in result["host_adam_kernel"]:
+        for kind, key in (("deepspeed", "deepspeed_cpu_adam_params_per_s"),
+                          ("zfbench", "zfbench_host_adamw_params_per_s")):
+            rows.append({"part": "host_adam_kernel", "case": f"{k['threads']} threads",
+                         "engine": kind, "metric": "host_adam_params_per_s", "value": k[key]})
+    for c in result["correctness"]:
+        for k in ("max_abs_diff", "max_abs_update", "max_abs_loss_diff",
+                  "weights_with_identical_selection", "weights_2d",
+                  "max_abs_diff_deepspeed_vs_torch_adamw", "max_abs_diff_zfbench_vs_torch_adamw"):
+            if k in c:
+                rows.append({"part": "correctness", "case": c["case"], "engine": "both",
+                             "metric": k, "value": c[k]})
+    return rows
+
+
+def print_table(result: dict) -> None:
+    print("\n== step time (median over steady windows, s/step) ==")
+    print(f"{'mode':<11}{'model':<16}{'deepspeed':>11}{'zfbench':>11}{'zf/ds':>8}"
+          f"{'ds host Adam':>15}{'zf host Adam':>15}")
+    for t in result["timing"]:
+        dh, zh = t["deepspeed"].get("host_adam_params_per_s"), t["zfbench"]["host_adam_params_per_s"]
+        print(f"{t['mode']:<11}{t['model']:<16}{t['deepspeed']['step_time_s']:>11.4f}"
+              f"{t['zfbench']['step_time_s']:>11.4f}{t['ratio_zfbench_over_deepspeed']:>8.3f}"
+              f"{(f'{dh / 1e6:.0f} M/s' if dh else 'n/a'):>15}"
+              f"{(f'{zh / 1e6:.0f} M/s' if zh else 'n/a'):>15}")
+    print("\n== host Adam kernels on the model's flat size (params/s) ==")
+    for k in result["host_adam_kernel"]:
+        print(f"{k['threads']} thread(s), {k['n_params'] / 1e6:.1f} M params: DeepSpeedCPUAdam "
+              f"{k['deepspeed_cpu_adam_params_per_s'] / 1e6:.0f} M/s, zfbench host_adamw_ "
+              f"{k['zfbench_host_adamw_params_per_s'] / 1e6:.0f} M/s "
+              f"(ratio {k['ratio_zfbench_over_deepspeed']:.2f})")
+    print("\n== parameters after N sequential steps ==")
+    for c in result["correctness"]:
+        extra = ""
+        if "max_abs_diff_deepspeed_vs_torch_adamw" in c:
+            extra = (f"; vs torch AdamW: ds {c['max_abs_diff_deepspeed_vs_torch_adamw']:.2g},"
+                     f" zf {c['max_abs_diff_zfbench_vs_torch_adamw']:.2g}")
+        print(f"{c['case']}: max |ds - zf| {c['max_abs_diff']:.3g} after {c['steps']} steps "
+              f"(largest update {c['max_abs_update']:.3g}); identical selections "
+              f"{c['weights_with_identical_selection']}/{c['weights_2d']}{extra}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="opt-350m")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--modes", default="overlap,sequential")
+    ap.add_argument("--topk-ratio", type=float, default=0.1)
+    ap.add_argument("--update-interval", type=int, default=4)
+    ap.add_argument("--select-interval", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--clip", type=float, default=0.0, help="gradient_clipping (both)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--windows-per-block", type=int, default=3)
+    ap.add_argument("--warmup-windows", type=int, default=3)
+    ap.add_argument("--kernel-repeats", type=int, default=10)
+    ap.add_argument("--check-steps", type=int, default=12)
+    ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--any-version", action="store_true")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args(argv)
+    if args.windows_per_block < 2:
+        ap.error("--windows-per-block must be >= 2 (each block's first window is left out)")
+    ds = import_deepspeed(args.any_version)
+    result = {"benchmark": "vs_deepspeed", "environment": environment(ds),
+              "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+              "timing": [], "host_adam_kernel": [], "correctness": []}
+    if not args.skip_check:
+        print("correctness (sequential, fp32):", flush=True)
+        result["correctness"] = correctness(ds, args)
+    if not args.skip_timing:
+        for mode in [m for m in args.modes.split(",") if m]:
+            if mode not in ("overlap", "sequential"):
+                ap.error(f"unknown mode {mode!r}; expected overlap and/or sequential")
+            print(f"timing, {mode}:", flush=True)
+            result["timing"].append(timing(ds, args, mode))
+        n = result["timing"][0]["n_params"] if result["timing"] else 1 << 24
+        cores = len(os.sched_getaffinity(0))
+        for threads in sorted({max(1, cores - cores // 2), cores}):
+            result["host_adam_kernel"].append(adam_kernels(n, threads, args.kernel_repeats))
+    result["environment"]["loadavg_end"] = list(os.getloadavg())
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "vs_deepspeed.json").write_text(json.dumps(result, indent=2) + "\n")
+    with open(args.out / "vs_deepspeed.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["part", "case", "engine", "metric", "value"])
+        w.writeheader()
+        w.writerows(csv_rows(result))
+    print_table(result)
+    print(f"\nwrote {args.out / 'vs_deepspeed.json'} and .csv")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""Calibration: measure, on this machine, the costs the simulator needs.
+
+`measure_profile(spec)` builds the run's model, warms up, then measures with the engine's
+own lanes and thread split:
+- forward and backward seconds of each block kind (embedding, one decoder layer, head
+  with the loss), from module hooks around a real training step, median of repeats;
+- the device optimizer rate on the selected columns (elements/s) and the selection cost
+  (seconds per 2-D gradient element), on the device thread;
+- d2h (device thread) and h2d (host worker) copy bandwidth, each alone and both at once;
+- host AdamW parameters/s and host accumulation elements/s on the host worker's threads.
+The result is a hardware profile in the layout of `zfbench/data/hardware.json` (every
+number with its source: this measurement) plus a `calibration` section with the
+per-block times, which `python -m zfbench.simulate --profile FILE` reads.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import threading
+import time
+
+import torch
+
+from real.adamw import adamw_foreach_
+from real.host_adam import host_adamw_
+from real.model import build_model
+from real.runner import RunSpec, batches
+from zfbench.schedule import topk_count
+
+
+def _median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _in_thread(fn, threads: int):
+    """Run `fn` in a fresh thread with its own torch thread count; return its result."""
+    box = {}
+
+    def target():
+        torch.set_num_threads(threads)
+        box["out"] = fn()
+    worker = threading.Thread(target=target)
+    worker.start()
+    worker.join()
+    return box["out"]
+
+
+def block_times(model, data, repeats: int) -> dict[str, dict[str, float]]:
+    """Median forward/backward seconds per block kind, from hooks on a training step."""
+    stamps: list[tuple[str, str, float]] = []
+    blocks = [("embedding", model.embed), *[("decoder", m) for m in model.layers],
+              ("head", model.head)]
+    handles = []
+    for kind, module in blocks:
+        handles.append(module.register_forward_pre_hook(
+            lambda *_, k=kind: stamps.append(("fwd", k, time.perf_counter()))))
+        handles.append(module.register_full_backward_pre_hook(
+            lambda *_, k=kind: stamps.append(("bwd", k, time.perf_counter()))))
+    samples: dict[tuple[str, str], list[float]] = {}
+    try:
+        for _ in range(repeats):
+            batch = next(data)
+            stamps.clear()
+            loss = model(batch["input_ids"], batch["labels"])
+            mid = time.perf_counter()
+            loss.backward()
+            end = time.perf_counter()
+            model.zero_grad(set_to_none=False)
+            fwd = [s for s in stamps if s[0] == "fwd"] + [("fwd", "end", mid)]
+            # backward runs head -> layers -> embedding; the loss's own backward counts
+            # as the head's, so the head's backward starts when loss.backward() is called
+            bwd = [("bwd", "head", mid)] + [s for s in stamps if s[0] == "bwd"
+                                            and s[1] != "head"] + [("bwd", "end", end)]
+            for series, name in ((fwd, "forward_s"), (bwd, "backward_s")):
+                per: dict[str, float] = {}
+                for (_, kind, t0), (_, _, t1) in zip(series, series[1:]):
+                    if kind != "end":
+                        per[kind] = per.get(kind, 0.0) + (t1 - t0)
+                for kind, seconds in per.items():
+                    samples.setdefault((kind, name), []).append(seconds)
+    finally:
+        for h in handles:
+            h.remove()
+    layers = len(model.layers)
+    out: dict[str, dict[str, float]] = {}
+    for (kind, name), values in samples.items():
+        value = statistics.median(values)
+        out.setdefault(kind, {})[name] = value / (layers if kind == "decoder" else 1)
+    return out
+
+
+def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) -> dict:
+    from real.engine import default_thread_split
+
+    shape = spec.shape()
+    dev_threads, host_threads = default_thread_split()
+    dev_threads = spec.device_threads or dev_threads
+    host_threads = spec.host_threads or host_threads
+    torch.set_num_threads(dev_threads)
+    model = build_model(shape, seed=spec.seed)
+    data = batches(spec, shape.vocab)
+    block_times(model, data, 2)  # warm-up
+    blocks = block_times(model, data, repeats)
+    tokens = spec.batch * spec.seq
+    for kind, block in zip(("embedding", "decoder", "head"),
+                           (shape.blocks()[0], shape.blocks()[1], shape.blocks()[-1])):
+        blocks[kind]["forward_flops"] = block.forward_flops(spec.seq, spec.batch)
+        blocks[kind]["tokens"] = tokens
+
+    params = [p for p in model.parameters()]
+    total = sum(p.numel() for p in params)
+    # device optimizer on the selected columns, selection cost (device thread)
+    batch = next(data)
+    model(batch["input_ids"], batch["labels"]).backward()
+    mats = [p for p in params if p.dim() == 2]
+    idx = [torch.topk(p.grad.abs().sum(0), topk_count(p.shape[1], topk_ratio)).indices
+           for p in mats]
+    sel = [p.detach().index_select(1, i) for p, i in zip(mats, idx)]
+    sel_g = [p.grad.index_select(1, i) for p, i in zip(mats, idx)]
+    ms = [torch.zeros_like(s) for s in sel]
+    vs = [torch.zeros_like(s) for s in sel]
+    sel_elems = sum(s.numel() for s in sel)
+
+    def device_adam():
+        adamw_foreach_(sel, sel_g, ms, vs, [1] * len(sel), lr=1e-4, beta1=0.9, beta2=0.999,
+                       eps=1e-8, weight_decay=0.01)
+    device_adam()
+    optim_s = _median_time(device_adam, repeats)
+    mat_elems = sum(p.numel() for p in mats)
+
+    def select():
+        for p in mats:
+            torch.topk(p.grad.abs().sum(0), topk_count(p.shape[1], topk_ratio))
+    select_s = _median_time(select, repeats)
+
+    # links: d2h on the device thread, h2d on the host worker
+    dev_buf = torch.cat([p.detach().flatten() for p in params])
+    d2h_dst = torch.zeros(total)
+    h2d_src = torch.randn(total)
+    h2d_dst = torch.zeros(total)
+    nbytes = total * 4
+
+    def d2h():
+        d2h_dst.copy_(dev_buf)
+
+    def h2d():
+        h2d_dst.copy_(h2d_src)
+    d2h()
+    h2d()
+    d2h_alone = _median_time(d2h, repeats)
+    h2d_alone = _in_thread(lambda: _median_time(h2d, repeats), host_threads)
+    both = {}
+
+    def h2d_loop():
+        both["h2d"] = _median_time(h2d, repeats)
+    worker = threading.Thread(target=lambda: (torch.set_num_threads(host_threads),
+                                              h2d_loop()))
+    worker.start()
+    both["d2h"] = _median_time(d2h, repeats)
+    worker.join()
+
+    # host AdamW and accumulation on the host worker's threads
+    master, grad = torch.randn(total), torch.randn(total) * 1e-3
+    m, v = torch.zeros(total), torch.zeros(total)
+
+    def host_adam():
+        host_adamw_(master, grad, m, v, step=1, lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8,
+                    weight_decay=0.01)
+
+    def accum():
+        m.add_(grad, alpha=0.25)
+    adam_s = _in_thread(lambda: (host_adam(), _median_time(host_adam, repeats))[1],
+                        host_threads)
+    accum_s = _in_thread(lambda: (accum(), _median_time(accum, repeats))[1], host_threads)
+    return build_profile(spec, shape, blocks, dev_threads, host_threads, {
+        "device_optim_elems_per_s": sel_elems / optim_s,
+        "select_s_per_elem": select_s / mat_elems,
+        "d2h_bytes_per_s": nbytes / d2h_alone, "h2d_bytes_per_s": nbytes / h2d_alone,
+        "d2h_bytes_per_s_both": nbytes / both["d2h"],
+        "h2d_bytes_per_s_both": nbytes / both["h2d"],
+        "host_adam_params_per_s": total / adam_s, "host_accum_elems_per_s": total / accum_s})
+
+
+def build_profile(spec: RunSpec, shape, blocks: dict, dev_threads: int, host_threads: int,
+                  rates: dict) -> dict:
+    """The measurements in the hardware.json layout ({value, source} per number)."""
+    when = datetime.datetime.now().isoformat(timespec="seconds")
+    src = f"measured by python -m zfbench.run --profile ({shape.name}, batch {spec.batch}, " \
+          f"seq {spec.seq}, {dev_threads}+{host_threads} threads, {when})"
+
+    def m(value: float) -> dict:
+        return {"value": float(value), "source": src}
+    fwd_flops = sum(b["forward_flops"] for b in blocks.values())
+    fwd_s = sum(b["forward_s"] * (shape.layers if k == "decoder" else 1)
+                for k, b in blocks.items())
+    both_d2h = min(1.0, rates["d2h_bytes_per_s_both"] / rates["d2h_bytes_per_s"])
+    both_h2d = min(1.0, rates["h2d_bytes_per_s_both"] / rates["h2d_bytes_per_s"])
+    return {
+        "description": src,
+        "gpus": {"measured-device": {
+            "bf16_flops_per_s": m(fwd_flops / fwd_s), "fp16_flops_per_s": m(fwd_flops / fwd_s),
+            "memory_bytes": m(64e9), "hbm_bytes_per_s": m(rates["d2h_bytes_per_s"]),
+            "default_mfu": m(1.0), "native_pcie": "measured-link"}},
+        "host_links": {"measured-link": {
+            "h2d_theoretical_bytes_per_s": m(rates["h2d_bytes_per_s"]),
+            "d2h_theoretical_bytes_per_s": m(rates["d2h_bytes_per_s"]),
+            "h2d_bytes_per_s": m(rates["h2d_bytes_per_s"]),
+            "d2h_bytes_per_s": m(rates["d2h_bytes_per_s"]),
+            "h2d_factor_when_d2h_busy": m(max(both_h2d, 1e-3)),
+            "d2h_factor_when_h2d_busy": m(max(both_d2h, 1e-3)),
+            "setup_latency_s": m(0.0)}},
+        "calibration": {
+            "model": shape.name, "batch": spec.batch, "seq": spec.seq,
+            "device_threads": dev_threads, "host_threads": host_threads,
+            "blocks": blocks, **rates, "source": src,
+            "transfers": "emulated" if not torch.cuda.is_available() else "cuda"},
+    }
