@@ -147,7 +147,8 @@ class Engine:
         self.host_lane.check()
         start = self._step_start if self._step_start is not None else self.recorder.now()
         record = {"step": self.t, "loss": self._loss, "skipped": False}
-        bad = self._nonfinite_params()
+        with self.recorder.span("compute", "device_optim", self.t):
+            bad = self._nonfinite_params()
         if bad:
             if self.config.nonfinite == "raise":
                 raise NonFiniteGradientError(
@@ -158,7 +159,8 @@ class Engine:
         else:
             with torch.no_grad():
                 self.strategy.step(self.t)
-        self._zero_grads()
+        with self.recorder.span("compute", "device_optim", self.t):
+            self._zero_grads()
         end = self.recorder.now()
         if self.use_cuda:
             self.recorder.resolve_cuda()

@@ -67,7 +67,7 @@ METHODS = ("auto", "fused", "foreach", "inplace", "reference")
 AUTO_METHOD = "fused"
 #: Chunk for the op-by-op methods: 64K fp32 = 256 KB per array, so p, g, m, v and the
 #: scratch chunk (1.25 MB) stay in the two cores' L2 across the passes.
-DEFAULT_CHUNK_ELEMS = 1 << 16
+DEFAULT_CHUNK_ELEMS = 1 << 20
 #: foreach: chunks per list, i.e. the cache window the foreach op sequence runs over.
 FOREACH_WINDOW_CHUNKS = 1
 

@@ -17,8 +17,11 @@ from zfbench.config import ConfigError, zenflow_from_dict
 from zfbench.schedule import topk_count
 
 STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zenflow")
-TRANSFER_MODES = ("design", "shipped")
-PRECISIONS = ("bf16", "fp16")
+# design: the paper's data path (unselected share down, unselected parameters up);
+# shipped: DeepSpeed's shipped path (zenflow.md "Data moved per step"); full: the whole
+# gradient down every step and whole parameters up at a boundary (zfbench's engine).
+TRANSFER_MODES = ("design", "shipped", "full")
+PRECISIONS = ("bf16", "fp16", "fp32")
 
 # Bytes per parameter of a memory-bound Adam step with fp32 master weights and moments:
 # read+write master, m, v (24 B), read a 16-bit gradient (2 B), write a 16-bit copy (2 B).
@@ -66,6 +69,7 @@ class SimSettings:
     steps: int = 40
     transfers: str = "design"
     bandwidth_scale: float = 1.0
+    profile: str | None = None  # a measured hardware profile (python -m zfbench.run --profile)
 
     def __post_init__(self) -> None:
         _check_int(self, "gpus", 1)
@@ -99,12 +103,18 @@ class SimSettings:
             shape = models.get_model(self.model)
             if self.layers is not None:
                 shape.with_layers(self.layers)
-            hardware.get_gpu(self.gpu)
-            hardware.get_link(self.pcie)
-            hardware.get_host(self.host)
-            hardware.get_net(self.net)
-        except ValueError as err:
+            if self.profile is not None:
+                load_calibration(self.profile, shape)
+            else:
+                hardware.get_gpu(self.gpu)
+                hardware.get_link(self.pcie)
+                hardware.get_host(self.host)
+                hardware.get_net(self.net)
+        except (ValueError, OSError) as err:
             raise SimSettingsError(str(err)) from None
+        if self.precision == "fp32" and self.profile is None:
+            raise SimSettingsError("precision fp32 needs a measured --profile (the GPU "
+                                   "presets give 16-bit tensor-core peaks only)")
 
     def with_(self, **changes) -> "SimSettings":
         unknown = sorted(set(changes) - set(asdict(self)))
@@ -121,6 +131,28 @@ def _check_int(settings: SimSettings, name: str, minimum: int) -> None:
     value = getattr(settings, name)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise SimSettingsError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _base(name: str) -> str:
+    return name.split("[")[0]
+
+
+def load_calibration(path: str, shape: models.ModelShape) -> tuple[hardware.Node, dict]:
+    """The node and per-block calibration of a measured profile; its per-block times hold
+    for the width they were measured at, so the model's base shape must match."""
+    import json
+
+    node = hardware.load_profile(path)["nodes"]["measured"]
+    with open(path) as handle:
+        cal = json.load(handle).get("calibration")
+    if cal is None:
+        raise SimSettingsError(f"{path}: no 'calibration' section; make one with "
+                               f"python -m zfbench.run --profile --out DIR")
+    if _base(cal["model"]) != _base(shape.name):
+        raise SimSettingsError(f"{path} was measured on {cal['model']}; simulate the same "
+                               f"model (any --layers), not {shape.name}: per-block times do "
+                               f"not carry across widths")
+    return node, cal
 
 
 @dataclass(frozen=True)
@@ -146,27 +178,49 @@ class CostModel:
         s = self.settings
         shape = models.get_model(s.model)
         self.shape = shape.with_layers(s.layers) if s.layers is not None else shape
-        gpu = hardware.get_gpu(s.gpu)
-        link = hardware.get_link(s.pcie)
+        self.calibration = None
+        if s.profile is not None:
+            measured, self.calibration = load_calibration(s.profile, self.shape)
+            gpu, link, host, net = measured.gpu, measured.link, measured.host, measured.net
+        else:
+            gpu, link = hardware.get_gpu(s.gpu), hardware.get_link(s.pcie)
+            host, net = hardware.get_host(s.host), hardware.get_net(s.net)
         if s.bandwidth_scale != 1.0:
             link = link.scaled(s.bandwidth_scale)
-        host = hardware.get_host(s.host)
         if s.host_cores is not None:
             host = host.with_cores(s.host_cores)
         self.node = hardware.Node(name="custom", gpu=gpu, gpus=s.gpus, link=link,
                                   gpus_per_switch=min(s.gpus_per_switch, s.gpus), host=host,
-                                  net=hardware.get_net(s.net))
+                                  net=net)
         self.mfu = s.mfu if s.mfu is not None else gpu.default_mfu
-        self.flops_per_s = gpu.peak_flops_per_s(s.precision) * self.mfu
+        peak = gpu.peak_flops_per_s("bf16" if s.precision == "fp32" else s.precision)
+        self.flops_per_s = peak * self.mfu
         bwd_factor = 3.0 if s.activation_checkpointing else 2.0  # recompute adds a forward
         self.buckets = []
         for block in self.shape.blocks():
             fwd = block.forward_flops(s.seq, s.micro_batch) / self.flops_per_s
+            bwd = fwd * bwd_factor
+            if self.calibration is not None:
+                fwd, bwd = self._measured_block_s(block.kind)
             matrix_numel = sum(m.numel for m in block.matrices)
             selected = sum(m.rows * topk_count(m.cols, s.topk_ratio) for m in block.matrices)
             selected += block.numel - matrix_numel  # 1-D parameters are always selected
             self.buckets.append(Bucket(block.name, block.numel, matrix_numel, selected,
-                                       fwd, fwd * bwd_factor))
+                                       fwd, bwd))
+
+    def _measured_block_s(self, kind: str) -> tuple[float, float]:
+        """A block's measured forward/backward seconds, scaled by tokens (linear in
+        tokens: exact at the measured batch and sequence, an estimate elsewhere)."""
+        cal, s = self.calibration, self.settings
+        block = cal["blocks"][kind]
+        scale = s.micro_batch * s.seq / block["tokens"]
+        return block["forward_s"] * scale, block["backward_s"] * scale
+
+    @property
+    def emulated(self) -> bool:
+        """A CPU-emulated accelerator (profile measured without CUDA): gradients go down on
+        the device thread, parameters go up from the host worker, as the engine does."""
+        return self.calibration is not None and self.calibration.get("transfers") == "emulated"
 
     # -- sizes ------------------------------------------------------------------------
     @property
@@ -175,7 +229,8 @@ class CostModel:
 
     @property
     def elem_bytes(self) -> int:
-        return 2  # bf16 / fp16 parameters and gradients on the device and on the link
+        """Bytes of a parameter or gradient element on the device and on the link."""
+        return 4 if self.settings.precision == "fp32" else 2
 
     @property
     def params(self) -> int:
@@ -199,12 +254,21 @@ class CostModel:
         return sum(b.forward_s for b in self.buckets)
 
     def device_optim_s(self, numel: float) -> float:
+        if self.calibration is not None:
+            return numel / self.calibration["device_optim_elems_per_s"]
         hbm = self.node.gpu.hbm_bytes_per_s * DEVICE_OPTIM_HBM_EFFICIENCY
         return numel * ADAM_BYTES_PER_PARAM / hbm
+
+    def device_copy_s(self, numel: float) -> float:
+        """Copying parameters within device memory (applying an uploaded update)."""
+        return numel * self.elem_bytes * 2 / (self.node.gpu.hbm_bytes_per_s *
+                                              DEVICE_OPTIM_HBM_EFFICIENCY)
 
     def select_s(self) -> float:
         """Per-column scores read every 2-D gradient once, then a top-k per matrix."""
         matrix_numel = sum(b.matrix_numel for b in self.buckets)
+        if self.calibration is not None:
+            return matrix_numel * self.calibration["select_s_per_elem"]
         hbm = self.node.gpu.hbm_bytes_per_s * DEVICE_OPTIM_HBM_EFFICIENCY
         return matrix_numel * self.elem_bytes / hbm
 
@@ -219,6 +283,8 @@ class CostModel:
 
     @property
     def accum_units_per_core_s(self) -> float:
+        if self.calibration is not None:
+            return self.calibration["host_accum_elems_per_s"] / self.node.host.cores
         return self.node.host.adam_params_per_s_per_core * ACCUM_SPEEDUP_OVER_ADAM_PER_CORE
 
     # -- net lane (ring collectives; NCCL busbw convention) ---------------------------

@@ -22,6 +22,8 @@ import simpy
 
 # A job is finished when less than this fraction of its work remains (float round-off).
 _REL_EPS = 1e-9
+# Memoized rate vectors a pool keeps at most (dropped all at once past this).
+_MEMO_MAX = 1 << 16
 _INF = float("inf")
 _NORMAL = simpy.events.NORMAL
 
@@ -60,7 +62,12 @@ class _Timer:
 
 
 class FluidPool:
-    """Processor-sharing pool: active jobs progress at rates recomputed on every change."""
+    """Processor-sharing pool: active jobs progress at rates recomputed on every change.
+
+    A rate function with a `job_key` attribute declares its rates a pure function of the
+    active jobs' keys, in order; the pool then memoizes them (a step repeats itself, so
+    the distinct active sets are few) and the same key always gives the very same floats.
+    """
 
     def __init__(self, env: simpy.Environment, rate_fn: RateFn) -> None:
         self.env = env
@@ -69,6 +76,9 @@ class FluidPool:
         self._last = 0.0
         self._version = 0
         self._queue, self._eid = env._queue, env._eid  # SimPy's own schedule, inlined below
+        self._job_key = getattr(rate_fn, "job_key", None)
+        self._keys: list = []  # job_key of each active job (None without a job_key)
+        self._memo: dict[tuple, tuple[float, ...]] = {}
 
     def run(self, job: Job) -> simpy.Event:
         """Start `job` now; the returned event fires when its work is done."""
@@ -78,11 +88,12 @@ class FluidPool:
             return job.done
         self._advance()
         self.active.append(job)
+        self._keys.append(None if self._job_key is None else self._job_key(job))
         self._reschedule()
         return job.done
 
     def _advance(self) -> None:
-        now = self.env.now
+        now = self.env._now
         dt = now - self._last
         if dt > 0:
             for job in self.active:
@@ -94,7 +105,15 @@ class FluidPool:
         active = self.active
         if not active:
             return
-        rates = self.rate_fn(active)
+        if self._job_key is None:
+            rates = self.rate_fn(active)
+        else:
+            key = tuple(self._keys)
+            rates = self._memo.get(key)
+            if rates is None:
+                if len(self._memo) >= _MEMO_MAX:
+                    self._memo.clear()
+                rates = self._memo[key] = tuple(self.rate_fn(active))
         soonest = _INF
         for job, rate in zip(active, rates):
             if not rate > 0:
@@ -114,9 +133,9 @@ class FluidPool:
         if timer.version != self._version:
             return  # the active set changed since this timer was set
         self._advance()
-        still = []
+        still, still_keys = [], []
         now, queue, eid = self.env._now, self._queue, self._eid
-        for job in self.active:
+        for job, key in zip(self.active, self._keys):
             if job.remaining <= _REL_EPS * job.amount or job.remaining / job.rate < 1e-12:
                 job.remaining = 0.0
                 done = job.done  # done.succeed(), inlined: only the pool triggers it
@@ -124,7 +143,8 @@ class FluidPool:
                 heappush(queue, (now, _NORMAL, next(eid), done))
             else:
                 still.append(job)
-        self.active = still
+                still_keys.append(key)
+        self.active, self._keys = still, still_keys
         self._reschedule()
 
 
@@ -145,29 +165,18 @@ class NodeCapacities:
     dram_floor_fraction: float = 0.1
 
 
-# Distinct active sets seen by one rate function are few (a step repeats itself); the memo
-# is dropped if it ever grows past this many entries.
-_MEMO_MAX = 1 << 16
+def job_rate_key(job: Job) -> tuple:
+    """Everything about a job that `node_rates` reads."""
+    return (job.kind, job.rank, job.bytes_per_unit, job.units_per_core_s)
 
 
 def node_rates(caps: NodeCapacities) -> RateFn:
     """Rate function for one node: links first, then host work on what DRAM is left.
 
-    The rates are a pure function of each active job's (kind, rank, bytes_per_unit,
-    units_per_core_s), in order, so they are memoized on that key: the same key always
-    gives the very same floats, computed once by `compute`."""
-    memo: dict[tuple, tuple[float, ...]] = {}
+    The rates are a pure function of the active jobs' `job_rate_key`s, in order, which
+    its `job_key` attribute tells a `FluidPool` (that memoizes them)."""
 
-    def rates(active: list[Job]) -> tuple[float, ...]:
-        key = tuple([(j.kind, j.rank, j.bytes_per_unit, j.units_per_core_s) for j in active])
-        out = memo.get(key)
-        if out is None:
-            if len(memo) >= _MEMO_MAX:
-                memo.clear()
-            out = memo[key] = tuple(compute(active))
-        return out
-
-    def compute(active: list[Job]) -> list[float]:
+    def rates(active: list[Job]) -> list[float]:
         busy = {("d2h", j.rank) for j in active if j.kind == "d2h"}
         busy |= {("h2d", j.rank) for j in active if j.kind == "h2d"}
         per_switch: dict[tuple[str, int], int] = {}
@@ -215,4 +224,5 @@ def node_rates(caps: NodeCapacities) -> RateFn:
                 out[i] = min(cores * job.units_per_core_s, dram_each / job.bytes_per_unit)
         return out
 
+    rates.job_key = job_rate_key
     return rates

@@ -32,6 +32,7 @@ class Op:
     job: Job | None = None  # shared-rate work on the node's fluid pool
     nbytes: int = 0
     done: simpy.Event | None = None
+    lane: str | None = None  # record the span on this lane instead (h2d run by the host)
 
 
 class _Hop:
@@ -101,11 +102,13 @@ class Lane:
         env.schedule(_Hop(self._on_start), _URGENT)
 
     def submit(self, op: str, step: int, deps: Sequence[simpy.Event] = (),
-               seconds: float = 0.0, job: Job | None = None, nbytes: int = 0) -> simpy.Event:
-        """Queue an op; the returned event fires when it has finished."""
+               seconds: float = 0.0, job: Job | None = None, nbytes: int = 0,
+               record_lane: str | None = None) -> simpy.Event:
+        """Queue an op; the returned event fires when it has finished. `record_lane`
+        names the lane its span belongs to when this worker runs another lane's op."""
         done = simpy.Event(self.env)
         deps = tuple(deps) if None not in deps else tuple([d for d in deps if d is not None])
-        item = Op(op, step, deps, seconds, job, nbytes, done)
+        item = Op(op, step, deps, seconds, job, nbytes, done, record_lane)
         if op in self.priority_ops:
             self._urgent.append(item)
         else:
@@ -152,7 +155,8 @@ class Lane:
     def _finish(self) -> None:
         item, t0, t1 = self._item, self._t0, self.env._now
         self.busy_s += t1 - t0
-        self.timeline.add(self.rank, self.name, item.op, item.step, t0, t1, item.nbytes)
+        self.timeline.add(self.rank, item.lane or self.name, item.op, item.step, t0, t1,
+                          item.nbytes)
         done = item.done  # done.succeed(), inlined: only this lane ever triggers it
         done._ok, done._value = True, None
         heappush(self._queue, (t1, _NORMAL, next(self._eid), done))

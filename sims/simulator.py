@@ -19,6 +19,7 @@ import simpy
 
 from sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
 from sims.fluid import FluidPool, NodeCapacities, node_rates
+from sims.emulated import EmulatedRankSim
 from sims.strategies import RankSim
 from zfbench.trace import Timeline
 
@@ -83,7 +84,8 @@ def simulate(settings: SimSettings, strategy: str) -> SimResult:
     timeline = Timeline("simulated", meta={"strategy": strategy, **settings.as_dict()})
     pool = FluidPool(env, node_rates(capacities(costs)))
     for rank in range(settings.gpus):
-        env.process(RankSim(env, timeline, pool, costs, rank).run(strategy, settings.steps))
+        rank_sim = EmulatedRankSim if costs.emulated else RankSim
+        env.process(rank_sim(env, timeline, pool, costs, rank).run(strategy, settings.steps))
     # The run allocates millions of short-lived objects and creates no reference cycles
     # (each is freed as soon as it is done with), so the cyclic collector, which would
     # otherwise spend a tenth of the run rescanning the growing timeline, is paused.

@@ -38,6 +38,7 @@ class RankSim:
     def __init__(self, env: simpy.Environment, timeline: Timeline, pool: FluidPool,
                  costs: CostModel, rank: int) -> None:
         self.env, self.timeline, self.costs, self.rank = env, timeline, costs, rank
+        self.pool = pool
         self.d2h = Lane(env, timeline, pool, rank, "d2h")
         self.h2d = Lane(env, timeline, pool, rank, "h2d")
         self.host = Lane(env, timeline, pool, rank, "host", priority_ops=("host_accum",))
@@ -114,7 +115,13 @@ class RankSim:
         for t in range(steps):
             start = self.env.now
             yield from step_fn(t)
+            yield from self.after_step(t)
             self.timeline.mark_step(self.rank, t, start, self.env.now)
+
+    def after_step(self, t: int):
+        """Device work that closes every step (none here; the emulated engine zeroes
+        gradients)."""
+        return iter(())
 
     def device_step(self, t: int):
         c = self.costs
@@ -174,6 +181,8 @@ class RankSim:
             return
         shipped = s.transfers == "shipped"
         unselected = [b.numel - b.selected_numel for b in c.buckets]
+        if s.transfers == "full":  # the whole gradient down, whole parameters up
+            unselected = [b.numel for b in c.buckets]
         window_start = st.get("window_start", t)
         st["window_start"] = window_start
         round_trip = {}

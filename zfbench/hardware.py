@@ -221,7 +221,10 @@ def _validate(raw: Any, origin: str, require_all: bool) -> dict[str, dict[str, d
     if not isinstance(raw, dict):
         raise HardwareProfileError(f"{origin}: top level must be a JSON object")
     out: dict[str, dict[str, dict]] = {}
-    unknown = [k for k in raw if k not in _SECTIONS and k != "description" and k[:1] != "_"]
+    # "calibration" holds a measured profile's per-block times (real/profile.py); the
+    # simulator reads it, this module only passes it by
+    unknown = [k for k in raw if k not in _SECTIONS and k not in ("description", "calibration")
+               and k[:1] != "_"]
     if unknown:
         raise HardwareProfileError(f"{origin}: unknown section(s) {unknown}; sections are: "
                                    + ", ".join(_SECTIONS))

@@ -58,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="directory for summary, per-step JSONL, spans, "
                    "Chrome trace")
+    p.add_argument("--profile", action="store_true",
+                   help="measure this machine's costs (per-block forward/backward, device "
+                        "optimizer, selection, d2h/h2d alone and together, host Adam and "
+                        "accumulation) and write OUT/profile.json for "
+                        "python -m zfbench.simulate --profile")
+    p.add_argument("--project", action="store_true",
+                   help="run the --layers slice, calibrate, and report beside it the "
+                        "simulated full-depth step time and stall of each strategy "
+                        "(projected, not measured)")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -137,6 +146,55 @@ def write_outputs(out: Path, rows: list[dict], results: dict) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def write_profile(spec: RunSpec, out: Path | None) -> Path:
+    from real.profile import measure_profile
+
+    path = (out or Path("runs/profile")) / "profile.json"
+    profile = measure_profile(spec)
+    write_json_atomic(path, profile)
+    cal = profile["calibration"]
+    print(f"profile: host Adam {cal['host_adam_params_per_s'] / 1e6:.0f} M params/s, "
+          f"d2h {cal['d2h_bytes_per_s'] / 1e9:.1f} GB/s, h2d "
+          f"{cal['h2d_bytes_per_s'] / 1e9:.1f} GB/s -> {path}")
+    return path
+
+
+def project(spec: RunSpec, shape, strategies: list[str], profile_path: Path) -> list[dict]:
+    """Simulate the full-depth model with the slice's profile, one row per strategy."""
+    from sims.costs import SimSettings
+    from sims.simulator import simulate
+
+    full = shape.name.split("[")[0]
+    zf = spec.engine_config("zenflow").zenflow
+    settings = SimSettings(model=full, layers=None, gpus=1, micro_batch=spec.batch,
+                           seq=spec.seq, precision="fp32", transfers="full",
+                           profile=str(profile_path), steps=max(spec.steps, 24),
+                           topk_ratio=zf.topk_ratio, update_interval=int(zf.update_interval),
+                           overlap_step=zf.overlap_step, select_interval=0)
+    rows = []
+    for strategy in strategies:
+        result = simulate(settings, strategy)
+        tl = result.timeline
+        row = summarize(tl.spans_frame(), tl.steps_frame(), result.skip_steps)
+        rows.append({"model": full, "strategy": strategy, **row})
+    base = next((r for r in rows if r["strategy"] == "zero-offload"), None)
+    for r in rows:
+        r["speedup_vs_zero_offload"] = base["step_time_s"] / r["step_time_s"] if base \
+            else float("nan")
+    return rows
+
+
+def format_projection(rows: list[dict]) -> str:
+    head = f"{'strategy':>16}  {'step_s':>8}  {'speedup':>8}  {'stall%':>6}  " \
+           f"{'exp_io_s':>8}  {'host_wait_s':>11}"
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['strategy']:>16}  {r['step_time_s']:8.3f}  "
+                     f"{r['speedup_vs_zero_offload']:7.2f}x  {100 * r['stall_fraction']:6.1f}  "
+                     f"{r['exposed_io_s']:8.3f}  {r['host_wait_s']:11.3f}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -168,6 +226,14 @@ def main(argv: list[str] | None = None) -> int:
         r["speedup_vs_zero_offload"] = base["step_time_s"] / r["step_time_s"] if base \
             else float("nan")
     print(format_table(rows))
+    if args.profile or args.project:
+        profile_path = write_profile(spec, args.out)
+        if args.project:
+            projected = project(spec, shape, strategies, profile_path)
+            print(f"\nPROJECTED (simulated with the profile measured above, not measured): "
+                  f"{projected[0]['model']} at full depth")
+            print(format_projection(projected))
+            rows.extend({**r, "projected": True} for r in projected)
     if args.out:
         write_outputs(args.out, rows, results)
         print(f"wrote {args.out}/summary.csv, per-step JSONL, spans and trace.json "

@@ -15,6 +15,7 @@ trace with every strategy, open it at https://ui.perfetto.dev or chrome://tracin
 from __future__ import annotations
 
 import argparse
+import json
 import dataclasses
 import math
 import os
@@ -90,7 +91,31 @@ def build_parser() -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> SimSettings:
     given = {k: parse_value(k, getattr(args, k)) for k in KNOBS
              if getattr(args, k) is not None}
+    if given.get("profile"):
+        for knob, value in profile_defaults(given["profile"]).items():
+            given.setdefault(knob, value)
     return SimSettings(**given)
+
+
+def profile_defaults(path: str) -> dict:
+    """A measured profile describes one machine and one shape: simulate that shape on one
+    rank with the engine's data path unless the flags say otherwise."""
+    import re
+
+    try:
+        with open(path) as handle:
+            cal = json.load(handle)["calibration"]
+    except (OSError, ValueError, KeyError) as err:
+        raise SimSettingsError(f"--profile {path}: not a zfbench profile ({err}); make one "
+                               f"with python -m zfbench.run --profile --out DIR") from None
+    match = re.fullmatch(r"(.+?)(?:\[(\d+)L\])?", cal["model"])
+    out = {"model": match.group(1), "micro_batch": cal["batch"], "seq": cal["seq"],
+           "gpus": 1, "gpus_per_switch": 1, "transfers": "full"}
+    if match.group(2):
+        out["layers"] = int(match.group(2))
+    if cal.get("transfers") == "emulated":
+        out["precision"] = "fp32"
+    return out
 
 
 def summary_row(result: SimResult) -> dict:
@@ -98,7 +123,8 @@ def summary_row(result: SimResult) -> dict:
     row = {"strategy": result.strategy}
     row.update(summarize(tl.spans_frame(), tl.steps_frame(), result.skip_steps,
                          c.model_bytes, result.host_optim_params_per_step(),
-                         result.flops_per_step(), c.flops_per_s / c.mfu))
+                         None if c.calibration else result.flops_per_step(),
+                         c.flops_per_s / c.mfu))
     fit = c.fits(result.strategy)
     row.update({"device_bytes_per_rank": fit["device_bytes_per_rank"],
                 "device_capacity_bytes": fit["device_capacity_bytes"],
@@ -149,7 +175,7 @@ def format_table(rows: list[dict], sweep_knob: str | None = None) -> str:
             f"{r['host_wait_s']:.3f}", f"{r['d2h_gb_per_s']:.1f}", f"{r['h2d_gb_per_s']:.1f}",
             f"{r.get('host_adam_params_per_s', 0) / 1e9:.2f}",
             f"{r.get('pcie_bytes_per_step_over_model_bytes', 0):.2f}",
-            f"{100 * r.get('mfu', 0):.1f}",
+            f"{100 * r['mfu']:.1f}" if "mfu" in r else "-",
             "yes" if r["fits"] else
             f"NO (dev {r['device_bytes_per_rank'] / 2**30:.0f}/"
             f"{r['device_capacity_bytes'] / 2**30:.0f} GiB)"]
@@ -230,8 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     s = settings
-    print(f"{s.model}{'' if s.layers is None else f'[{s.layers}L]'} on {s.gpus} x {s.gpu}, "
-          f"PCIe {s.pcie}, host {s.host}; micro-batch {s.micro_batch} x seq {s.seq}, "
+    where = f"the machine measured in {s.profile}" if s.profile else \
+        f"{s.gpus} x {s.gpu}, PCIe {s.pcie}, host {s.host}"
+    print(f"{s.model}{'' if s.layers is None else f'[{s.layers}L]'} on {where}; "
+          f"micro-batch {s.micro_batch} x seq {s.seq}, "
           f"{s.precision}; zenflow topk {s.topk_ratio}, U={s.update_interval}, "
           f"overlap={s.overlap_step}; {s.steps} steps (simulated)")
     print(format_table(rows, sweep[0] if sweep else None))

@@ -1,0 +1,86 @@
+"""Measured vs simulated: error tables and schedule comparison (pure pandas, no torch).
+
+- `compare_rows` pairs a measured summary row with a simulated one: step time, stall
+  fraction and bytes per step, with signed deltas (simulated minus measured).
+- `error_summary` gives the mean absolute percentage error and the maximum of step time,
+  the worst stall-fraction miss in points, and per group of strategies run on the same
+  shape the Spearman rank correlation of their order (measured vs simulated).
+- `schedule_signature` reduces a timeline to what must agree whatever the speeds: per step,
+  the compute lane's op sequence (consecutive repeats collapsed) and the set of ops on each
+  other lane. `signature_diff` lists where two signatures differ.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+COMPARED = ("step_time_s", "stall_fraction", "d2h_bytes_per_step", "h2d_bytes_per_step")
+
+
+def compare_rows(measured: dict, simulated: dict) -> dict:
+    out = {}
+    for key in COMPARED:
+        m, s = float(measured[key]), float(simulated[key])
+        out[f"measured_{key}"] = m
+        out[f"simulated_{key}"] = s
+        out[f"delta_{key}"] = s - m
+        if key != "stall_fraction":
+            out[f"rel_error_{key}"] = (s - m) / m if m else (0.0 if s == 0 else float("inf"))
+    return out
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties); 1.0 for fewer than 2 items."""
+    if len(a) < 2:
+        return 1.0
+    ra = pd.Series(a).rank().to_numpy()
+    rb = pd.Series(b).rank().to_numpy()
+    if ra.std() == 0 or rb.std() == 0:
+        return 1.0 if (ra == rb).all() else 0.0
+    return float(pd.Series(ra).corr(pd.Series(rb)))
+
+
+def error_summary(table: pd.DataFrame, group_cols: list[str]) -> dict:
+    rel = table["rel_error_step_time_s"].abs()
+    stall_points = 100 * table["delta_stall_fraction"].abs()
+    corr = []
+    same_order = 0
+    for _, group in table.groupby(group_cols):
+        rho = spearman(group["measured_step_time_s"].tolist(),
+                       group["simulated_step_time_s"].tolist())
+        corr.append(rho)
+        same_order += int(list(group.sort_values("measured_step_time_s")["strategy"]) ==
+                          list(group.sort_values("simulated_step_time_s")["strategy"]))
+    return {"cells": len(table), "step_time_mape": float(rel.mean()),
+            "step_time_max_abs_rel_error": float(rel.max()),
+            "stall_max_abs_error_points": float(stall_points.max()),
+            "stall_mean_abs_error_points": float(stall_points.mean()),
+            "rank_correlation_min": min(corr) if corr else 1.0,
+            "rank_correlation_mean": sum(corr) / len(corr) if corr else 1.0,
+            "groups_same_order": same_order, "groups": len(corr)}
+
+
+def schedule_signature(spans: pd.DataFrame, first_step: int, last_step: int) -> dict:
+    """Per step in [first, last]: ("compute", tuple of ops in order, repeats collapsed)
+    and, for every other lane, the sorted set of ops it ran."""
+    sig = {}
+    window = spans[(spans["step"] >= first_step) & (spans["step"] <= last_step)]
+    for step, group in window.groupby("step"):
+        comp = group[group["lane"] == "compute"].sort_values("t_start_s")["op"].tolist()
+        collapsed = [op for i, op in enumerate(comp) if i == 0 or comp[i - 1] != op]
+        entry = {"compute": tuple(collapsed)}
+        for lane, ops in group[group["lane"] != "compute"].groupby("lane")["op"]:
+            entry[lane] = tuple(sorted(set(ops)))
+        sig[int(step)] = entry
+    return sig
+
+
+def signature_diff(measured: dict, simulated: dict) -> list[str]:
+    diffs = []
+    for step in sorted(set(measured) | set(simulated)):
+        m, s = measured.get(step, {}), simulated.get(step, {})
+        for lane in sorted(set(m) | set(s)):
+            if m.get(lane) != s.get(lane):
+                diffs.append(f"step {step} {lane}: measured {m.get(lane)} "
+                             f"vs simulated {s.get(lane)}")
+    return diffs

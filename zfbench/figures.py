@@ -1,0 +1,333 @@
+"""`python -m zfbench.figures`: rebuild every paper figure into paper_figures/ (`make figures`).
+
+Covers: figures 1-9 from simulations (regenerated when their CSVs under `<out>/data/` are
+missing or were made with other settings; `--regenerate` forces it), figures 10-14 from
+measured files (layout below), `--quick` (small models and sweeps, for tests), `--only`,
+and `<out>/README.md`: per figure the question, the command and data, and one sentence
+whose numbers are read from the data.
+Scenario: `make figures` on a fresh clone simulates about 75 small runs (steps 32-64,
+default skip) on the paper's class of hardware (4 x A100-80GB behind PCIe gen4, 4 x
+H100-SXM behind gen5; Qwen2.5-1.5B/3B, Llama-2-7B/13B), writes figNN_name.png and .pdf
+and the index; a second run re-plots from the CSVs in seconds.
+
+Simulated data (`<out>/data/`, each with a `<name>.spec.json` holding the exact settings):
+`timeline_<strategy>.spans.csv` / `.steps.csv` (rank 0 of llama2-7b on a100-4x-gen4),
+`breakdown.csv`, `sweep_update_interval.csv`, `sweep_topk_ratio.csv`, `scaling.csv`
+(rows of `zfbench.simulate.summary_row` plus labels) and `selection_traffic.csv`.
+Measured data (`--measured`, default `<out>/data/measured/`): the layout is documented in
+`analysis/plot_measured.py` and repeated in the README; a missing file is reported in the
+README with the command that makes it, never replaced by made-up data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+from tqdm import tqdm
+
+from analysis import plot_measured as pm
+from analysis import plot_sweeps as ps
+from analysis.plot_index import FIGURES, FigureData, draw_one, render_readme
+from sims.costs import SimSettings
+from sims.simulator import default_skip_steps, simulate
+from zfbench import hardware
+from zfbench.simulate import summary_row
+from zfbench.trace import SPAN_COLUMNS, STEP_COLUMNS
+
+NODES = ("a100-4x-gen4", "h100-4x-gen5")
+SCALING_NODES = ("a100-8x-gen4", "h100-8x-gen5")
+TIMELINE_NODE = "a100-4x-gen4"
+TIMELINE_STRATEGIES = ("zero-offload", "zero-offload-dpu", "zenflow")
+STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zenflow")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How big the simulated runs are: `FULL` for the paper, `QUICK` for tests."""
+    name: str
+    models: tuple[str, ...]
+    layers: int | None
+    steps: int
+    timeline_steps: int
+    update_intervals: tuple[int, ...]
+    topk_ratios: tuple[float, ...]
+    gpus: tuple[int, ...]
+    window_s: float = 30.0
+    util_bin_s: float = 0.25
+    model: str = "llama2-7b"  # timelines, sweeps and scaling
+
+
+FULL = Plan("full", ("qwen2.5-1.5b", "qwen2.5-3b", "llama2-7b", "llama2-13b"), None, 32, 40,
+            (1, 2, 4, 8, 16), (0.01, 0.05, 0.1, 0.2, 0.5), (1, 2, 4, 8))
+QUICK = Plan("quick", ("qwen2.5-1.5b", "llama2-7b"), 2, 12, 20, (1, 2, 4), (0.1, 0.5), (1, 2),
+             util_bin_s=0.02)
+
+
+def node_settings(node: str, plan: Plan, model: str | None = None, **knobs) -> SimSettings:
+    n = hardware.get_node(node)
+    base = SimSettings(model=model or plan.model, layers=plan.layers, gpus=n.gpus,
+                       gpu=n.gpu.name, pcie=n.link.name, host=n.host.name, net=n.net.name,
+                       gpus_per_switch=n.gpus_per_switch, steps=plan.steps)
+    return base.with_(**knobs)
+
+
+def node_label(node: str, gpus: int | None = None) -> str:
+    n = hardware.get_node(node)
+    return f"{gpus or n.gpus}x {n.gpu.name}, PCIe {n.link.name}"
+
+
+def scaling_label(node: str) -> str:
+    n = hardware.get_node(node)
+    return f"{n.gpu.name}, PCIe {n.link.name}, {n.host.name}"
+
+
+def steps_for_interval(plan: Plan, u: int) -> int:
+    """Whole update windows after the default skip (2U): a multiple of U, at least 4U."""
+    return u * math.ceil(max(plan.steps, 4 * u) / u)
+
+
+# -- datasets: jobs -> CSV files under <out>/data, reused while their spec matches -----
+@dataclass
+class Dataset:
+    name: str
+    jobs: list[tuple[dict, SimSettings, str]]
+    rows: Callable  # (labels, result) -> {file: DataFrame part}
+    direct: Callable | None = None  # () -> {file: DataFrame}, for data needing no sim
+
+    def spec(self) -> dict:
+        return {"dataset": self.name, "jobs": [[lab, s.as_dict(), st] for lab, s, st in self.jobs]}
+
+
+def _summary_rows(file: str):
+    def rows(labels: dict, result) -> dict:
+        row = {**labels, **summary_row(result)}
+        s = result.settings
+        row["tokens_per_s"] = s.gpus * s.micro_batch * s.seq / row["step_time_s"]
+        row["model_bytes"] = result.costs.model_bytes
+        return {file: pd.DataFrame([row])}
+    return rows
+
+
+def _timeline_rows(labels: dict, result) -> dict:
+    tl, st = result.timeline, result.strategy
+    spans, steps = tl.spans_frame(), tl.steps_frame()
+    return {f"timeline_{st}.spans.csv": spans[spans["rank"] == 0][SPAN_COLUMNS],
+            f"timeline_{st}.steps.csv": steps[steps["rank"] == 0][STEP_COLUMNS]}
+
+
+def datasets(plan: Plan) -> dict[str, Dataset]:
+    d = {}
+    tl = node_settings(TIMELINE_NODE, plan, steps=plan.timeline_steps)
+    d["timeline"] = Dataset("timeline", [({}, tl, s) for s in TIMELINE_STRATEGIES], _timeline_rows)
+    d["breakdown"] = Dataset("breakdown", [
+        ({"node": node_label(n), "model": m}, node_settings(n, plan, m), s)
+        for n in NODES for m in plan.models for s in ("zero-offload", "zenflow")],
+        _summary_rows("breakdown.csv"))
+    for knob, values in (("update_interval", plan.update_intervals),
+                         ("topk_ratio", plan.topk_ratios)):
+        jobs = [({"series": "zero-offload", knob: None}, node_settings(NODES[0], plan), "zero-offload"),
+                ({"series": "device", knob: None}, node_settings(NODES[0], plan), "device")]
+        for v in values:
+            steps = steps_for_interval(plan, v if knob == "update_interval" else 4)
+            for mode in ("design", "shipped"):
+                jobs.append(({"series": f"zenflow-{mode}", knob: v}, node_settings(
+                    NODES[0], plan, transfers=mode, steps=steps, **{knob: v}), "zenflow"))
+        d[f"sweep_{knob}"] = Dataset(f"sweep_{knob}", jobs, _summary_rows(f"sweep_{knob}.csv"))
+    d["scaling"] = Dataset("scaling", [
+        ({"node": scaling_label(n), "gpus": g}, node_settings(n, plan, gpus=g, gpus_per_switch=min(
+            g, hardware.get_node(n).gpus_per_switch)), s)
+        for n in SCALING_NODES for g in plan.gpus for s in STRATEGIES], _summary_rows("scaling.csv"))
+    d["selection_traffic"] = Dataset(
+        "selection_traffic", [], None,
+        lambda: {"selection_traffic.csv": ps.selection_traffic(list(FULL.models),
+                                                               hardware.get_node(NODES[0]).gpus)})
+    return d
+
+
+def _files(data_dir: Path, ds: Dataset) -> list[Path]:
+    if ds.direct is not None:
+        return [data_dir / f"{ds.name}.csv"]
+    if ds.name == "timeline":
+        return [data_dir / f"timeline_{s}.{k}.csv" for s in TIMELINE_STRATEGIES
+                for k in ("spans", "steps")]
+    return [data_dir / f"{ds.name}.csv"]
+
+
+def is_fresh(data_dir: Path, ds: Dataset) -> bool:
+    spec = data_dir / f"{ds.name}.spec.json"
+    if not spec.exists() or not all(p.exists() for p in _files(data_dir, ds)):
+        return False
+    return json.loads(spec.read_text()) == json.loads(json.dumps(ds.spec()))
+
+
+def generate(data_dir: Path, stale: list[Dataset], quiet: bool) -> None:
+    """Run every job of the stale datasets under one progress bar, then write each
+    dataset's files (through a rename) and its spec last."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    total = sum(len(ds.jobs) for ds in stale)
+    bar = tqdm(total=total, desc="simulating", unit="run", disable=quiet or not total,
+               file=sys.stderr)
+    for ds in stale:
+        parts: dict[str, list[pd.DataFrame]] = {}
+        if ds.direct is not None:
+            parts = {k: [v] for k, v in ds.direct().items()}
+        for labels, settings, strategy in ds.jobs:
+            bar.set_postfix_str(f"{ds.name}: {settings.model} {strategy}")
+            for file, frame in ds.rows(labels, simulate(settings, strategy)).items():
+                parts.setdefault(file, []).append(frame)
+            bar.update()
+        for file, frames in parts.items():
+            tmp = data_dir / f".{file}.tmp"
+            pd.concat(frames, ignore_index=True).to_csv(tmp, index=False)
+            os.replace(tmp, data_dir / file)
+        tmp = data_dir / f".{ds.name}.spec.json.tmp"
+        tmp.write_text(json.dumps(ds.spec(), indent=1))
+        os.replace(tmp, data_dir / f"{ds.name}.spec.json")
+    bar.close()
+
+
+
+# -- the command ----------------------------------------------------------------------
+def simulate_command(settings: SimSettings, extra: str = "") -> str:
+    """The `python -m zfbench.simulate` line with the same non-default knobs."""
+    default = SimSettings().as_dict()
+    always = ("model", "gpu", "pcie", "steps")
+    flags = [f"--{k.replace('_', '-')} {v}" for k, v in settings.as_dict().items()
+             if v != default[k] or k in always]
+    return " ".join(["python -m zfbench.simulate", *flags, extra]).strip()
+
+
+def sources(plan: Plan) -> dict[str, str]:
+    """One line per dataset for the README: files, what was simulated, the CLI twin."""
+    base = node_settings(NODES[0], plan)
+    tl = node_settings(TIMELINE_NODE, plan, steps=plan.timeline_steps)
+    models = ", ".join(plan.models)
+    u_vals = ",".join(map(str, plan.update_intervals))
+    k_vals = ",".join(f"{v:g}" for v in plan.topk_ratios)
+    return {
+        "timeline": "`data/timeline_<strategy>.spans.csv` and `.steps.csv` (rank 0 of "
+                    f"{', '.join(TIMELINE_STRATEGIES)}; like `{simulate_command(tl)} --out DIR`)",
+        "breakdown": f"`data/breakdown.csv` (zero-offload and zenflow, {models} on "
+                     f"{' and '.join(node_label(n) for n in NODES)} nodes, {plan.steps} steps "
+                     f"each; like `{simulate_command(base)}` with each node's --gpu/--pcie/"
+                     f"--host/--net)",
+        "sweep_update_interval": f"`data/sweep_update_interval.csv` (zenflow with "
+                                 f"--transfers design and shipped, U={u_vals}, steps a multiple "
+                                 f"of U and at least 4U; zero-offload and device references; "
+                                 f"like `{simulate_command(base)} --strategy zenflow --sweep "
+                                 f"update_interval={u_vals}`)",
+        "sweep_topk_ratio": f"`data/sweep_topk_ratio.csv` (the same for top-k {k_vals}; like "
+                            f"`{simulate_command(base)} --strategy zenflow --sweep "
+                            f"topk_ratio={k_vals}`)",
+        "scaling": f"`data/scaling.csv` (all four strategies on "
+                   f"{' and '.join(scaling_label(n) for n in SCALING_NODES)}, gpus="
+                   f"{','.join(map(str, plan.gpus))}; like `{simulate_command(base)} "
+                   f"--sweep gpus={','.join(map(str, plan.gpus))}`)",
+        "selection_traffic": f"`data/selection_traffic.csv` (computed from the shapes in "
+                             f"zfbench/models.py of {', '.join(FULL.models)}, "
+                             f"{hardware.get_node(NODES[0]).gpus} GPUs; no simulation)",
+    }
+
+
+def meta(plan: Plan) -> dict:
+    tl = node_settings(TIMELINE_NODE, plan, steps=plan.timeline_steps)
+    model = tl.model + (f"[{plan.layers}L]" if plan.layers else "")
+    return {"first_step": default_skip_steps(tl), "where": f"{model} on {node_label(TIMELINE_NODE)}",
+            "update_interval": tl.update_interval, "topk_ratio": tl.topk_ratio,
+            "timeline_steps": tl.steps, "window_s": plan.window_s, "util_bin_s": plan.util_bin_s,
+            "gpus": list(plan.gpus), "model": model}
+
+
+def header(plan: Plan, measured: str) -> str:
+    figs = {k: ", ".join(str(s.number) for s in FIGURES if k in s.inputs)
+            for k in pm.LAYOUT}
+    layout = "\n".join(f"| {figs[k]} | `{measured}/{path}` | {pm.LAYOUT_COLUMNS[k]} |"
+                       for k, path in pm.LAYOUT.items())
+    return f"""# Paper figures
+
+Generated by `make figures` (`python -m zfbench.figures`{' --quick' if plan.name == 'quick' else ''}); do not edit by hand.
+Every number below is read from the data files named with each figure. Figures 1-9 are
+simulated (SimPy model in `sims/`, hardware presets from `zfbench/data/hardware.json`,
+averages over steady-state steps after the default skip of warm-up and two update
+windows); their CSVs are under `data/` with a `.spec.json` each holding the exact
+settings, and are re-simulated only when missing, made with other settings, or with
+`--regenerate`. Figures 10-14 come from measured files (`--measured DIR`, default
+`{measured}`), laid out as below (documented in `analysis/plot_measured.py`):
+
+| figures | file | columns |
+|---|---|---|
+{layout}
+
+A `.csv` may be replaced by a `.parquet` of the same name. A missing file is reported
+below with the command that makes it; no figure is drawn from made-up data."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m zfbench.figures", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, help="figures, README.md and data/ (default "
+                   "paper_figures, or runs/figures-quick with --quick)")
+    p.add_argument("--measured", type=Path, help="measured inputs (default <out>/data/measured)")
+    p.add_argument("--regenerate", action="store_true", help="re-simulate even if cached")
+    p.add_argument("--quick", action="store_true", help="small models and sweeps (tests)")
+    p.add_argument("--only", help="comma-separated figure numbers (README.md is then kept)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    out = args.out or Path("runs/figures-quick" if args.quick else "paper_figures")
+    data_dir = out / "data"
+    measured = args.measured or data_dir / "measured"
+    try:
+        only = {int(x) for x in args.only.split(",")} if args.only else set()
+    except ValueError:
+        print(f"error: --only wants figure numbers like 1,5,9 (got {args.only!r})",
+              file=sys.stderr)
+        return 2
+    unknown = only - {s.number for s in FIGURES}
+    if unknown:
+        print(f"error: no figure {sorted(unknown)}; figures are 1-{len(FIGURES)}", file=sys.stderr)
+        return 2
+    specs = [s for s in FIGURES if not only or s.number in only]
+    started = time.perf_counter()
+    all_sets = datasets(plan)
+    needed = [all_sets[k] for k in dict.fromkeys(k for s in specs if not s.measured
+                                                 for k in s.inputs)]
+    stale = needed if args.regenerate else [d for d in needed if not is_fresh(data_dir, d)]
+    if not args.quiet and needed:
+        print(f"data: {len(needed) - len(stale)} of {len(needed)} datasets cached in "
+              f"{data_dir}, simulating {sum(len(d.jobs) for d in stale)} runs", file=sys.stderr)
+    generate(data_dir, stale, args.quiet)
+    data = FigureData(data_dir, measured, meta(plan))
+    outcomes = [draw_one(spec, data, out) for spec in tqdm(
+        specs, desc="drawing", unit="fig", disable=args.quiet, file=sys.stderr)]
+    if not only:
+        text = render_readme(outcomes, sources(plan), header(plan, str(measured)),
+                             str(measured))
+        tmp = out / ".README.md.tmp"
+        tmp.write_text(text + "\n")
+        os.replace(tmp, out / "README.md")
+    for o in outcomes:
+        status = {"drawn": ", ".join(o.files), "missing": "MISSING DATA: " + o.text,
+                  "bad": "BAD INPUT: " + o.text}[o.status]
+        print(f"figure {o.spec.number:2d} {o.spec.name}: {status}")
+    print(f"{sum(o.status == 'drawn' for o in outcomes)} of {len(outcomes)} figures in {out}"
+          f"{'' if only else ', index in ' + str(out / 'README.md')} "
+          f"({time.perf_counter() - started:.0f} s)")
+    return 1 if any(o.status == "bad" for o in outcomes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
