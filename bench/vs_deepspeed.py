@@ -30,7 +30,9 @@ Three parts, all on the same model, seeded batches and ZenFlow config for both e
   difference| after N steps for (A) topk_ratio 1.0, U 1 (both must equal torch AdamW),
   (B) topk_ratio 0.25, U 4 on a model with only 2-D weights (DeepSpeed's column-score
   window is then not shifted, so both select the same columns), (C) the same on `tiny`,
-  whose 1-D norm weights shift DeepSpeed's score windows: selections differ, reported.
+  whose 1-D norm weights shift DeepSpeed's score windows: selections differ, reported,
+  and (D) case C again with DeepSpeed's selected columns imposed on zfbench, which shows
+  whether the selection accounts for the whole difference.
 """
 
 from __future__ import annotations
@@ -112,10 +114,16 @@ def make_zf(model: nn.Module, cfg: dict, device_threads: int, host_threads: int)
                            host_threads=host_threads)
 
 
-def train_step(engine, batch) -> float:
+def train_step(engine, batch, phases: list | None = None) -> float:
+    """forward, backward, step; appends (forward_s, backward_s, step_s) to `phases`."""
+    t0 = time.perf_counter()
     loss = engine(batch["input_ids"], batch["labels"])
+    t1 = time.perf_counter()
     engine.backward(loss)
+    t2 = time.perf_counter()
     engine.step()
+    if phases is not None:
+        phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
     return float(loss.detach())
 
 
@@ -245,7 +253,12 @@ def zf_host_rate(engine, steps: set[int]) -> dict:
     h2d = sum(s.duration_s for s in spans if s.lane == "h2d" and s.op == "h2d_param")
     updates = len({s.step for s in spans if s.op == "host_optim"})
     n = updates * engine.layout.total
-    return {"host_updates": updates, "host_optim_busy_s": busy,
+    per_op: dict[str, float] = {}
+    for s in spans:
+        key = f"{s.lane}.{s.op}"
+        per_op[key] = per_op.get(key, 0.0) + s.duration_s / len(steps)
+    return {"timeline_mean_s_per_step": per_op, "host_updates": updates,
+            "host_optim_busy_s": busy,
             "host_adam_params_per_s": n / busy if busy else None,
             "host_adam_params_per_s_without_h2d": n / (busy - h2d) if busy > h2d else None}
 
@@ -304,6 +317,8 @@ def timing(ds, args, mode: str) -> dict:
         train_step(dse, b)
     settle("deepspeed", dse)
     ds_aff = os.sched_getaffinity(0)  # DeepSpeed pins its training thread (overlap mode)
+    if args.unpin_deepspeed:
+        ds_aff = full_aff
     os.sched_setaffinity(0, full_aff)
     zfe = make_zf(build_model(shape, seed=0), cfg, dev_t, host_t)
     for b in data[:warm]:
@@ -313,6 +328,9 @@ def timing(ds, args, mode: str) -> dict:
     engines = {"deepspeed": (dse, ds_aff), "zfbench": (zfe, full_aff)}
     windows = {"deepspeed": [], "zfbench": []}
     all_steps = {"deepspeed": [], "zfbench": []}
+    phases = {"deepspeed": [], "zfbench": []}
+    loads: list[float] = []
+    paired: list[float] = []  # per round: zfbench / deepspeed, adjacent blocks
     zf_steps: set[int] = set()
     ds_host.clear()
     for r in range(args.rounds):
@@ -324,24 +342,27 @@ def timing(ds, args, mode: str) -> dict:
             torch.set_num_threads(dev_t)
             if kind == "zfbench":
                 zf_steps.update(range(zfe.t, zfe.t + block))
-            times = []
+            ph: list = []
             for b in chunk:
-                t0 = time.perf_counter()
-                train_step(engine, b)
-                times.append(time.perf_counter() - t0)
+                train_step(engine, b, ph)
             settle(kind, engine)
+            times = [sum(x) for x in ph]
             all_steps[kind] += times
+            phases[kind] += ph[U:]
             windows[kind] += [sum(times[i:i + U]) / U for i in range(U, block, U)]
-        print(f"  {mode} round {r + 1}/{args.rounds}: deepspeed "
-              f"{statistics.median(windows['deepspeed'][-args.windows_per_block + 1:]):.4f} s/step,"
-              f" zfbench {statistics.median(windows['zfbench'][-args.windows_per_block + 1:]):.4f}"
-              f" s/step", flush=True)
+        loads.append(os.getloadavg()[0])
+        last = {k: statistics.median(w[1 - args.windows_per_block:]) for k, w in windows.items()}
+        paired.append(last["zfbench"] / last["deepspeed"])
+        print(f"  {mode} round {r + 1}/{args.rounds} (load {loads[-1]:.1f}): deepspeed "
+              f"{last['deepspeed']:.4f} s/step, zfbench {last['zfbench']:.4f} s/step, "
+              f"ratio {paired[-1]:.3f}", flush=True)
     os.sched_setaffinity(0, full_aff)
     zfe.finish()
     zfe.close()
     out = {"mode": mode, "model": shape.name, "n_params": n_params, "batch": args.batch,
            "seq": args.seq, "zenflow": zenflow, "gradient_clipping": args.clip,
            "rounds": args.rounds, "steps_per_block": block, "warmup_steps": warm,
+           "loadavg_1min_after_each_round": loads,
            "threads": {"cores": cores, "zfbench_device_threads": dev_t,
                        "zfbench_host_threads": host_t, "deepspeed_torch_threads": dev_t,
                        "deepspeed_training_affinity": sorted(ds_aff),
@@ -354,12 +375,18 @@ def timing(ds, args, mode: str) -> dict:
                      "step_time_s_min_window": min(windows[kind]),
                      "step_time_s_max_window": max(windows[kind]),
                      "step_time_s_median_single_step": statistics.median(all_steps[kind]),
-                     "steady_windows": len(windows[kind])}
+                     "steady_windows": len(windows[kind]),
+                     "phase_mean_s": {name: statistics.fmean(x[i] for x in phases[kind])
+                                      for i, name in enumerate(("forward", "backward", "step"))},
+                     "step_times_s": [round(x, 5) for x in all_steps[kind]]}
     out["zfbench"].update(zf_host_rate(zfe, zf_steps))
     if ds_host:
         out["deepspeed"].update({"host_updates": len(ds_host), "host_optim_busy_s": sum(ds_host),
                                  "host_adam_params_per_s": len(ds_host) * n_params / sum(ds_host)})
-    out["ratio_zfbench_over_deepspeed"] = out["zfbench"]["step_time_s"] / out["deepspeed"]["step_time_s"]
+    out["ratio_zfbench_over_deepspeed"] = (out["zfbench"]["step_time_s"]
+                                           / out["deepspeed"]["step_time_s"])
+    out["ratio_per_round"] = paired
+    out["ratio_median_of_rounds"] = statistics.median(paired)
     del dse
     return out
 
@@ -424,11 +451,14 @@ def csv_rows(result: dict) -> list[dict]:
     for t in result["timing"]:
         for kind in ("deepspeed", "zfbench"):
             for k, v in t[kind].items():
-                rows.append({"part": "timing", "case": t["mode"], "engine": kind, "metric": k,
-                             "value": v})
-        rows.append({"part": "timing", "case": t["mode"], "engine": "ratio",
-                     "metric": "step_time_zfbench_over_deepspeed",
-                     "value": t["ratio_zfbench_over_deepspeed"]})
+                items = v.items() if isinstance(v, dict) else [] if isinstance(v, list) else \
+                    [(None, v)]
+                rows += [{"part": "timing", "case": t["mode"], "engine": kind,
+                          "metric": k if sub is None else f"{k}.{sub}", "value": x}
+                         for sub, x in items]
+        rows += [{"part": "timing", "case": t["mode"], "engine": "ratio", "metric": k,
+                  "value": t[k]} for k in ("ratio_zfbench_over_deepspeed",
+                                           "ratio_median_of_rounds")]
     for k in result["host_adam_kernel"]:
         for kind, key in (("deepspeed", "deepspeed_cpu_adam_params_per_s"),
                           ("zfbench", "zfbench_host_adamw_params_per_s")):
@@ -446,14 +476,22 @@ def csv_rows(result: dict) -> list[dict]:
 
 def print_table(result: dict) -> None:
     print("\n== step time (median over steady windows, s/step) ==")
-    print(f"{'mode':<11}{'model':<16}{'deepspeed':>11}{'zfbench':>11}{'zf/ds':>8}"
+    print(f"{'mode':<11}{'model':<14}{'deepspeed':>10}{'zfbench':>10}{'zf/ds':>7}{'rounds':>8}"
           f"{'ds host Adam':>15}{'zf host Adam':>15}")
     for t in result["timing"]:
         dh, zh = t["deepspeed"].get("host_adam_params_per_s"), t["zfbench"]["host_adam_params_per_s"]
-        print(f"{t['mode']:<11}{t['model']:<16}{t['deepspeed']['step_time_s']:>11.4f}"
-              f"{t['zfbench']['step_time_s']:>11.4f}{t['ratio_zfbench_over_deepspeed']:>8.3f}"
+        print(f"{t['mode']:<11}{t['model']:<14}{t['deepspeed']['step_time_s']:>10.4f}"
+              f"{t['zfbench']['step_time_s']:>10.4f}{t['ratio_zfbench_over_deepspeed']:>7.3f}"
+              f"{t['ratio_median_of_rounds']:>8.3f}"
               f"{(f'{dh / 1e6:.0f} M/s' if dh else 'n/a'):>15}"
               f"{(f'{zh / 1e6:.0f} M/s' if zh else 'n/a'):>15}")
+    print("\n== mean phase times of steady steps, s (DeepSpeed runs its device-side "
+          "selective Adam inside backward, zfbench inside step) ==")
+    for t in result["timing"]:
+        for kind in ("deepspeed", "zfbench"):
+            ph = t[kind]["phase_mean_s"]
+            print(f"{t['mode']:<11}{kind:<11}" + "".join(
+                f"{name} {v:.4f}  " for name, v in ph.items()))
     print("\n== host Adam kernels on the model's flat size (params/s) ==")
     for k in result["host_adam_kernel"]:
         print(f"{k['threads']} thread(s), {k['n_params'] / 1e6:.1f} M params: DeepSpeedCPUAdam "
@@ -490,6 +528,8 @@ def main(argv=None) -> int:
     ap.add_argument("--check-steps", type=int, default=12)
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--unpin-deepspeed", action="store_true",
+                    help="run DeepSpeed's training thread on all cores, not the core it pins")
     ap.add_argument("--any-version", action="store_true")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args(argv)

@@ -12,7 +12,13 @@ DeepSpeed-style config (dict or JSON path, validated by `zfbench.config`), and r
 - the span recorder (every op as a span in the shared vocabulary) and the per-step log;
 - refusal of non-finite gradients (`zfbench.nonfinite`: skip the step or raise);
 - checkpoints that capture a pending asynchronous update, so a resumed run continues
-  exactly as an uninterrupted one.
+  exactly as an uninterrupted one;
+- data parallelism (`dist`, a `real.distributed.DistContext` of more than one rank):
+  gradients live in one flat device buffer (`flat_grads`, each `p.grad` a view) that is
+  all-reduced (averaged) before the step; the host state of the offloading strategies
+  covers only this rank's shard `[shard_lo, shard_hi)` of the flat buffer (ZeRO-2), and
+  updated shards are all-gathered back into the full parameter buffer (`gather_params`).
+  Both collectives are `net` spans with their bytes. Checkpoints are one file per rank.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 import torch
 
 from real.flat import FlatLayout
+from real.distributed import DistContext, allgather_flat, allreduce_mean_, rank_threads
 from real.host_lane import HostLane
 from real.recorder import SpanRecorder
 from real.strategies import DelayedOffloadStrategy, DeviceStrategy, OffloadStrategy
@@ -60,11 +67,14 @@ class Engine:
     def __init__(self, model: torch.nn.Module, config: EngineConfig, *, device: str = "auto",
                  device_threads: int | None = None, host_threads: int | None = None,
                  steps_per_epoch: int | None = None, host_chunk_elems: int = 1 << 22,
-                 host_timeout_s: float = 600.0, rank: int = 0) -> None:
+                 host_timeout_s: float = 600.0, rank: int = 0,
+                 dist: DistContext | None = None) -> None:
         self.config = config
+        self.dist = dist if dist is not None else DistContext(rank, 1, rank, "none")
+        rank = self.dist.rank
         self.device = resolve_device(device)
         self.use_cuda = self.device.type == "cuda"
-        split = default_thread_split()
+        split = rank_threads(self.dist.world) if self.dist.active else default_thread_split()
         self.device_threads = device_threads or split[0]
         self.host_threads = host_threads or split[1]
         if not self.use_cuda:
@@ -103,32 +113,73 @@ class Engine:
             p.data = view
         self.param_bytes = self.flat_params.element_size()
         self.grad_bytes = self.layout.total * self.param_bytes
+        self.dist.set_total(self.layout.total)
+        self.shard_lo, self.shard_hi = self.dist.lo, self.dist.hi
+        if not self.dist.active:
+            self.shard_lo, self.shard_hi = 0, self.layout.total
+        self.shard_grad_bytes = (self.shard_hi - self.shard_lo) * self.param_bytes
+        self.flat_grads = None
+        if self.dist.active:  # gradients as views into one buffer: one all-reduce
+            self.flat_grads = torch.zeros_like(self.flat_params)
+            for slot, (_, p) in zip(self.layout.slots, self.named_params):
+                p.grad = self.layout.view(self.flat_grads, slot.name)
 
     def new_device_flat(self) -> torch.Tensor:
         return torch.zeros_like(self.flat_params)
 
     def copy_grads_to(self, dst: torch.Tensor) -> None:
-        """d2h: every gradient into its slot of the flat host buffer `dst`."""
+        """d2h: this rank's shard of the gradients into the flat host buffer `dst` (every
+        gradient, into its slot, with one rank)."""
         stream = self.d2h_stream
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream) if stream is not None else _nullcontext():
-            for slot, (_, p) in zip(self.layout.slots, self.named_params):
-                view = dst[slot.offset:slot.offset + slot.numel].view(slot.shape)
-                if p.grad is None:
-                    view.zero_()
-                else:
-                    view.copy_(p.grad, non_blocking=stream is not None)
+            if self.flat_grads is not None:
+                dst.copy_(self.flat_grads[self.shard_lo:self.shard_hi],
+                          non_blocking=stream is not None)
+            else:
+                self._copy_slots_to(dst, stream)
         if stream is not None:
             stream.synchronize()
 
+    def _copy_slots_to(self, dst: torch.Tensor, stream) -> None:
+        for slot, (_, p) in zip(self.layout.slots, self.named_params):
+            view = dst[slot.offset:slot.offset + slot.numel].view(slot.shape)
+            if p.grad is None:
+                view.zero_()
+            else:
+                view.copy_(p.grad, non_blocking=stream is not None)
+
     def upload_range(self, target: torch.Tensor, master: torch.Tensor, a: int, b: int) -> None:
-        """h2d (from the host worker): master[a:b] into the device buffer `target`."""
+        """h2d (from the host worker): master[a:b] (shard-relative indices) into the
+        device buffer `target` at this rank's shard offset."""
         stream = self.h2d_stream
+        lo = self.shard_lo
         with torch.cuda.stream(stream) if stream is not None else _nullcontext():
-            target[a:b].copy_(master[a:b], non_blocking=stream is not None)
+            target[lo + a:lo + b].copy_(master[a:b], non_blocking=stream is not None)
         if stream is not None:
             stream.synchronize()
+
+    # -- data parallel collectives ----------------------------------------------------
+    def reduce_grads(self, t: int) -> None:
+        """All-reduce (average) the flat gradient buffer across ranks."""
+        for slot, (_, p) in zip(self.layout.slots, self.named_params):
+            view = self.layout.view(self.flat_grads, slot.name)
+            if p.grad is None:
+                p.grad = view
+            elif p.grad.data_ptr() != view.data_ptr():  # autograd replaced it: copy back
+                view.copy_(p.grad)
+                p.grad = view
+        with self.recorder.span("net", "allreduce", t, nbytes=self.grad_bytes):
+            allreduce_mean_(self.dist, self.flat_grads)
+
+    def gather_params(self, target: torch.Tensor, t: int) -> None:
+        """All-gather every rank's updated shard of `target` (a no-op with one rank)."""
+        if not self.dist.active:
+            return
+        nbytes = self.dist.shard * self.dist.world * target.element_size()
+        with self.recorder.span("net", "allgather", t, nbytes=nbytes):
+            allgather_flat(self.dist, target)
 
     # -- the training loop API --------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -147,6 +198,8 @@ class Engine:
         self.host_lane.check()
         start = self._step_start if self._step_start is not None else self.recorder.now()
         record = {"step": self.t, "loss": self._loss, "skipped": False}
+        if self.dist.active:  # every rank then sees the same (non-)finite gradients
+            self.reduce_grads(self.t)
         with self.recorder.span("compute", "device_optim", self.t):
             bad = self._nonfinite_params()
         if bad:
@@ -203,14 +256,14 @@ class Engine:
         state = {"t": self.t, "strategy_name": self.config.strategy,
                  "flat_params": self.flat_params.detach().cpu(),
                  "strategy": self.strategy.state_dict(), "config": self.config.raw}
-        path = directory / CHECKPOINT_FILE
-        tmp = directory / (CHECKPOINT_FILE + ".tmp")
+        path = directory / self.checkpoint_name
+        tmp = directory / (self.checkpoint_name + ".tmp")
         torch.save(state, tmp)
         os.replace(tmp, path)
         return path
 
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
-        path = Path(directory) / CHECKPOINT_FILE
+        path = Path(directory) / self.checkpoint_name
         if not path.exists():
             raise FileNotFoundError(f"no zfbench checkpoint at {path}")
         state = torch.load(path, map_location="cpu", weights_only=False)
@@ -225,6 +278,12 @@ class Engine:
             self.flat_params.copy_(state["flat_params"])
             self.strategy.load_state_dict(state["strategy"])
         self.t = state["t"]
+
+    @property
+    def checkpoint_name(self) -> str:
+        if not self.dist.active:
+            return CHECKPOINT_FILE
+        return f"zfbench_engine.rank{self.dist.rank}of{self.dist.world}.pt"
 
     def close(self) -> None:
         self.host_lane.close()

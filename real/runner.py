@@ -5,6 +5,11 @@ the model from its named shape (or takes a module), streams seeded synthetic bat
 byte-level text, drives `engine(batch)` / `backward` / `step` with a progress bar
 (steps/s and the stall fraction so far), and returns the engine's timeline and per-step
 log. Nothing here knows about the simulator or the analysis (DESIGN.md's arrows).
+
+With a `DistContext` of several ranks (`dist=`), every rank draws the same global batch of
+`batch * world` rows from the seeded stream and trains on its own `batch` rows, so N ranks
+see exactly the data one rank would see with the whole global batch; the result then also
+holds every rank's spans (`timeline`), gathered at the end.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from real.data import synthetic_batches, text_batches
+from real.distributed import DistContext, gather_timeline
 from real.engine import Engine, initialize
 from real.model import build_model
 from zfbench.config import EngineConfig, load_config
@@ -66,32 +72,40 @@ class RunResult:
     engine: Engine
     losses: list[float]
     wall_s: float
+    all_ranks: object = None  # Timeline of every rank (multi-rank runs)
 
     @property
     def timeline(self):
-        return self.engine.timeline
+        return self.all_ranks if self.all_ranks is not None else self.engine.timeline
 
 
-def batches(spec: RunSpec, vocab: int):
+def batches(spec: RunSpec, vocab: int, rank: int = 0, world: int = 1):
+    rows = spec.batch * world
     if spec.text is None:
-        return synthetic_batches(vocab, spec.batch, spec.seq, seed=spec.seed)
-    from real.data import default_text
+        stream = synthetic_batches(vocab, rows, spec.seq, seed=spec.seed)
+    else:
+        from real.data import default_text
 
-    source = default_text() if spec.text == "builtin" else spec.text
-    return text_batches(source, spec.batch, spec.seq, seed=spec.seed, vocab=vocab)
+        source = default_text() if spec.text == "builtin" else spec.text
+        stream = text_batches(source, rows, spec.seq, seed=spec.seed, vocab=vocab)
+    if world == 1:
+        return stream
+    mine = slice(rank * spec.batch, (rank + 1) * spec.batch)
+    return ({k: v[mine] for k, v in batch.items()} for batch in stream)
 
 
 def train(spec: RunSpec, strategy: str, model: torch.nn.Module | None = None,
-          progress: bool = True) -> RunResult:
+          progress: bool = True, dist: DistContext | None = None) -> RunResult:
     shape = spec.shape()
     config = spec.engine_config(strategy)
     torch.manual_seed(spec.seed)
     if model is None:
         dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
         model = build_model(shape, dtype=dtype, seed=spec.seed)
-    engine = initialize(model, config, device=spec.device,
+    engine = initialize(model, config, device=spec.device, dist=dist,
                         device_threads=spec.device_threads, host_threads=spec.host_threads)
-    data = batches(spec, shape.vocab)
+    world = engine.dist.world
+    data = batches(spec, shape.vocab, engine.dist.rank, world)
     losses: list[float] = []
     bar = tqdm(total=spec.steps, desc=f"{strategy:>16}", unit="step", disable=not progress,
                leave=True)
@@ -116,4 +130,6 @@ def train(spec: RunSpec, strategy: str, model: torch.nn.Module | None = None,
     finally:
         bar.close()
         engine.close()
-    return RunResult(strategy, engine, losses, time.perf_counter() - started)
+    wall = time.perf_counter() - started
+    merged = gather_timeline(engine.dist, engine.timeline) if world > 1 else None
+    return RunResult(strategy, engine, losses, wall, merged)

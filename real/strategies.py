@@ -11,6 +11,10 @@ and bring parameters back up from the host worker (the h2d lane):
 - `zero-offload-dpu`: the host step of step t runs behind the compute of step t+1. Its
   parameters land in an upload buffer and are applied before forward t+2, so every update
   reaches the device exactly one step late, whatever the speeds (deterministic).
+
+With several ranks (ZeRO-2) the host state covers only the rank's shard of the flat
+buffer, the gradient clipping norm is summed over ranks on the host lane's own group, and
+each rank's updated shard is all-gathered into the device buffer before it is applied.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from real.adamw import adamw_foreach_
-from real.flat import FlatLayout
+from real.distributed import allreduce_sum_
 from real.host_adam import host_adamw_
 
 
@@ -96,17 +100,29 @@ class DeviceStrategy(Strategy):
 
 
 class HostState:
-    """fp32 master weights, Adam moments and a gradient buffer in host memory."""
+    """fp32 master weights, Adam moments and gradient buffers in host memory, for this
+    rank's shard [lo, hi) of the flat buffer (all of it with one rank). Indices into
+    these buffers, and `chunks`, are shard-relative."""
 
     def __init__(self, engine, n_grad_buffers: int = 1) -> None:
-        self.layout: FlatLayout = engine.layout
+        self.lo, self.hi = engine.shard_lo, engine.shard_hi
+        self.numel = self.hi - self.lo
+        self.dist = engine.dist
         pin = engine.use_cuda
-        self.master = self.layout.new(pin=pin)
-        self.master.copy_(engine.flat_params.detach().float().cpu())
-        self.m = self.layout.new(pin=pin)
-        self.v = self.layout.new(pin=pin)
-        self.grads = [self.layout.new(pin=pin) for _ in range(n_grad_buffers)]
-        self.chunks = self.layout.chunks(engine.host_chunk_elems)
+
+        def new() -> torch.Tensor:
+            buf = torch.zeros(self.numel, dtype=torch.float32)
+            return buf.pin_memory() if pin else buf
+        self.master = new()
+        self.master.copy_(engine.flat_params[self.lo:self.hi].detach().float().cpu())
+        self.m = new()
+        self.v = new()
+        self.grads = [new() for _ in range(n_grad_buffers)]
+        step = max(1, int(engine.host_chunk_elems))
+        self.chunks = [(a, min(a + step, self.numel)) for a in range(0, self.numel, step)]
+
+    def sync_master(self, flat_params: torch.Tensor) -> None:
+        self.master.copy_(flat_params[self.lo:self.hi].detach().float().cpu())
 
     def adam_chunk(self, a: int, b: int, grad: torch.Tensor, step: int, opt) -> None:
         host_adamw_(self.master[a:b], grad[a:b], self.m[a:b], self.v[a:b], step=step,
@@ -117,6 +133,10 @@ class HostState:
         """Scale `grad` in place to global L2 norm `clip` (clip_grad_norm_ semantics)."""
         if clip > 0:
             norm = float(torch.linalg.vector_norm(grad))
+            if self.dist.active:  # the global norm: sum of squares over the shards
+                sq = torch.tensor([norm * norm], dtype=torch.float64)
+                allreduce_sum_(self.dist, sq, host=True)
+                norm = float(sq.sqrt())
             scale = clip / (norm + 1e-6)
             if scale < 1:
                 grad.mul_(scale)
@@ -146,7 +166,8 @@ class OffloadStrategy(Strategy):
     def grads_down(self, t: int, dst: torch.Tensor, scale: float = 1.0) -> None:
         """The d2h lane: copy every gradient into the flat host buffer `dst`."""
         e = self.e
-        with e.recorder.span("d2h", "d2h_grad", t, nbytes=e.grad_bytes, stream=e.d2h_stream):
+        with e.recorder.span("d2h", "d2h_grad", t, nbytes=e.shard_grad_bytes,
+                             stream=e.d2h_stream):
             e.copy_grads_to(dst)
         if scale != 1.0:
             dst.mul_(scale)
@@ -182,6 +203,7 @@ class OffloadStrategy(Strategy):
             self.pending = job
         else:
             e.host_lane.wait(job, e.host_timeout_s)
+            e.gather_params(e.flat_params, t)
 
     def apply_pending(self, t: int) -> None:
         """Put the previous host step's parameters into the device buffer."""
@@ -189,6 +211,7 @@ class OffloadStrategy(Strategy):
         if self.pending is None and not self.pending_ready:
             return
         e.host_lane.wait(self.pending, e.host_timeout_s)
+        e.gather_params(self.upload, t)
         with e.recorder.span("compute", "device_optim", t):
             e.flat_params.copy_(self.upload)
         self.pending, self.pending_ready = None, False

@@ -17,12 +17,22 @@ Implements ../shared/reference/zenflow.md (in its numbering):
 With `overlap_step` the host update of a window runs on the host lane behind the next
 window's compute and is applied at the next boundary: exactly one window late, so the
 result never depends on timing. Warm-up steps are synchronous host steps on grad / U.
+
+Several ranks (real/distributed.py): the gradient is already averaged over ranks; the
+host lane of each rank accumulates and updates only its shard, and the updated shards are
+all-gathered before the device takes them. Selection never needs the full gradient on a
+rank: each rank scores the columns from the elements of the reduced gradient in its own
+shard, and one all-reduce of the per-column partial scores (`cols` floats per 2-D weight)
+gives every rank the exact scores, hence the same top-k (`zfbench.select_comm: scores`).
+`select_comm: allgather` instead all-gathers the gradient shards and scores the full
+matrices, for comparison; both exchanges are `net` spans with their bytes.
 """
 
 from __future__ import annotations
 
 import torch
 
+from real.distributed import allgather_flat, allreduce_sum_
 from real.strategies import HostState, Strategy
 from zfbench.schedule import (AutoIntervalTracker, is_selection_step, is_update_boundary,
                               is_warmup, topk_count)
@@ -79,7 +89,8 @@ class ZenFlowStrategy(Strategy):
             self.select(t)
         staging, window = self.host.grads[2], self.host.grads[self.parity]
         e.host_lane.wait(self.accum_job, e.host_timeout_s)  # staging is free again
-        with e.recorder.span("d2h", "d2h_grad", t, nbytes=e.grad_bytes, stream=e.d2h_stream):
+        with e.recorder.span("d2h", "d2h_grad", t, nbytes=e.shard_grad_bytes,
+                             stream=e.d2h_stream):
             e.copy_grads_to(staging)
         alpha = 1.0 / self.grad_divisor
 
@@ -99,22 +110,25 @@ class ZenFlowStrategy(Strategy):
         """A plain synchronous offload step on grad / U at step number t + 1."""
         e, host = self.e, self.host
         grad = host.grads[2]
-        with e.recorder.span("d2h", "d2h_grad", t, nbytes=e.grad_bytes, stream=e.d2h_stream):
+        with e.recorder.span("d2h", "d2h_grad", t, nbytes=e.shard_grad_bytes,
+                             stream=e.d2h_stream):
             e.copy_grads_to(grad)
         grad.div_(self.grad_divisor)
         job = e.host_lane.submit("host_optim", t, self.update_chunks(
             t, grad, e.flat_params, scale=1.0))
         e.host_lane.wait(job, e.host_timeout_s)
+        e.gather_params(e.flat_params, t)
 
     def select(self, t: int) -> None:
         e = self.e
         if t != 0:
             self.apply_pending(t)
-            with e.recorder.span("d2h", "select", t, nbytes=e.grad_bytes):
-                self.host.master.copy_(e.flat_params.detach().float().cpu())
+            with e.recorder.span("d2h", "select", t, nbytes=e.shard_grad_bytes):
+                self.host.sync_master(e.flat_params)
+        shared = self.exchange_scores(t) if e.dist.active else None
         with e.recorder.span("compute", "select", t):
             for name, p in self.matrices:
-                scores = self.column_scores(p.grad)
+                scores = shared[name] if shared is not None else self.column_scores(p.grad)
                 k = topk_count(p.shape[1], self.zf.topk_ratio)
                 idx = torch.topk(scores, k, sorted=False).indices.sort().values
                 self.selected[name] = idx
@@ -131,6 +145,27 @@ class ZenFlowStrategy(Strategy):
         if self.e.config.importance == "l2sq":
             return g.pow(2).sum(0)
         return g.abs().sum(0)
+
+    def exchange_scores(self, t: int) -> dict[str, torch.Tensor]:
+        """Per-column scores of every 2-D weight, identical on every rank (see above)."""
+        e = self.e
+        ctx = e.dist
+        if e.config.select_comm == "allgather":
+            full = torch.empty_like(e.flat_grads)
+            nbytes = ctx.shard * ctx.world * full.element_size()
+            with e.recorder.span("net", "allgather", t, nbytes=nbytes):
+                allgather_flat(ctx, full, e.flat_grads)
+            return {name: self.column_scores(e.layout.view(full, name))
+                    for name, _ in self.matrices}
+        square = e.config.importance == "l2sq"
+        with e.recorder.span("compute", "select", t):
+            parts = [shard_column_scores(e.flat_grads, e.layout.by_name[name], ctx.lo,
+                                         ctx.hi, square) for name, _ in self.matrices]
+            flat = torch.cat(parts)
+        with e.recorder.span("net", "allreduce", t, nbytes=flat.numel() * flat.element_size()):
+            allreduce_sum_(ctx, flat)
+        return dict(zip((name for name, _ in self.matrices),
+                        torch.split(flat, [p.shape[1] for _, p in self.matrices])))
 
     def observe(self, t: int) -> None:
         per_weight = []
@@ -210,6 +245,7 @@ class ZenFlowStrategy(Strategy):
         if self.pending is None and not self.pending_ready:
             return
         e.host_lane.wait(self.pending, e.host_timeout_s)
+        e.gather_params(self.upload, t)
         with e.recorder.span("compute", "device_optim", t):
             keep = [(p, idx, p.detach().index_select(1, idx).clone())
                     for (name, p), idx in ((m, self.selected[m[0]]) for m in self.matrices)]
@@ -250,3 +286,31 @@ class ZenFlowStrategy(Strategy):
             self.tracker.__dict__.update(state["tracker"])
         self.auto_boundary_next = state["auto_boundary_next"]
         self.chosen_windows = list(state["chosen_windows"])
+
+
+def shard_column_scores(flat_grad: torch.Tensor, slot, lo: int, hi: int,
+                        square: bool) -> torch.Tensor:
+    """Per-column partial scores (|g| or g^2 summed over rows) of the 2-D weight in `slot`
+    (row-major [rows, cols] at slot.offset of the flat buffer), from only the elements in
+    [lo, hi): partial first and last rows and the whole rows between. Summed over ranks
+    whose shards tile the buffer, they are exactly the scores of the full gradient."""
+    rows, cols = slot.shape
+    out = torch.zeros(cols, dtype=torch.float32, device=flat_grad.device)
+    a, b = max(lo, slot.offset), min(hi, slot.offset + slot.numel)
+    if a >= b:
+        return out
+    seg = flat_grad[a:b].float()
+    seg = seg.square() if square else seg.abs()
+    start = a - slot.offset
+    col = start % cols
+    head = min((cols - col) % cols, seg.numel())
+    if head:
+        out[col:col + head] += seg[:head]
+    rest = seg[head:]
+    full = rest.numel() // cols
+    if full:
+        out += rest[:full * cols].view(full, cols).sum(0)
+    tail = rest[full * cols:]
+    if tail.numel():
+        out[:tail.numel()] += tail
+    return out

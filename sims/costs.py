@@ -29,9 +29,12 @@ PRECISIONS = ("bf16", "fp16", "fp32")
 ADAM_BYTES_PER_PARAM = 28.0
 # Host gradient accumulation: read a 16-bit gradient, read and write an fp32 accumulator.
 ACCUM_BYTES_PER_ELEMENT = 10.0
-# An elementwise add is several times cheaper per core than an Adam update (judgment:
-# Adam does ~10 flops and a sqrt per element, accumulation one fused multiply-add).
-ACCUM_SPEEDUP_OVER_ADAM_PER_CORE = 4.0
+# Per core, accumulation (one fused multiply-add per element, streaming ~10 B/element)
+# runs about 30x as many elements/s as the preset's CPU-Adam rate (judgment: one core
+# streams ~10 GB/s, i.e. ~1 G elements/s of accumulation, against the ~30 M params/s
+# per core implied by DeepSpeed's 1.4 G params/s on a whole host, hardware.md). DRAM
+# bandwidth still caps it through the fluid pool.
+ACCUM_SPEEDUP_OVER_ADAM_PER_CORE = 30.0
 # Fraction of peak HBM bandwidth a fused device Adam achieves (judgment; multi-tensor
 # apply kernels typically reach 70-90 % of STREAM-like bandwidth).
 DEVICE_OPTIM_HBM_EFFICIENCY = 0.8

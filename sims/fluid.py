@@ -77,7 +77,8 @@ class FluidPool:
         self._version = 0
         self._queue, self._eid = env._queue, env._eid  # SimPy's own schedule, inlined below
         self._job_key = getattr(rate_fn, "job_key", None)
-        self._keys: list = []  # job_key of each active job (None without a job_key)
+        self._key_ids: dict = {}  # each distinct job_key seen -> a small int (cheap to hash)
+        self._keys: list = []  # that int for each active job (None without a job_key)
         self._memo: dict[tuple, tuple[float, ...]] = {}
 
     def run(self, job: Job) -> simpy.Event:
@@ -88,7 +89,11 @@ class FluidPool:
             return job.done
         self._advance()
         self.active.append(job)
-        self._keys.append(None if self._job_key is None else self._job_key(job))
+        if self._job_key is None:
+            self._keys.append(None)
+        else:
+            key = self._job_key(job)
+            self._keys.append(self._key_ids.setdefault(key, len(self._key_ids)))
         self._reschedule()
         return job.done
 

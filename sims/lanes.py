@@ -13,8 +13,8 @@ stream, running its forward/backward/optimizer ops in program order with `run_co
 from __future__ import annotations
 
 from collections import deque
-from heapq import heappush
 from dataclasses import dataclass
+from heapq import heappush
 from typing import Sequence
 
 import simpy
@@ -120,13 +120,6 @@ class Lane:
             heappush(self._queue, (self.env._now, _NORMAL, next(self._eid), _Hop(wait.check)))
         return done
 
-    def _next_ready(self) -> Op | None:
-        """The op to run next, if its dependencies have all fired (urgent ones first)."""
-        for queue in (self._urgent, self._normal):
-            if queue and all(d._value is not _PENDING for d in queue[0].deps):
-                return queue.popleft()
-        return None
-
     # -- the worker: run ops in order until none is ready, then wait -----------------
     def _on_start(self, _event) -> None:
         self._run()
@@ -162,8 +155,9 @@ class Lane:
         heappush(self._queue, (t1, _NORMAL, next(self._eid), done))
 
     def _run(self) -> None:
-        """Start ops until one must wait for time or work, or none is ready (the body of
-        `_next_ready` inlined: this runs once or more per op)."""
+        """Start ops until one must wait for time or work, or none is ready. The next op
+        is the urgent queue's head if its dependencies have all been triggered, else the
+        normal queue's head if its have."""
         urgent, normal = self._urgent, self._normal
         while True:
             item = None

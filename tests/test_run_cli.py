@@ -40,7 +40,7 @@ def test_small_run_writes_summary_jsonl_spans_and_trace(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, words", [
     (["--model", "gpt5"], ["unknown model 'gpt5'", "llama2-7b"]),
-    (["--gpus", "4"], ["--gpus 4", "multi-rank"]),
+    (["--gpus", "0"], ["--gpus must be >= 1", "got 0"]),
     (["--layers", "40"], ["1..2"]),
     (["--steps", "0"], ["--steps"]),
 ])

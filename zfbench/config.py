@@ -307,6 +307,7 @@ class EngineConfig:
     world_size: int = 1
     loss_scale: LossScaleConfig = LossScaleConfig()
     comm: ZeroCommConfig = ZeroCommConfig()
+    select_comm: str = "scores"  # "scores" | "allgather": ZenFlow's cross-rank selection
 
     @property
     def train_batch_size(self) -> int:
@@ -328,6 +329,7 @@ _OVERRIDES = dict(
     optimizer="optimizer.type", lr="optimizer.params.lr",
     weight_decay="optimizer.params.weight_decay", strategy="zfbench.strategy",
     nonfinite="zfbench.nonfinite", importance="zfbench.importance",
+    select_comm="zfbench.select_comm",
     **{f.name: f"{ZENFLOW_PREFIX}.{f.name}" for f in fields(ZenFlowConfig)})
 OVERRIDE_NAMES = tuple(sorted(_OVERRIDES)) + ("precision",)
 
@@ -440,13 +442,15 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
 
     zf_section = zero.get("zenflow")
     own = d.get("zfbench", {})
-    _check_keys(own, "zfbench", ("strategy", "nonfinite", "importance"))
+    _check_keys(own, "zfbench", ("strategy", "nonfinite", "importance", "select_comm"))
     strategy = _choice(own.get("strategy", "auto"), "zfbench.strategy",
                        STRATEGIES + ("auto",))
     nonfinite = _choice(own.get("nonfinite", "skip"), "zfbench.nonfinite",
                         ("raise", "skip"))
     importance = _choice(own.get("importance", "l1"), "zfbench.importance",
                          ("l1", "l2sq"))
+    select_comm = _choice(own.get("select_comm", "scores"), "zfbench.select_comm",
+                          ("scores", "allgather"))
 
     zenflow = None
     if zf_section is not None:
@@ -471,4 +475,5 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
                         precision=precision, gradient_clipping=clip, zero_stage=stage,
                         offload_device=device, pin_memory=pin, zenflow=zenflow,
                         strategy=strategy, nonfinite=nonfinite, importance=importance,
-                        raw=raw, world_size=world, loss_scale=loss_scale, comm=comm)
+                        raw=raw, world_size=world, loss_scale=loss_scale, comm=comm,
+                        select_comm=select_comm)

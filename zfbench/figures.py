@@ -14,9 +14,25 @@ Simulated data (`<out>/data/`, each with a `<name>.spec.json` holding the exact 
 `timeline_<strategy>.spans.csv` / `.steps.csv` (rank 0 of llama2-7b on a100-4x-gen4),
 `breakdown.csv`, `sweep_update_interval.csv`, `sweep_topk_ratio.csv`, `scaling.csv`
 (rows of `zfbench.simulate.summary_row` plus labels) and `selection_traffic.csv`.
-Measured data (`--measured`, default `<out>/data/measured/`): the layout is documented in
-`analysis/plot_measured.py` and repeated in the README; a missing file is reported in the
-README with the command that makes it, never replaced by made-up data.
+Measured data (`--measured DIR`, default `<out>/data/measured/`; any .csv may be a
+.parquet; columns in detail in `analysis/plot_measured.py`, repeated in the README):
+
+    validate.csv                     fig 10: strategy, measured_step_time_s,
+                                     simulated_step_time_s, measured_stall_fraction,
+                                     simulated_stall_fraction[, case or shape, topk_ratio,
+                                     update_interval]  (python -m zfbench.validate --out DIR)
+    grad_stats/heatmap.csv           fig 11: weight, row, col, abs_grad
+    grad_stats/column_norms.csv      figs 11-12: weight, step, col, sq_norm
+                                     (both from python -m zfbench.gradients --out DIR)
+    accuracy/<strategy>.steps.jsonl  fig 13: a JSON object with `loss` per step
+    accuracy/quality.csv             fig 13, optional: strategy, metric, value
+    auto_interval/windows.csv        fig 14: window, length_steps[, end_step]
+                                     (all three from python -m zfbench.accuracy --out DIR;
+                                     the JSONL also from python -m zfbench.run --out DIR)
+
+A missing file is reported in the README (and on stdout) with the command that makes it;
+the figure is not drawn, never from made-up data. A file that breaks the layout is
+reported the same way and makes the command exit 1.
 """
 
 from __future__ import annotations
@@ -36,7 +52,7 @@ from tqdm import tqdm
 
 from analysis import plot_measured as pm
 from analysis import plot_sweeps as ps
-from analysis.plot_index import FIGURES, FigureData, draw_one, render_readme
+from analysis.plot_index import FIGURES, FigureData, draw_one, merge_outcomes, render_readme
 from sims.costs import SimSettings
 from sims.simulator import default_skip_steps, simulate
 from zfbench import hardware
@@ -64,12 +80,13 @@ class Plan:
     window_s: float = 30.0
     util_bin_s: float = 0.25
     model: str = "llama2-7b"  # timelines, sweeps and scaling
+    png_dpi: float | None = None  # None: the style's savefig.dpi
 
 
 FULL = Plan("full", ("qwen2.5-1.5b", "qwen2.5-3b", "llama2-7b", "llama2-13b"), None, 32, 40,
             (1, 2, 4, 8, 16), (0.01, 0.05, 0.1, 0.2, 0.5), (1, 2, 4, 8))
 QUICK = Plan("quick", ("qwen2.5-1.5b", "llama2-7b"), 2, 12, 20, (1, 2, 4), (0.1, 0.5), (1, 2),
-             util_bin_s=0.02)
+             util_bin_s=0.02, png_dpi=72)
 
 
 def node_settings(node: str, plan: Plan, model: str | None = None, **knobs) -> SimSettings:
@@ -80,9 +97,9 @@ def node_settings(node: str, plan: Plan, model: str | None = None, **knobs) -> S
     return base.with_(**knobs)
 
 
-def node_label(node: str, gpus: int | None = None) -> str:
+def node_label(node: str) -> str:
     n = hardware.get_node(node)
-    return f"{gpus or n.gpus}x {n.gpu.name}, PCIe {n.link.name}"
+    return f"{n.gpus}x {n.gpu.name}, PCIe {n.link.name}"
 
 
 def scaling_label(node: str) -> str:
@@ -102,9 +119,11 @@ class Dataset:
     jobs: list[tuple[dict, SimSettings, str]]
     rows: Callable  # (labels, result) -> {file: DataFrame part}
     direct: Callable | None = None  # () -> {file: DataFrame}, for data needing no sim
+    params: dict | None = None  # what `direct` depends on
 
     def spec(self) -> dict:
-        return {"dataset": self.name, "jobs": [[lab, s.as_dict(), st] for lab, s, st in self.jobs]}
+        return {"dataset": self.name, "params": self.params,
+                "jobs": [[lab, s.as_dict(), st] for lab, s, st in self.jobs]}
 
 
 def _summary_rows(file: str):
@@ -134,8 +153,9 @@ def datasets(plan: Plan) -> dict[str, Dataset]:
         _summary_rows("breakdown.csv"))
     for knob, values in (("update_interval", plan.update_intervals),
                          ("topk_ratio", plan.topk_ratios)):
-        jobs = [({"series": "zero-offload", knob: None}, node_settings(NODES[0], plan), "zero-offload"),
-                ({"series": "device", knob: None}, node_settings(NODES[0], plan), "device")]
+        base = node_settings(NODES[0], plan)
+        jobs = [({"series": "zero-offload", knob: None}, base, "zero-offload"),
+                ({"series": "device", knob: None}, base, "device")]
         for v in values:
             steps = steps_for_interval(plan, v if knob == "update_interval" else 4)
             for mode in ("design", "shipped"):
@@ -145,11 +165,13 @@ def datasets(plan: Plan) -> dict[str, Dataset]:
     d["scaling"] = Dataset("scaling", [
         ({"node": scaling_label(n), "gpus": g}, node_settings(n, plan, gpus=g, gpus_per_switch=min(
             g, hardware.get_node(n).gpus_per_switch)), s)
-        for n in SCALING_NODES for g in plan.gpus for s in STRATEGIES], _summary_rows("scaling.csv"))
+        for n in SCALING_NODES for g in plan.gpus for s in STRATEGIES],
+        _summary_rows("scaling.csv"))
+    gpus = hardware.get_node(NODES[0]).gpus
     d["selection_traffic"] = Dataset(
         "selection_traffic", [], None,
-        lambda: {"selection_traffic.csv": ps.selection_traffic(list(FULL.models),
-                                                               hardware.get_node(NODES[0]).gpus)})
+        lambda: {"selection_traffic.csv": ps.selection_traffic(list(FULL.models), gpus)},
+        {"models": list(FULL.models), "gpus": gpus})
     return d
 
 
@@ -241,7 +263,8 @@ def sources(plan: Plan) -> dict[str, str]:
 def meta(plan: Plan) -> dict:
     tl = node_settings(TIMELINE_NODE, plan, steps=plan.timeline_steps)
     model = tl.model + (f"[{plan.layers}L]" if plan.layers else "")
-    return {"first_step": default_skip_steps(tl), "where": f"{model} on {node_label(TIMELINE_NODE)}",
+    return {"first_step": default_skip_steps(tl),
+            "where": f"{model} on {node_label(TIMELINE_NODE)}",
             "update_interval": tl.update_interval, "topk_ratio": tl.topk_ratio,
             "timeline_steps": tl.steps, "window_s": plan.window_s, "util_bin_s": plan.util_bin_s,
             "gpus": list(plan.gpus), "model": model}
@@ -252,9 +275,10 @@ def header(plan: Plan, measured: str) -> str:
             for k in pm.LAYOUT}
     layout = "\n".join(f"| {figs[k]} | `{measured}/{path}` | {pm.LAYOUT_COLUMNS[k]} |"
                        for k, path in pm.LAYOUT.items())
+    quick = " --quick" if plan.name == "quick" else ""
     return f"""# Paper figures
 
-Generated by `make figures` (`python -m zfbench.figures`{' --quick' if plan.name == 'quick' else ''}); do not edit by hand.
+Generated by `make figures` (`python -m zfbench.figures`{quick}); do not edit by hand.
 Every number below is read from the data files named with each figure. Figures 1-9 are
 simulated (SimPy model in `sims/`, hardware presets from `zfbench/data/hardware.json`,
 averages over steady-state steps after the default skip of warm-up and two update
@@ -271,6 +295,25 @@ A `.csv` may be replaced by a `.parquet` of the same name. A missing file is rep
 below with the command that makes it; no figure is drawn from made-up data."""
 
 
+def write_index(out: Path, plan: Plan, outcomes: list, measured: str) -> None:
+    """README.md from this run's outcomes merged with those an earlier run recorded in
+    `data/index.json` (same plan only), so `--only` keeps every figure's entry."""
+    record = out / "data" / "index.json"
+    previous = []
+    if record.exists():
+        saved = json.loads(record.read_text())
+        previous = saved["outcomes"] if saved.get("plan") == plan.name else []
+    merged = merge_outcomes(previous, outcomes)
+    for path, text in ((record, json.dumps({"plan": plan.name, "outcomes": [
+            o.as_dict() for o in merged]}, indent=1)),
+                       (out / "README.md", render_readme(merged, sources(plan), header(
+                           plan, measured), measured) + "\n")):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m zfbench.figures", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -279,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measured", type=Path, help="measured inputs (default <out>/data/measured)")
     p.add_argument("--regenerate", action="store_true", help="re-simulate even if cached")
     p.add_argument("--quick", action="store_true", help="small models and sweeps (tests)")
-    p.add_argument("--only", help="comma-separated figure numbers (README.md is then kept)")
+    p.add_argument("--only", help="comma-separated figure numbers; the README keeps the "
+                   "other figures' entries from the last run")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -307,24 +351,20 @@ def main(argv: list[str] | None = None) -> int:
                                                  for k in s.inputs)]
     stale = needed if args.regenerate else [d for d in needed if not is_fresh(data_dir, d)]
     if not args.quiet and needed:
-        print(f"data: {len(needed) - len(stale)} of {len(needed)} datasets cached in "
-              f"{data_dir}, simulating {sum(len(d.jobs) for d in stale)} runs", file=sys.stderr)
+        print(f"data: {len(needed) - len(stale)} of {len(needed)} datasets reused from "
+              f"{data_dir}{' (--regenerate)' if args.regenerate else ''}, simulating "
+              f"{sum(len(d.jobs) for d in stale)} runs", file=sys.stderr)
     generate(data_dir, stale, args.quiet)
     data = FigureData(data_dir, measured, meta(plan))
-    outcomes = [draw_one(spec, data, out) for spec in tqdm(
+    outcomes = [draw_one(spec, data, out, plan.png_dpi) for spec in tqdm(
         specs, desc="drawing", unit="fig", disable=args.quiet, file=sys.stderr)]
-    if not only:
-        text = render_readme(outcomes, sources(plan), header(plan, str(measured)),
-                             str(measured))
-        tmp = out / ".README.md.tmp"
-        tmp.write_text(text + "\n")
-        os.replace(tmp, out / "README.md")
+    write_index(out, plan, outcomes, str(measured))
     for o in outcomes:
         status = {"drawn": ", ".join(o.files), "missing": "MISSING DATA: " + o.text,
                   "bad": "BAD INPUT: " + o.text}[o.status]
         print(f"figure {o.spec.number:2d} {o.spec.name}: {status}")
     print(f"{sum(o.status == 'drawn' for o in outcomes)} of {len(outcomes)} figures in {out}"
-          f"{'' if only else ', index in ' + str(out / 'README.md')} "
+          f", index in {out / 'README.md'} "
           f"({time.perf_counter() - started:.0f} s)")
     return 1 if any(o.status == "bad" for o in outcomes) else 0
 

@@ -1,8 +1,17 @@
 """`python -m zfbench.run`: train with the real engine and measure every op.
 
 Covers: `--model`, `--layers` (a depth slice at full width), `--strategy` (one or all),
-`--steps`, `--batch`, `--seq`, `--config ds_config.json`, `--device auto|cuda|cpu`,
-`--device-threads`, `--host-threads`, `--text`, `--out`.
+`--steps`, `--batch`, `--seq`, `--gpus`, `--config ds_config.json`,
+`--device auto|cuda|cpu`, `--device-threads`, `--host-threads`, `--text`, `--out`.
+
+Multi-rank: `--gpus N` (N > 1) launches N ranks through torch's elastic launcher (what
+torchrun uses), each running this command; `torchrun --nproc-per-node N -m zfbench.run`
+works the same (RANK / WORLD_SIZE / LOCAL_RANK are read from the environment). NCCL with
+CUDA, gloo without. Data parallel, ZeRO-2: each rank trains on its `--batch` rows of a
+global batch of `--batch * N`, gradients are all-reduced, each rank's host lane owns one
+shard of the optimizer state, updated shards are all-gathered. Each rank gets an equal
+share of the cores (`--device-threads` / `--host-threads` are per rank); rank 0 prints
+and writes the files, with every rank's spans.
 Scenario: with no flags, all four strategies run on a shape where the host Adam is slower
 than forward+backward on this machine (the regime ZenFlow is for), 30 steps each, and the
 breakdown table is printed: step time, stall, exposed I/O, host wait, achieved link GB/s,
@@ -28,6 +37,7 @@ import pandas as pd
 
 from analysis.breakdown import summarize
 from real.memory import InsufficientMemoryError, check_fits
+from real.distributed import env_world
 from real.runner import RunSpec, train
 from zfbench.config import STRATEGIES, ConfigError, load_config
 from zfbench.models import UnknownModelError
@@ -46,13 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--batch", type=int, default=d.batch, help="micro-batch per GPU")
     p.add_argument("--seq", type=int, default=d.seq)
-    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--gpus", type=int, default=None,
+                   help="ranks (data parallel, ZeRO-2); >1 launches them with torch's "
+                        "elastic launcher; under torchrun the default is its WORLD_SIZE")
+    p.add_argument("--bind-cores", action="store_true",
+                   help="pin each rank to its own block of cores (multi-rank)")
     p.add_argument("--config", help="DeepSpeed-style JSON config (ds_config.json)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--device-threads", type=int, help="torch threads of the device lane "
-                   "(emulated accelerator; default half the cores)")
-    p.add_argument("--host-threads", type=int, help="torch threads of the host lane "
-                   "(default the other half)")
+                   "per rank (emulated accelerator; default half of the rank's cores)")
+    p.add_argument("--host-threads", type=int, help="torch threads of the host lane per "
+                   "rank (default the other half of the rank's cores: cores / ranks)")
     p.add_argument("--text", help="train on a plain-text file (byte-level tokens); "
                    "'builtin' uses the standard library's pydoc topics")
     p.add_argument("--seed", type=int, default=0)
@@ -71,10 +85,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def resolve_world(args) -> tuple[int, bool]:
+    """(ranks, launched): the world size, and whether this process is one launched rank."""
+    found = env_world()
+    if args.gpus is not None and args.gpus < 1:
+        raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
+    if found is None:
+        return (args.gpus or 1), False
+    if args.gpus is not None and args.gpus != found[1]:
+        raise ValueError(f"--gpus {args.gpus} contradicts the launcher's WORLD_SIZE "
+                         f"{found[1]}; leave --gpus out under torchrun")
+    return found[1], True
+
+
+def check_gpu_count(world: int, use_cuda: bool) -> None:
+    import torch
+
+    if use_cuda and world > torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise ValueError(f"--gpus {world} asks for {world} ranks with a GPU each, but "
+                         f"torch sees only {n} CUDA device{'s' if n != 1 else ''}; use "
+                         f"--gpus {n} or fewer, or --device cpu (gloo, emulated)")
+
+
 def spec_from_args(args) -> RunSpec:
-    if args.gpus != 1:
-        raise ValueError(f"--gpus {args.gpus}: multi-rank runs arrive with the "
-                         f"torch.distributed issue; this version runs one rank (--gpus 1)")
     for name in ("steps", "batch", "seq"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
@@ -196,8 +230,10 @@ def format_projection(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
+        world, launched = resolve_world(args)
         spec = spec_from_args(args)
         shape = spec.shape()
         strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
@@ -205,22 +241,79 @@ def main(argv: list[str] | None = None) -> int:
         from real.engine import resolve_device
 
         use_cuda = resolve_device(spec.device).type == "cuda"
+        check_gpu_count(world, use_cuda)
+        if world > 1 and (args.profile or args.project):
+            raise ValueError("--profile / --project measure one rank; run them without "
+                             "--gpus")
         check_fits(shape, strategies, spec.batch, spec.seq, elem, use_cuda)
     except (ValueError, ConfigError, UnknownModelError, InsufficientMemoryError,
             RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"{shape.name}: {shape.total_params / 1e6:.1f}M parameters, batch {spec.batch} x "
-          f"seq {spec.seq}, {spec.steps} steps per strategy (measured)", file=sys.stderr)
+    if world > 1 and not launched:
+        from real.launch import LaunchError, launch
+
+        print(f"launching {world} ranks ({'nccl' if use_cuda else 'gloo'}) with torch's "
+              f"elastic launcher", file=sys.stderr)
+        try:
+            launch(world, ["-m", "zfbench.run", *argv])
+        except LaunchError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        return 0
+    if launched:
+        return run_rank(args, spec, shape, strategies, elem, use_cuda)
+    return run_all(args, spec, shape, strategies, elem)
+
+
+def run_rank(args, spec, shape, strategies, elem, use_cuda) -> int:
+    """One rank of a launched multi-rank run; rank 0 reports and writes the files."""
+    import dataclasses
+
+    from real.distributed import (DistributedError, bind_cores, init_from_env,
+                                  rank_threads, shutdown)
+
+    ctx = init_from_env(use_cuda)
+    try:
+        if args.bind_cores:
+            bind_cores(ctx.rank, ctx.world)
+        dev, host = rank_threads(ctx.world)
+        spec = dataclasses.replace(spec, device_threads=spec.device_threads or dev,
+                                   host_threads=spec.host_threads or host)
+        if ctx.rank != 0:
+            args.quiet, args.out = True, None
+        try:
+            return run_all(args, spec, shape, strategies, elem, ctx)
+        except DistributedError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+    finally:
+        shutdown()
+
+
+def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
+    lead = ctx is None or ctx.rank == 0
+    ranks = 1 if ctx is None else ctx.world
+    if lead:
+        print(f"{shape.name}: {shape.total_params / 1e6:.1f}M parameters, {ranks} rank(s) x "
+              f"batch {spec.batch} x seq {spec.seq}, {spec.steps} steps per strategy "
+              f"(measured; {spec.device_threads or 'default'} device + "
+              f"{spec.host_threads or 'default'} host threads per rank)", file=sys.stderr)
     results, rows = {}, []
     tokens = spec.batch * spec.seq
     flops = (shape.forward_flops_per_token(spec.seq) +
              shape.backward_flops_per_token(spec.seq)) * tokens
     for strategy in strategies:
-        result = train(spec, strategy, progress=not args.quiet)
+        result = train(spec, strategy, progress=not args.quiet, dist=ctx)
         results[strategy] = result
+        if not lead:
+            continue
         rows.append(summary_row(result, shape.total_params * elem, shape.total_params,
                                 flops))
+    if not lead:
+        return 0
+    for r in rows:
+        r["ranks"] = ranks
     base = next((r for r in rows if r["strategy"] == "zero-offload"), None)
     for r in rows:
         r["speedup_vs_zero_offload"] = base["step_time_s"] / r["step_time_s"] if base \

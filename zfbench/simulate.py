@@ -125,6 +125,8 @@ def summary_row(result: SimResult) -> dict:
                          c.model_bytes, result.host_optim_params_per_step(),
                          None if c.calibration else result.flops_per_step(),
                          c.flops_per_s / c.mfu))
+    s = result.settings
+    row["tokens_per_s"] = s.micro_batch * s.seq * s.gpus / row["step_time_s"]
     fit = c.fits(result.strategy)
     row.update({"device_bytes_per_rank": fit["device_bytes_per_rank"],
                 "device_capacity_bytes": fit["device_capacity_bytes"],

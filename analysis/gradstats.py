@@ -1,0 +1,223 @@
+"""Gradient statistics from per-column norms: skew, temporal and spatial locality.
+
+Pure numpy / pandas (no torch): every function takes arrays or the long column-norm
+table that `real.gradcapture` records and `zfbench.gradients` writes as
+`gradients/colnorms.parquet` with columns
+
+    step (int), layer (str, parameter name), kind (q|k|v|o|gate|up|down|embedding|
+    lm_head|other), col (int), sq_norm (float: sum over rows of g^2),
+    l1_norm (float: sum over rows of |g|)
+
+Covers:
+- `top_share(values, fraction)`: the share of the total held by the top
+  k = max(1, floor(fraction * n)) entries (ZenFlow's k, as `zfbench.schedule.topk_count`).
+- `cumulative_curve`: share held by the top x of entries, x on a grid.
+- `skew_table`: top-1/5/10 % shares of the squared norm per matrix, per kind and for the
+  whole model (all columns of all matrices pooled), averaged over steps.
+- `topk_membership`, `locality_table`: overlap |A_t & A_t+d| / k and Jaccard
+  |A & B| / |A | B| of the top-k column sets (by squared norm) for d = 1..max_d, per kind.
+- `reselection_table`: for select_interval S, how much of the selected set a
+  reselection every S steps changes.
+- `spatial_share(sq_grad, fraction)`: of the energy in the top-k elements of a matrix,
+  the part lying in its top-k columns (k = fraction of elements / of columns).
+- `pooled_heatmap`: block-mean |gradient| of a matrix, as a long (row, col, abs_grad) frame.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+FRACTIONS = (0.01, 0.05, 0.10)
+KINDS = ("q", "k", "v", "o", "gate", "up", "down", "embedding", "lm_head", "other")
+
+
+def topk_count(n: int, fraction: float) -> int:
+    """max(1, floor(fraction * n)), the product in floating point as ZenFlow writes it."""
+    if n < 1:
+        raise ValueError(f"need at least one entry, got n={n}")
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+    return max(1, int(math.floor(fraction * n)))
+
+
+def top_share(values, fraction: float) -> float:
+    """Share of sum(values) held by the top `topk_count(len, fraction)` values (>= 0)."""
+    v = np.asarray(values, dtype=np.float64).ravel()
+    k = topk_count(v.size, fraction)
+    total = v.sum()
+    if total <= 0:
+        return 0.0
+    top = np.partition(v, v.size - k)[v.size - k:] if k < v.size else v
+    return float(top.sum() / total)
+
+
+def top_shares(values, fractions=FRACTIONS) -> dict[str, float]:
+    """`{"top_1pct": ..., "top_5pct": ..., "top_10pct": ...}` for `fractions`."""
+    v = np.sort(np.asarray(values, dtype=np.float64).ravel())[::-1]
+    total = v.sum()
+    csum = np.cumsum(v)
+    out = {}
+    for f in fractions:
+        k = topk_count(v.size, f)
+        out[_label(f)] = float(csum[k - 1] / total) if total > 0 else 0.0
+    return out
+
+
+def _label(fraction: float) -> str:
+    return f"top_{100 * fraction:g}pct"
+
+
+def cumulative_curve(values, points: int = 101) -> pd.DataFrame:
+    """top_fraction (0..1 on `points` points) -> share of the total held by that top part
+    (linear between whole entries; 0 at 0, 1 at 1)."""
+    v = np.sort(np.asarray(values, dtype=np.float64).ravel())[::-1]
+    total = v.sum()
+    xs = np.arange(v.size + 1) / v.size
+    ys = np.append(0.0, np.cumsum(v) / total) if total > 0 else np.zeros(v.size + 1)
+    grid = np.linspace(0.0, 1.0, points)
+    return pd.DataFrame({"top_fraction": grid, "share": np.interp(grid, xs, ys)})
+
+
+# -- skew ----------------------------------------------------------------------------
+def skew_table(colnorms: pd.DataFrame, fractions=FRACTIONS, source: str = "") -> pd.DataFrame:
+    """Top-x shares of the column squared norms: one row per matrix (`level` "matrix",
+    `name` = layer), per kind ("kind", mean over that kind's matrices) and the whole model
+    ("model": all columns of all matrices pooled per step), each a mean over steps
+    (with `steps`). Columns: source, unit ("column"), level, name, kind, steps, top_*."""
+    labels = [_label(f) for f in fractions]
+    rows = []
+    for (layer, kind), g in colnorms.groupby(["layer", "kind"], sort=False):
+        per_step = [top_shares(h["sq_norm"].to_numpy(), fractions)
+                    for _, h in g.groupby("step", sort=True)]
+        rows.append({"level": "matrix", "name": layer, "kind": kind, "steps": len(per_step),
+                     **{lab: float(np.mean([p[lab] for p in per_step])) for lab in labels}})
+    matrices = pd.DataFrame(rows)
+    kinds = matrices.groupby("kind", sort=False).agg(
+        steps=("steps", "max"), **{lab: (lab, "mean") for lab in labels}).reset_index()
+    kinds["level"], kinds["name"] = "kind", kinds["kind"]
+    per_step = [top_shares(h["sq_norm"].to_numpy(), fractions)
+                for _, h in colnorms.groupby("step", sort=True)]
+    model = pd.DataFrame([{"level": "model", "name": "all", "kind": "all",
+                           "steps": len(per_step),
+                           **{lab: float(np.mean([p[lab] for p in per_step]))
+                              for lab in labels}}])
+    out = pd.concat([model, kinds, matrices], ignore_index=True)
+    out.insert(0, "unit", "column")
+    out.insert(0, "source", source)
+    return out[["source", "unit", "level", "name", "kind", "steps", *labels]]
+
+
+def model_curve(colnorms: pd.DataFrame, points: int = 101) -> pd.DataFrame:
+    """Cumulative curve of the whole model's column squared norms, mean over steps."""
+    curves = [cumulative_curve(h["sq_norm"].to_numpy(), points)["share"].to_numpy()
+              for _, h in colnorms.groupby("step", sort=True)]
+    return pd.DataFrame({"top_fraction": np.linspace(0, 1, points),
+                         "share": np.mean(curves, axis=0)})
+
+
+# -- temporal locality ---------------------------------------------------------------
+def topk_membership(colnorms: pd.DataFrame, fraction: float, score: str = "sq_norm"):
+    """Per layer: (kind, steps [S], member [S, cols] bool, k): the top-k columns by
+    `score` at each recorded step."""
+    out = {}
+    for (layer, kind), g in colnorms.groupby(["layer", "kind"], sort=False):
+        wide = g.pivot_table(index="step", columns="col", values=score, aggfunc="sum")
+        vals = wide.to_numpy(np.float64)
+        cols = vals.shape[1]
+        k = topk_count(cols, fraction)
+        idx = np.argpartition(-vals, k - 1, axis=1)[:, :k]
+        member = np.zeros_like(vals, dtype=bool)
+        np.put_along_axis(member, idx, True, axis=1)
+        out[layer] = (kind, wide.index.to_numpy(), member, k)
+    return out
+
+
+def locality_table(colnorms: pd.DataFrame, fraction: float = 0.1, max_d: int = 64,
+                   score: str = "sq_norm") -> pd.DataFrame:
+    """kind, d, overlap, jaccard, pairs, random_overlap: mean over matrices of that kind
+    and start steps t of |A_t & A_t+d| / k and |A & B| / |A | B|, for d = 1..max_d
+    (recorded steps must be consecutive for d to be in steps). Also kind "all"."""
+    rows = []
+    for layer, (kind, steps, member, k) in topk_membership(colnorms, fraction, score).items():
+        if len(steps) > 1 and not np.all(np.diff(steps) == 1):
+            raise ValueError(f"{layer}: recorded steps are not consecutive")
+        cols = member.shape[1]
+        for d in range(1, min(max_d, len(steps) - 1) + 1):
+            inter = (member[:-d] & member[d:]).sum(axis=1)
+            union = (member[:-d] | member[d:]).sum(axis=1)
+            rows.append({"kind": kind, "d": d, "overlap_sum": float((inter / k).sum()),
+                         "jaccard_sum": float((inter / union).sum()), "pairs": len(inter),
+                         "random": k / cols})
+    if not rows:
+        raise ValueError("locality needs at least two recorded steps")
+    pairs = pd.DataFrame(rows)
+    both = pd.concat([pairs, pairs.assign(kind="all")], ignore_index=True)
+    agg = both.groupby(["kind", "d"], sort=False).agg(
+        overlap_sum=("overlap_sum", "sum"), jaccard_sum=("jaccard_sum", "sum"),
+        pairs=("pairs", "sum"), random_overlap=("random", "mean")).reset_index()
+    agg["overlap"] = agg["overlap_sum"] / agg["pairs"]
+    agg["jaccard"] = agg["jaccard_sum"] / agg["pairs"]
+    return agg[["kind", "d", "overlap", "jaccard", "pairs", "random_overlap"]]
+
+
+def reselection_table(colnorms: pd.DataFrame, fraction: float = 0.1,
+                      intervals=(1, 2, 4, 8, 16, 32, 64), score: str = "l1_norm") -> pd.DataFrame:
+    """kind, select_interval, reselections, changed_fraction, changed_columns: selecting
+    at steps 0, S, 2S, ... (by `score`, L1 as ZenFlow does), the mean share of the k
+    selected columns a reselection swaps out, and the mean count per matrix."""
+    rows = []
+    for layer, (kind, steps, member, k) in topk_membership(colnorms, fraction, score).items():
+        for s in intervals:
+            picks = member[::s]
+            if len(picks) < 2:
+                continue
+            changed = k - (picks[:-1] & picks[1:]).sum(axis=1)
+            rows.append({"kind": kind, "select_interval": s, "reselections": len(changed),
+                         "changed_fraction": float(np.mean(changed / k)),
+                         "changed_columns": float(np.mean(changed))})
+    if not rows:
+        raise ValueError("reselection needs at least two recorded steps")
+    table = pd.DataFrame(rows)
+    both = pd.concat([table, table.assign(kind="all")], ignore_index=True)
+    return both.groupby(["kind", "select_interval"], sort=False).agg(
+        reselections=("reselections", "max"), changed_fraction=("changed_fraction", "mean"),
+        changed_columns=("changed_columns", "mean")).reset_index()
+
+
+# -- spatial locality and heatmaps ---------------------------------------------------
+def spatial_share(sq_grad, fraction: float = 0.1) -> float:
+    """Of the energy (g^2) held by the top `fraction` of a matrix's elements, the share
+    that lies in its top `fraction` of columns (by column squared norm)."""
+    g = np.asarray(sq_grad, dtype=np.float64)
+    if g.ndim != 2:
+        raise ValueError(f"need a 2-D array, got shape {g.shape}")
+    flat = g.ravel()
+    ke = topk_count(flat.size, fraction)
+    thresh_idx = np.argpartition(-flat, ke - 1)[:ke]
+    top_mask = np.zeros(flat.size, dtype=bool)
+    top_mask[thresh_idx] = True
+    top_mask = top_mask.reshape(g.shape)
+    kc = topk_count(g.shape[1], fraction)
+    cols = np.argpartition(-g.sum(axis=0), kc - 1)[:kc]
+    energy = (g * top_mask).sum()
+    if energy <= 0:
+        return 0.0
+    return float((g[:, cols] * top_mask[:, cols]).sum() / energy)
+
+
+def pooled_heatmap(abs_grad, max_rows: int = 64, max_cols: int = 128) -> pd.DataFrame:
+    """Block-mean of |g| down to at most max_rows x max_cols blocks: row, col, abs_grad
+    (row and col are block indices when pooled)."""
+    g = np.abs(np.asarray(abs_grad, dtype=np.float64))
+    r = max(1, math.ceil(g.shape[0] / max_rows))
+    c = max(1, math.ceil(g.shape[1] / max_cols))
+    pr, pc = math.ceil(g.shape[0] / r) * r, math.ceil(g.shape[1] / c) * c
+    padded = np.full((pr, pc), np.nan)
+    padded[:g.shape[0], :g.shape[1]] = g
+    pooled = np.nanmean(padded.reshape(pr // r, r, pc // c, c), axis=(1, 3))
+    rows, cols = np.indices(pooled.shape)
+    return pd.DataFrame({"row": rows.ravel(), "col": cols.ravel(),
+                         "abs_grad": pooled.ravel()})

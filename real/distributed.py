@@ -1,0 +1,182 @@
+"""Data parallel over torch.distributed, ZeRO-2 style: what one rank needs to know and do.
+
+A `DistContext` is the rank's view of the process group: rank, world size, local rank,
+the backend (NCCL with CUDA, gloo without), and this rank's contiguous shard
+`[lo, hi)` of the engine's flat parameter buffer. Shards are equal (ceil(total / world))
+except the last, so the parameter all-gather runs on padded, equal-sized pieces.
+
+The collectives, each recorded as a `net` span whose `bytes` is the payload the rank
+contributes to the collective (the tensor it reduces, or the gathered output's size):
+- `allreduce_grads`: the flat gradient buffer, averaged over ranks (op `allreduce`);
+- `allgather_shards`: every rank's updated shard into a full flat buffer (op `allgather`);
+- `allreduce_scores` / `allgather_grads`: ZenFlow's selection exchange (per-column score
+  vectors, or the full gradient), see real/zenflow.py.
+Host-lane collectives (the global gradient norm for clipping) run in the host worker
+thread, so they use a second, gloo-only group: each group keeps its own order, and the
+host worker's sequence of jobs is the same on every rank.
+
+`init_from_env` is what both launch paths call: torchrun (or `python -m zfbench.run
+--gpus N`, which uses torch's elastic launcher) sets RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR and MASTER_PORT; the process group gets a timeout, so a peer that died makes
+the others fail with an error instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+class DistributedError(RuntimeError):
+    """A collective failed (a peer died or timed out); names the rank and the op."""
+
+
+@dataclass
+class DistContext:
+    rank: int
+    world: int
+    local_rank: int
+    backend: str
+    group: object = None  # the default group (main thread collectives)
+    host_group: object = None  # gloo group for the host worker thread
+    lo: int = 0
+    hi: int = 0
+    shard: int = 0  # padded shard size: world * shard >= total
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    def set_total(self, total: int) -> None:
+        self.shard = -(-total // self.world)
+        self.lo = min(total, self.rank * self.shard)
+        self.hi = min(total, self.lo + self.shard)
+
+
+def env_world() -> tuple[int, int, int] | None:
+    """(rank, world, local_rank) from torchrun's variables, or None outside a launch."""
+    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+        return None
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return rank, world, int(os.environ.get("LOCAL_RANK", rank))
+
+
+def init_from_env(use_cuda: bool, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistContext:
+    """Join (or create) the process group of this launch; a 1-rank context without one."""
+    found = env_world()
+    if found is None or found[1] == 1:
+        return DistContext(0, 1, 0, "none")
+    rank, world, local = found
+    backend = "nccl" if use_cuda else "gloo"
+    if use_cuda:
+        torch.cuda.set_device(local)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+    host_group = dist.new_group(backend="gloo", timeout=timeout)
+    return DistContext(rank, world, local, backend, dist.group.WORLD, host_group)
+
+
+def from_process_group() -> DistContext:
+    """A context on an already initialized default group (tests, embedding users)."""
+    if not dist.is_initialized():
+        return DistContext(0, 1, 0, "none")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    backend = dist.get_backend()
+    host_group = dist.new_group(backend="gloo") if world > 1 else None
+    return DistContext(rank, world, local, str(backend), dist.group.WORLD, host_group)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _run(ctx: DistContext, op: str, fn):
+    try:
+        return fn()
+    except RuntimeError as err:  # gloo / NCCL: a peer closed its connection or timed out
+        raise DistributedError(f"rank {ctx.rank}/{ctx.world}: collective {op} failed "
+                               f"(another rank died or timed out): {err}") from err
+
+
+def allreduce_mean_(ctx: DistContext, tensor: torch.Tensor) -> None:
+    _run(ctx, "allreduce", lambda: dist.all_reduce(tensor, group=ctx.group))
+    tensor.div_(ctx.world)
+
+
+def allreduce_sum_(ctx: DistContext, tensor: torch.Tensor, host: bool = False) -> None:
+    group = ctx.host_group if host else ctx.group
+    _run(ctx, "allreduce", lambda: dist.all_reduce(tensor, group=group))
+
+
+def allgather_flat(ctx: DistContext, target: torch.Tensor, src: torch.Tensor | None = None
+                   ) -> None:
+    """Every rank's shard [lo, hi) of `src` (default `target`) into the whole `target`."""
+    src = target if src is None else src
+    total = target.numel()
+    piece = torch.zeros(ctx.shard, dtype=src.dtype, device=src.device)
+    piece[:ctx.hi - ctx.lo].copy_(src[ctx.lo:ctx.hi])
+    out = torch.empty(ctx.shard * ctx.world, dtype=src.dtype, device=src.device)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    _run(ctx, "allgather", lambda: gather(out, piece, group=ctx.group))
+    target.copy_(out[:total])
+
+
+def gather_timeline(ctx: DistContext, timeline):
+    """Every rank's spans and steps in one Timeline on every rank (all_gather_object)."""
+    from zfbench.trace import Timeline
+
+    parts: list = [None] * ctx.world
+    mine = (list(timeline._spans), list(timeline._steps))
+    _run(ctx, "allgather", lambda: dist.all_gather_object(parts, mine, group=ctx.group))
+    merged = Timeline(timeline.source, timeline.meta)
+    for spans, steps in parts:
+        merged.extend(spans)
+        for rank, step, t0, t1 in steps:
+            merged.mark_step(rank, step, t0, t1)
+    return merged
+
+
+def rank_threads(world: int, cores: int | None = None) -> tuple[int, int]:
+    """(device_threads, host_threads) per rank: the cores split evenly among the ranks,
+    then each rank's share split between its device and host lane (at least 1 each)."""
+    if cores is None:
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 2)
+    per_rank = max(2, cores // max(1, world))
+    device = max(1, per_rank // 2)
+    return device, max(1, per_rank - device)
+
+
+def bind_cores(rank: int, world: int) -> list[int] | None:
+    """Pin this rank to its own contiguous block of the allowed cores (as DeepSpeed's
+    launcher does with numactl), when there are at least as many cores as ranks."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    per = len(allowed) // world
+    if per < 1:
+        return None
+    mine = allowed[rank * per:(rank + 1) * per]
+    os.sched_setaffinity(0, mine)
+    return mine
+
+
+def selection_bytes(shape, elem_bytes: int = 2, score_bytes: int = 4) -> dict:
+    """Bytes one rank moves per selection for a named shape (zfbench.models): the score
+    all-reduce (`score_bytes` x cols per 2-D weight) against the all-gather of the full
+    gradient (rows x cols x `elem_bytes`); the ratio is rows-weighted (the reference:
+    the all-gather moves `rows` times more bytes per weight when elem == score bytes)."""
+    mats = shape.matrices()
+    scores = sum(score_bytes * m.cols for m in mats)
+    gather = sum(elem_bytes * m.rows * m.cols for m in mats)
+    return {"model": shape.name, "matrices": len(mats), "scores_bytes": scores,
+            "allgather_bytes": gather, "allgather_over_scores": gather / scores}
