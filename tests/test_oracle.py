@@ -73,7 +73,7 @@ CASES = {
     "zero-offload, 4 GPUs, 2 per switch": ("zero-offload", SimSettings(
         model="opt-350m", layers=2, gpus=4, gpus_per_switch=2, host_cores=64), ""),
     "zero-offload-dpu, compute-bound": ("zero-offload-dpu", SimSettings(
-        **OPT1, micro_batch=4, seq=2048, host_cores=128), "compute-bound"),
+        **OPT1, micro_batch=32, seq=2048, host_cores=16), "compute-bound"),
     "zero-offload-dpu, host-bound cycle": ("zero-offload-dpu", SimSettings(
         model="tiny", layers=2, gpus=1, micro_batch=4, seq=2048, host_cores=16),
         "host/link-bound"),
@@ -81,12 +81,12 @@ CASES = {
         **OPT1, seq=512, host_cores=4, bandwidth_scale=0.25, update_interval=1,
         overlap_step=False), "sequential"),
     "zenflow sequential, host fast": ("zenflow", SimSettings(
-        **OPT1, micro_batch=4, seq=2048, host_cores=64, update_interval=2,
+        **OPT1, micro_batch=16, seq=2048, host_cores=16, update_interval=2,
         overlap_step=False, full_warm_up_rounds=1), "sequential"),
     "zenflow overlap, host slower": ("zenflow", SimSettings(
         **OPT1, seq=512, host_cores=4, update_interval=2), "overlap, host slower"),
     "zenflow overlap, host faster": ("zenflow", SimSettings(
-        **OPT1, micro_batch=4, seq=2048, host_cores=64, update_interval=2,
+        **OPT1, micro_batch=16, seq=2048, host_cores=16, update_interval=2,
         full_warm_up_rounds=2), "overlap, host faster"),
 }
 
