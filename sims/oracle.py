@@ -147,15 +147,16 @@ def _groups(settings: SimSettings) -> list[tuple[int, int]]:
     return [(gps, full * gps)] + ([(rem, rem)] if rem else [])
 
 
-def _dram_ok(costs: CostModel) -> bool:
+def _dram_ok(costs: CostModel, strategy: str) -> bool:
     """Host jobs stay core-bound even with every rank's job running while every switch
-    upstream moves data both ways at full rate (conservative)."""
+    upstream moves data both ways at full rate (conservative); only zenflow accumulates."""
     node, link = costs.node, costs.node.link
     switches = math.ceil(costs.gpus / min(costs.settings.gpus_per_switch, costs.gpus))
     left = node.host.dram_bytes_per_s - switches * (link.d2h_bytes_per_s + link.h2d_bytes_per_s)
     cores = costs.cores_per_rank
-    need = max(cores * costs.adam_units_per_core_s * ADAM_BYTES_PER_PARAM,
-               cores * costs.accum_units_per_core_s * ACCUM_BYTES_PER_ELEMENT)
+    need = cores * costs.adam_units_per_core_s * ADAM_BYTES_PER_PARAM
+    if strategy == "zenflow":
+        need = max(need, cores * costs.accum_units_per_core_s * ACCUM_BYTES_PER_ELEMENT)
     return costs.gpus * need <= left
 
 
@@ -391,7 +392,7 @@ def steady_state(settings: SimSettings, strategy: str) -> OracleResult:
     compute = sum(r * g[1] for r, g in groups) / div
     exact = all(g[2] for _, g in groups)
     reason = " | ".join(dict.fromkeys(g[3] for _, g in groups))
-    if strategy != "device" and not _dram_ok(costs):
+    if strategy != "device" and not _dram_ok(costs, strategy):
         exact, reason = False, "host jobs may be DRAM-bound; " + reason
     if settings.gpus > 1 and strategy in ("zero-offload-dpu", "zenflow"):
         # the simulator issues each all-gather when its parameters are up (so the net

@@ -168,7 +168,7 @@ def test_oracle_is_exact_on_a_large_share_of_the_drawn_space():
              for k in STRATEGIES}
     assert share["device"] == 1.0
     assert share["zero-offload"] > 0.6, share
-    assert share["zenflow"] > 0.25, share  # 1-GPU draws only (about half the space)
+    assert share["zenflow"] > 0.15, share  # 1-GPU draws with DRAM to spare
     assert share["zero-offload-dpu"] > 0.0, share  # narrow: hand-picked cases assert it
     one_gpu_overlap = [s for s in sample if s.gpus == 1 and s.overlap_step]
     regimes = {steady_state(s, "zenflow").regime for s in one_gpu_overlap
