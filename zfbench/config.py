@@ -22,9 +22,7 @@ Interpretations:
 from __future__ import annotations
 
 import copy
-import difflib
 import json
-import math
 import os
 import pathlib
 from dataclasses import dataclass, field, fields
@@ -34,178 +32,11 @@ _OFFLOAD_STRATEGIES = ("zero-offload", "zero-offload-dpu", "zenflow")
 IGNORED_TOP_LEVEL = ("steps_per_print", "wall_clock_breakdown", "dump_state",
                      "memory_breakdown", "zero_allow_untested_optimizer", "tensorboard",
                      "wandb", "csv_monitor", "comms_logger", "flops_profiler")
-_UNSUPPORTED = {"scheduler": "zfbench has no DeepSpeed LR schedulers; drive the lr "
-                             "from the training script",
-                "zero_optimization.offload_param": "parameter offload is ZeRO-3; "
-                                                   "zfbench implements stages up to 2"}
 
-
-class ConfigError(ValueError):
-    """A bad config value or key; `key` is the full dotted key (or a file path)."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(f"{key}: {message}")
-        self.key = key
-
-
-# ---------------------------------------------------------------- typed field readers
-def _join(prefix: str, key: str) -> str:
-    return f"{prefix}.{key}" if prefix else key
-
-
-def _unknown(full: str, name: str, allowed) -> ConfigError:
-    close = difflib.get_close_matches(name, list(allowed), n=1)
-    hint = f"did you mean '{close[0]}'? " if close else ""
-    return ConfigError(full, f"unknown key; {hint}valid keys: {sorted(allowed)}")
-
-
-def _check_keys(d, prefix: str, allowed) -> None:
-    if not isinstance(d, dict):
-        raise ConfigError(prefix, f"got {d!r}; expected a JSON object")
-    for key in d:
-        full = _join(prefix, str(key))
-        if full in _UNSUPPORTED:
-            raise ConfigError(full, f"not supported: {_UNSUPPORTED[full]}")
-        if key not in allowed:
-            raise _unknown(full, str(key), allowed)
-
-
-def _int(v, key: str, lo: int | None = None, hi: int | None = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ConfigError(key, f"got {v!r} ({type(v).__name__}); expected an integer"
-                          + (f" >= {lo}" if lo is not None else ""))
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ConfigError(key, f"got {v!r}; expected an integer {rng}")
-    return v
-
-
-def _float(v, key: str, lo: float, hi: float = math.inf, lo_open=False, hi_open=False):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ConfigError(key, f"got {v!r} ({type(v).__name__}); expected a number")
-    v = float(v)
-    bad_lo = v <= lo if lo_open else v < lo
-    bad_hi = v >= hi if hi_open else v > hi
-    if not math.isfinite(v) or bad_lo or bad_hi:
-        rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-        raise ConfigError(key, f"got {v!r}; expected a finite number in {rng}")
-    return v
-
-
-def _bool(v, key: str) -> bool:
-    if not isinstance(v, bool):
-        raise ConfigError(key, f"got {v!r} ({type(v).__name__}); expected true or false")
-    return v
-
-
-def _choice(v, key: str, allowed, fold_case=False):
-    if isinstance(v, str):
-        for a in allowed:
-            if v == a or (fold_case and v.lower() == a.lower()):
-                return a
-    raise ConfigError(key, f"got {v!r}; expected one of {list(allowed)}")
-
-
-def _count(v, key: str) -> int:
-    """A positive size that JSON users often write as a float, e.g. 5e8."""
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    return _int(v, key, lo=1)
-
-
-# ---------------------------------------------------------------- ZenFlow section
-ZENFLOW_PREFIX = "zero_optimization.zenflow"
-
-
-def _check_zenflow_values(v: dict, prefix: str) -> None:
-    """Type, range and cross-field rules of zenflow.md "Config" (v has every field)."""
-    k = lambda name: _join(prefix, name)  # noqa: E731
-    _float(v["topk_ratio"], k("topk_ratio"), 0.0, 1.0, lo_open=True)
-    _choice(v["select_strategy"], k("select_strategy"), ("auto", "step", "epoch"))
-    for name, lo in (("select_interval", 0), ("update_interval", 1)):
-        if isinstance(v[name], str):
-            if v[name] != "auto":
-                raise ConfigError(k(name), f"got {v[name]!r}; the only string allowed "
-                                  f"is 'auto', otherwise an integer >= {lo}")
-        else:
-            _int(v[name], k(name), lo=lo)
-    _bool(v["overlap_step"], k("overlap_step"))
-    _int(v["full_warm_up_rounds"], k("full_warm_up_rounds"), lo=0)
-    _float(v["auto_ratio"], k("auto_ratio"), 0.0, 1.0, lo_open=True)
-    _float(v["pt_reserved_cores_perc"], k("pt_reserved_cores_perc"), 0.0, 1.0)
-    _bool(v["offload"], k("offload"))
-    sel, si, ui = v["select_strategy"], v["select_interval"], v["update_interval"]
-    if sel != "auto" and si == "auto":
-        raise ConfigError(k("select_interval"), f"got 'auto' with {k('select_strategy')}"
-                          f" = {sel!r}; a non-auto strategy needs an integer >= 0")
-    if sel != "epoch" and isinstance(si, int):  # counted in steps: compare with U now
-        _check_interval_order(si, ui, prefix)
-
-
-def _check_interval_order(s_steps: int, ui, prefix: str) -> None:
-    if isinstance(ui, int) and 0 < s_steps < ui:
-        raise ConfigError(_join(prefix, "select_interval"),
-                          f"got {s_steps} steps with {_join(prefix, 'update_interval')}"
-                          f" = {ui}; expected 0 (select once) or >= update_interval")
-
-
-@dataclass(frozen=True)
-class ZenFlowConfig:
-    """`zero_optimization.zenflow`; constructing one validates it."""
-    topk_ratio: float = 0.1
-    select_strategy: str = "auto"
-    select_interval: int | str = "auto"
-    update_interval: int | str = "auto"
-    overlap_step: bool = False
-    full_warm_up_rounds: int = 0
-    auto_ratio: float = 0.99
-    pt_reserved_cores_perc: float = 0.5
-    offload: bool = False
-
-    def __post_init__(self):
-        _check_zenflow_values({f.name: getattr(self, f.name) for f in fields(self)},
-                              ZENFLOW_PREFIX)
-        for name in ("topk_ratio", "auto_ratio", "pt_reserved_cores_perc"):
-            object.__setattr__(self, name, float(getattr(self, name)))
-
-    @property
-    def auto_update(self) -> bool:
-        return self.update_interval == "auto"
-
-    def select_interval_steps(self, steps_per_epoch: int | None) -> int:
-        """S, the reselection interval in steps (0 = select once, at the first step).
-
-        "step": the integer. "epoch": steps_per_epoch * n. "auto": with
-        select_interval "auto", once per epoch (steps_per_epoch); with an integer, that
-        integer as steps (the shipped code rejects this combination). When an
-        epoch-based rule meets steps_per_epoch=None (an unsized data stream) the result
-        is 0: select once. An epoch-resolved S obeys the same rule as a step-counted
-        one: 0 < S < a fixed update_interval is a ConfigError.
-        """
-        if steps_per_epoch is not None:
-            _int(steps_per_epoch, "steps_per_epoch", lo=1)
-        si = self.select_interval
-        if self.select_strategy == "step" or (self.select_strategy == "auto"
-                                              and isinstance(si, int)):
-            return si
-        epochs = 1 if si == "auto" else si
-        if steps_per_epoch is None:
-            return 0
-        s = steps_per_epoch * epochs
-        _check_interval_order(s, self.update_interval, ZENFLOW_PREFIX)
-        return s
-
-
-def default_zenflow_config() -> ZenFlowConfig:
-    return ZenFlowConfig()
-
-
-def zenflow_from_dict(d: dict, prefix: str = ZENFLOW_PREFIX) -> ZenFlowConfig:
-    names = [f.name for f in fields(ZenFlowConfig)]
-    _check_keys(d, prefix, names)
-    values = {f.name: d.get(f.name, f.default) for f in fields(ZenFlowConfig)}
-    _check_zenflow_values(values, prefix)
-    return ZenFlowConfig(**values)
+from zfbench.config_fields import (ConfigError, _bool,  # noqa: F401
+                                   _check_keys, _choice, _count, _float, _int, _unknown)
+from zfbench.config_zenflow import (ZENFLOW_PREFIX, ZenFlowConfig,  # noqa: F401
+                                    default_zenflow_config, zenflow_from_dict)
 
 
 # ---------------------------------------------------------------- the other sections

@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows, sweep[0] if sweep else None))
     if args.out:
         print(f"wrote {args.out}/summary.csv, steps.csv, spans"
-              + ("" if sweep else f", trace.json (open in https://ui.perfetto.dev)"))
+              + ("" if sweep else ", trace.json (open in https://ui.perfetto.dev)"))
     return 0
 
 

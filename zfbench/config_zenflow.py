@@ -1,0 +1,105 @@
+"""The `zero_optimization.zenflow` section: the `ZenFlowConfig` dataclass and its rules.
+
+Keys, defaults and validation follow ../shared/reference/zenflow.md; `zfbench.config`
+parses the rest of the DeepSpeed config and re-exports everything here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from zfbench.config_fields import (ConfigError, _bool, _check_keys, _choice, _float, _int,
+                                   _join)
+
+# ---------------------------------------------------------------- ZenFlow section
+ZENFLOW_PREFIX = "zero_optimization.zenflow"
+
+
+def _check_zenflow_values(v: dict, prefix: str) -> None:
+    """Type, range and cross-field rules of zenflow.md "Config" (v has every field)."""
+    k = lambda name: _join(prefix, name)  # noqa: E731
+    _float(v["topk_ratio"], k("topk_ratio"), 0.0, 1.0, lo_open=True)
+    _choice(v["select_strategy"], k("select_strategy"), ("auto", "step", "epoch"))
+    for name, lo in (("select_interval", 0), ("update_interval", 1)):
+        if isinstance(v[name], str):
+            if v[name] != "auto":
+                raise ConfigError(k(name), f"got {v[name]!r}; the only string allowed "
+                                  f"is 'auto', otherwise an integer >= {lo}")
+        else:
+            _int(v[name], k(name), lo=lo)
+    _bool(v["overlap_step"], k("overlap_step"))
+    _int(v["full_warm_up_rounds"], k("full_warm_up_rounds"), lo=0)
+    _float(v["auto_ratio"], k("auto_ratio"), 0.0, 1.0, lo_open=True)
+    _float(v["pt_reserved_cores_perc"], k("pt_reserved_cores_perc"), 0.0, 1.0)
+    _bool(v["offload"], k("offload"))
+    sel, si, ui = v["select_strategy"], v["select_interval"], v["update_interval"]
+    if sel != "auto" and si == "auto":
+        raise ConfigError(k("select_interval"), f"got 'auto' with {k('select_strategy')}"
+                          f" = {sel!r}; a non-auto strategy needs an integer >= 0")
+    if sel != "epoch" and isinstance(si, int):  # counted in steps: compare with U now
+        _check_interval_order(si, ui, prefix)
+
+
+def _check_interval_order(s_steps: int, ui, prefix: str) -> None:
+    if isinstance(ui, int) and 0 < s_steps < ui:
+        raise ConfigError(_join(prefix, "select_interval"),
+                          f"got {s_steps} steps with {_join(prefix, 'update_interval')}"
+                          f" = {ui}; expected 0 (select once) or >= update_interval")
+
+
+@dataclass(frozen=True)
+class ZenFlowConfig:
+    """`zero_optimization.zenflow`; constructing one validates it."""
+    topk_ratio: float = 0.1
+    select_strategy: str = "auto"
+    select_interval: int | str = "auto"
+    update_interval: int | str = "auto"
+    overlap_step: bool = False
+    full_warm_up_rounds: int = 0
+    auto_ratio: float = 0.99
+    pt_reserved_cores_perc: float = 0.5
+    offload: bool = False
+
+    def __post_init__(self):
+        _check_zenflow_values({f.name: getattr(self, f.name) for f in fields(self)},
+                              ZENFLOW_PREFIX)
+        for name in ("topk_ratio", "auto_ratio", "pt_reserved_cores_perc"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+
+    @property
+    def auto_update(self) -> bool:
+        return self.update_interval == "auto"
+
+    def select_interval_steps(self, steps_per_epoch: int | None) -> int:
+        """S, the reselection interval in steps (0 = select once, at the first step).
+
+        "step": the integer. "epoch": steps_per_epoch * n. "auto": with
+        select_interval "auto", once per epoch (steps_per_epoch); with an integer, that
+        integer as steps (the shipped code rejects this combination). When an
+        epoch-based rule meets steps_per_epoch=None (an unsized data stream) the result
+        is 0: select once. An epoch-resolved S obeys the same rule as a step-counted
+        one: 0 < S < a fixed update_interval is a ConfigError.
+        """
+        if steps_per_epoch is not None:
+            _int(steps_per_epoch, "steps_per_epoch", lo=1)
+        si = self.select_interval
+        if self.select_strategy == "step" or (self.select_strategy == "auto"
+                                              and isinstance(si, int)):
+            return si
+        epochs = 1 if si == "auto" else si
+        if steps_per_epoch is None:
+            return 0
+        s = steps_per_epoch * epochs
+        _check_interval_order(s, self.update_interval, ZENFLOW_PREFIX)
+        return s
+
+
+def default_zenflow_config() -> ZenFlowConfig:
+    return ZenFlowConfig()
+
+
+def zenflow_from_dict(d: dict, prefix: str = ZENFLOW_PREFIX) -> ZenFlowConfig:
+    names = [f.name for f in fields(ZenFlowConfig)]
+    _check_keys(d, prefix, names)
+    values = {f.name: d.get(f.name, f.default) for f in fields(ZenFlowConfig)}
+    _check_zenflow_values(values, prefix)
+    return ZenFlowConfig(**values)
