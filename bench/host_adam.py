@@ -170,7 +170,7 @@ def worker(args) -> None:
         g = torch.randn(n, generator=gen)
         m = torch.randn(n, generator=gen).mul_(0.01)
         v = torch.rand(n, generator=gen).mul_(0.01)
-        cfgs = configs(n)
+        cfgs = [c for c in configs(n) if c[0] in args.methods]
         times = {i: [] for i in range(len(cfgs))}
         step = [1]
 
@@ -200,7 +200,6 @@ def worker(args) -> None:
         for i, (method, chunk, window) in enumerate(cfgs):
             res["rows"].append({"params": n, "method": method, "chunk_elems": chunk,
                                 "foreach_window_chunks": window, "times_s": times[i]})
-        del p, g, m, v
     res["loadavg_end"] = os.getloadavg()
     Path(args.result_file).write_text(json.dumps(res))
 
@@ -244,7 +243,7 @@ def run_worker(args, thp: str) -> dict:
         out = Path(tmp) / "res.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--result-file",
                str(out), "--threads", str(args.threads), "--repeats", str(args.repeats),
-               "--params", ",".join(str(n) for n in args.sizes)]
+               "--params", ",".join(str(n) for n in args.sizes), "--methods", ",".join(args.methods)]
         subprocess.run(cmd, env=env, check=True)
         return json.loads(out.read_text())
 
@@ -258,10 +257,14 @@ def main(argv=None) -> int:
     ap.add_argument("--thp", default="0,1", help="THP_MEM_ALLOC_ENABLE values to run")
     ap.add_argument("--rounds", type=int, default=2,
                     help="worker runs per THP setting, alternating; statistics pool them")
+    ap.add_argument("--methods", default="fused,inplace,foreach",
+                    help="comma list of real.host_adam methods to measure")
+    ap.add_argument("--tag", default="", help="results go to host_adam_<tag>.json/.csv")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--result-file", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.sizes = [parse_size(s) for s in args.params.split(",") if s.strip()]
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if args.worker:
         worker(args)
         return 0
@@ -299,8 +302,10 @@ def main(argv=None) -> int:
     runs_meta = [{k: v for k, v in r.items() if k != "rows"} for r in runs]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "host_adam.json").write_text(json.dumps(
-        {"machine": info, "runs": runs_meta, "summary": summary, "rows": rows}, indent=1))
+    stem = "host_adam" + (f"_{args.tag}" if args.tag else "")
+    (out_dir / f"{stem}.json").write_text(json.dumps(
+        {"machine": info, "argv": sys.argv[1:], "runs": runs_meta, "summary": summary,
+         "rows": rows}, indent=1))
     cols = ["thp", "params", "method", "chunk_elems", "foreach_window_chunks", "samples",
             "best_s", "median_s", "params_per_s", "median_params_per_s", "gbs", "median_gbs",
             "pct_of_triad", "median_pct_of_triad"]
@@ -308,7 +313,7 @@ def main(argv=None) -> int:
             "threads": info["threads"], "torch_version": info["torch_version"],
             "cpu_model": info["cpu_model"], "OPENBLAS_CORETYPE": info["env"]["OPENBLAS_CORETYPE"],
             "sys_thp_enabled": info["sys_thp_enabled"]}
-    with open(out_dir / "host_adam.csv", "w", newline="") as fh:
+    with open(out_dir / f"{stem}.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols + list(meta))
         w.writeheader()
         for r in rows:
@@ -340,7 +345,7 @@ def main(argv=None) -> int:
           f"{b['params_per_s'] / 1e9:.2f} G params/s, {b['gbs']:.1f} GB/s = "
           f"{b['pct_of_triad']:.0f}% of triad (goal 70%: {'met' if summary['goal_met'] else 'NOT met'});"
           f" module auto = {AUTO_METHOD}")
-    print(f"wrote {out_dir / 'host_adam.json'} and {out_dir / 'host_adam.csv'}")
+    print(f"wrote {out_dir / (stem + '.json')} and {out_dir / (stem + '.csv')}")
     return 0
 
 

@@ -18,31 +18,40 @@ Methods (all give torch.optim.AdamW's result to within a few float32 ulps):
 
 * ``fused``   -- torch's fused CPU AdamW kernel (``torch._fused_adamw_``, one vectorized
   pass over p, g, m, v split across the intra-op threads); the step tensor is set to
-  ``step`` (the kernel does not increment it). ``chunk_elems`` splits it into a list.
+  ``step`` (the kernel does not increment it). ``chunk_elems`` splits it into a list
+  of chunks (measured slower: one parallel region per chunk).
 * ``foreach`` -- torch's foreach AdamW sequence (``torch._foreach_*``) on lists of
   ``chunk_elems`` chunks, applied window by window (``FOREACH_WINDOW_CHUNKS`` chunks at a
-  time) so the window stays in cache across the seven passes.
+  time) so the window stays in cache across the seven passes (torch's own foreach math).
 * ``inplace`` -- plain in-place tensor ops on ``chunk_elems`` chunks with a preallocated,
   per-thread scratch chunk for the denominator (no allocation in steady state).
 * ``reference`` -- ``adamw_reference_``: allocating, obviously correct, for tests.
 * ``auto``    -- ``AUTO_METHOD`` (falls back to ``inplace`` without the fused kernel).
 
-Measured on the 2-core AMD EPYC (Zen 4, KVM) dev box, torch 2.13 CPU, 2 threads, best of
-10 on 64M-element buffers (bench/host_adam.py, bench/results/host_adam.json; 28 B per
-parameter counted as in the roofline; triad = numpy STREAM triad, 2 threads, fp64):
+Measured (bench/host_adam.py -> bench/results/host_adam.json, host_adam_thp.json) on the
+2-core AMD EPYC (Zen 4, KVM, shared: load average 2.6-9.6 from other work during the run),
+torch 2.13 CPU (AVX512), 2 threads; best of 2 rounds x 10 calls, 28 B per parameter:
 
-    triad                              ~31 GB/s
-    fused                 ~2.0 G params/s  ~57 GB/s   ~180 % of triad
-    inplace, 64K chunks   ~0.5 G params/s  ~14 GB/s    ~45 % of triad
-    inplace, unchunked    ~0.14 G params/s  ~4 GB/s    ~13 % of triad
-    foreach, 64K chunks   ~0.5 G params/s  ~14 GB/s    ~45 % of triad
-    foreach, unchunked    ~0.12 G params/s ~3.5 GB/s   ~11 % of triad
+    numpy STREAM triad (fp64, 2 threads), best       37.6 GB/s (other runs 9-24 GB/s)
+    64M elements              THP=0 best           THP=1 best        medians (0 / 1)
+    fused                     2.02 G/s  56.5 GB/s  2.24 G/s 62.8 GB/s  15.5 / 15.6 GB/s
+    inplace, 1M chunks        0.57 G/s  15.8 GB/s  0.60 G/s 16.9 GB/s   1.7 /  1.1 GB/s
+    inplace, unchunked        0.44 G/s  12.2 GB/s  0.28 G/s  7.9 GB/s   5.0 /  4.8 GB/s
+    foreach, 1M chunks        0.63 G/s  17.7 GB/s  0.12 G/s  3.5 GB/s   1.1 /  1.0 GB/s
+    16M, quietest round: fused 2.01 G/s, inplace 1M 1.04 G/s, foreach 1M 1.03 G/s.
+    small buffers (per call): fused ~10 us at 1-1K elements, 28 us at 64K; inplace 30/95 us.
 
-The fused kernel moves each byte once; the op-by-op methods make six or seven passes, so
-even from cache they are compute/dispatch bound (chunking still buys them 3-4x over the
-unchunked, memory-bound form). THP_MEM_ALLOC_ENABLE=1 changed steady-state figures by
-less than the run-to-run noise (it mostly saves first-touch page faults). Hence
-``auto`` = ``fused``.
+``fused`` makes one pass in one parallel region, which reaches 150-167 % of the triad
+figure (STREAM does not count the triad's write-allocate; Adam only rewrites lines it has
+just read). The op-by-op methods make six or seven passes and open a parallel region per
+op per chunk: from cache they reach at best half of ``fused``, and on an oversubscribed
+host every region waits for a descheduled thread, so their medians collapse (1-2 GB/s)
+while ``fused`` holds ~15 GB/s. Chunks of 256K-1M elements beat both 16-64K chunks and
+none in best-of; the foreach window (lists of 1 or 16 chunks) made no difference, and
+unchunked foreach allocates a full-size sqrt temporary per call. THP_MEM_ALLOC_ENABLE=1
+was 5-20 % ahead for ``fused`` in the alternating THP run (64M medians 22.6 vs 19.8 GB/s),
+well inside the 2x round-to-round spread: not a reliable gain here. Hence ``auto`` =
+``fused`` at every size.
 """
 
 from __future__ import annotations
@@ -65,8 +74,8 @@ __all__ = [
 
 METHODS = ("auto", "fused", "foreach", "inplace", "reference")
 AUTO_METHOD = "fused"
-#: Chunk for the op-by-op methods: 64K fp32 = 256 KB per array, so p, g, m, v and the
-#: scratch chunk (1.25 MB) stay in the two cores' L2 across the passes.
+#: Chunk for the op-by-op methods: 1M fp32 = 4 MB per array, so p, g, m, v and the scratch
+#: chunk (20 MB) stay in the 32 MB L3 across the passes; best measured (see above).
 DEFAULT_CHUNK_ELEMS = 1 << 20
 #: foreach: chunks per list, i.e. the cache window the foreach op sequence runs over.
 FOREACH_WINDOW_CHUNKS = 1
@@ -88,7 +97,8 @@ def resolve_method(method: str) -> str:
 
 def _check(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: int) -> None:
     n = None
-    for name, t in (("param", param), ("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+    named = (("param", param), ("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq))
+    for name, t in named:
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != torch.float32:
@@ -232,14 +242,17 @@ class HostAdamW:
                  eps: float = 1e-8, weight_decay: float = 1e-2, *, method: str = "auto",
                  chunk_elems: int | None = None) -> None:
         if lr < 0 or eps < 0 or weight_decay < 0:
-            raise ValueError(f"lr, eps and weight_decay must be >= 0, got {lr}, {eps}, {weight_decay}")
+            raise ValueError(f"lr, eps and weight_decay must be >= 0, got {lr}, {eps}, "
+                             f"{weight_decay}")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
             raise ValueError(f"betas must lie in [0, 1), got {betas}")
-        self.lr, self.betas, self.eps, self.weight_decay = float(lr), tuple(betas), float(eps), float(weight_decay)
+        self.lr, self.betas = float(lr), (float(betas[0]), float(betas[1]))
+        self.eps, self.weight_decay = float(eps), float(weight_decay)
         self.method = resolve_method(method)
         self.chunk_elems = chunk_elems
 
-    def step_(self, param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: int) -> None:
+    def step_(self, param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
+              step: int) -> None:
         b1, b2 = self.betas
         host_adamw_(param, grad, exp_avg, exp_avg_sq, step=step, lr=self.lr, beta1=b1,
                     beta2=b2, eps=self.eps, weight_decay=self.weight_decay,
