@@ -13,7 +13,8 @@ Covers:
   k = max(1, floor(fraction * n)) entries (ZenFlow's k, as `zfbench.schedule.topk_count`).
 - `cumulative_curve`: share held by the top x of entries, x on a grid.
 - `skew_table`: top-1/5/10 % shares of the squared norm per matrix, per kind and for the
-  whole model (all columns of all matrices pooled), averaged over steps.
+  whole model (all columns of all matrices pooled; and the mean over matrices), averaged
+  over steps.
 - `topk_membership`, `locality_table`: overlap |A_t & A_t+d| / k and Jaccard
   |A & B| / |A | B| of the top-k column sets (by squared norm) for d = 1..max_d, per kind.
 - `reselection_table`: for select_interval S, how much of the selected set a
@@ -86,7 +87,8 @@ def skew_table(colnorms: pd.DataFrame, fractions=FRACTIONS, source: str = "") ->
     """Top-x shares of the column squared norms: one row per matrix (`level` "matrix",
     `name` = layer), per kind ("kind", mean over that kind's matrices) and the whole model
     ("model": all columns of all matrices pooled per step), each a mean over steps
-    (with `steps`). Columns: source, unit ("column"), level, name, kind, steps, top_*."""
+    (with `steps`), and the plain mean over matrices (level "model", name "mean over
+    matrices"). Columns: source, unit ("column"), level, name, kind, steps, top_*."""
     labels = [_label(f) for f in fractions]
     rows = []
     for (layer, kind), g in colnorms.groupby(["layer", "kind"], sort=False):
@@ -104,7 +106,10 @@ def skew_table(colnorms: pd.DataFrame, fractions=FRACTIONS, source: str = "") ->
                            "steps": len(per_step),
                            **{lab: float(np.mean([p[lab] for p in per_step]))
                               for lab in labels}}])
-    out = pd.concat([model, kinds, matrices], ignore_index=True)
+    mean = pd.DataFrame([{"level": "model", "name": "mean over matrices", "kind": "all",
+                          "steps": len(per_step),
+                          **{lab: float(matrices[lab].mean()) for lab in labels}}])
+    out = pd.concat([model, mean, kinds, matrices], ignore_index=True)
     out.insert(0, "unit", "column")
     out.insert(0, "source", source)
     return out[["source", "unit", "level", "name", "kind", "steps", *labels]]

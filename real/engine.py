@@ -242,11 +242,12 @@ class Engine:
     def timeline(self):
         return self.recorder.timeline
 
-    def finish(self) -> None:
-        """Apply any pending asynchronous update (end of training)."""
+    def finish(self, flush_partial: bool = False) -> None:
+        """Apply any pending asynchronous update (end of training); with `flush_partial`
+        also run zenflow's host update on a window still open, so the last gradients count."""
         self.host_lane.check()
         with torch.no_grad():
-            self.strategy.finish()
+            self.strategy.finish(flush_partial=flush_partial)
 
     def save_checkpoint(self, directory: str | os.PathLike) -> Path:
         """Everything needed to continue exactly: parameters, device and host optimizer

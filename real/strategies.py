@@ -40,7 +40,7 @@ class Strategy:
     def step(self, t: int) -> None:
         raise NotImplementedError
 
-    def finish(self) -> None:
+    def finish(self, flush_partial: bool = False) -> None:
         """Wait for and apply any pending asynchronous update."""
 
     def state_dict(self) -> dict:
@@ -216,7 +216,7 @@ class OffloadStrategy(Strategy):
             e.flat_params.copy_(self.upload)
         self.pending, self.pending_ready = None, False
 
-    def finish(self) -> None:
+    def finish(self, flush_partial: bool = False) -> None:
         if self.stale:
             self.apply_pending(self.e.t)
 

@@ -257,7 +257,16 @@ class ZenFlowStrategy(Strategy):
                 p.data.copy_(vals)
         self.pending, self.pending_ready = None, False
 
-    def finish(self) -> None:
+    def finish(self, flush_partial: bool = False) -> None:
+        """Apply what is pending; with `flush_partial`, first close the window still open
+        (its host update runs at the last iteration's step number), so no gradient of the
+        run is left out. The reference semantics discard it (flush_partial False)."""
+        t = self.e.t - 1
+        if flush_partial and self.window_len > 0 and t >= 0:
+            if self.zf.overlap_step:
+                self.apply_pending(t)
+            self.e.host_lane.wait(self.accum_job, self.e.host_timeout_s)
+            self.flush(t, self.host.grads[self.parity])
         self.apply_pending(self.e.t)
 
     # -- checkpoint -------------------------------------------------------------------

@@ -137,3 +137,24 @@ def test_selected_column_gets_exactly_its_own_adamw_step():
         p -= 1e-2 / (1 - 0.9 ** step) * m / ((v / (1 - 0.999 ** step)).sqrt() + 1e-8)
     assert torch.allclose(model2.up.weight.detach()[:, idx], p, rtol=1e-5, atol=1e-7)
     engine2.close()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_finish_can_flush_the_open_window(overlap):
+    """The reference discards a window still open at the end; flush_partial runs its host
+    update so the last gradients reach the unselected columns."""
+    zf = dict(topk_ratio=0.25, update_interval=4, select_strategy="step", select_interval=0,
+              overlap_step=overlap)
+    runs = {}
+    for flush in (False, True):
+        model = BiasMLP()
+        engine = make_engine(model, config("zenflow", **zf))
+        train_steps(engine, batches(), 10)  # boundaries at t=3, 7; steps 8-9 still open
+        assert engine.strategy.window_len == 2
+        engine.finish(flush_partial=flush)
+        runs[flush] = (params_of(model), engine.strategy.selected["up.weight"])
+        engine.close()
+    (kept, idx), (flushed, _) = runs[False], runs[True]
+    cols = [j for j in range(kept["up.weight"].shape[1]) if j not in set(idx.tolist())]
+    assert not torch.equal(kept["up.weight"][:, cols], flushed["up.weight"][:, cols])
+    assert torch.equal(kept["up.weight"][:, idx], flushed["up.weight"][:, idx])

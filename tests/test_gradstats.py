@@ -62,6 +62,7 @@ def test_skew_table_levels():
     assert t.loc[("kind", "up"), "top_10pct"] == pytest.approx(0.10)
     # whole model: 200 columns pooled, top 1% = 2 columns = 100 + 1 of 200
     assert t.loc[("model", "all"), "top_1pct"] == pytest.approx(101 / 200)
+    assert t.loc[("model", "mean over matrices"), "top_1pct"] == pytest.approx((1 + 0.01) / 2)
     assert set(t["source"]) == {"hand"}
 
 

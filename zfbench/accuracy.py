@@ -14,12 +14,13 @@ overlap_step, select_strategy "step" and select_interval `--select-interval`.
 
 Sized for a 2-core CPU: by default only the last `--last-blocks 2` decoder blocks' 2-D
 weights train (the rest, embedding and lm_head included, are frozen), batch 2, sequences
-of 32 tokens, 24 steps, seeds 0 1 2, select_interval 8 (the 15 runs took about 15-20 min
-on a heavily shared 2-core machine). The target size: `--steps 300 --batch 4 --seq 64
---select-interval 16`, and `--last-blocks 0` to train everything. With frozen blocks, the hidden state entering the
-first trainable block is computed once per batch (`real.hf_model.TailLM`, the same loss)
-and shared by all variants (`--no-prefix-cache` recomputes it). Full size: `--last-blocks 0` (everything trains),
-more `--steps`, `--seq`; each is a flag.
+of 32 tokens, 24 steps, seeds 0 1 2, select_interval 8. All 15 runs took 11 min on a
+heavily shared 2-core machine, most of it computing the frozen prefix: with frozen blocks
+the hidden state entering the first trainable block is computed once per batch
+(`real.hf_model.TailLM`, the same loss) and shared by all variants
+(`--no-prefix-cache` recomputes it every step). The issue's target size is a flag away:
+`--steps 300 --batch 4 --seq 64 --select-interval 32`, and `--last-blocks 0` to train
+the whole model (the prefix cache is then off).
 
 Files (under `--out`, default runs/; written to a temp dir, moved into place at the end):
 
@@ -120,7 +121,7 @@ def run_one(module, init, variant, seed, args, train_data, heldout_batches):
             engine.step()
             losses.append(float(loss.detach()))
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
-        engine.finish()
+        engine.finish(flush_partial=True)
         wall = time.perf_counter() - started
         windows = list(getattr(engine.strategy, "chosen_windows", []) or [])
     finally:

@@ -243,8 +243,10 @@ def main(argv: list[str] | None = None) -> int:
                               "col": sub["col"], "sq_norm": sub["sq_norm"]}),
                 tmp / "grad_stats/column_norms.parquet")
 
-    def model_share(source, unit="column"):
+    def model_share(source, unit="column", name=None):
         row = skew[(skew.source == source) & (skew.unit == unit) & (skew.level == "model")]
+        if name is not None:
+            row = row[row["name"] == name]
         return {c: float(row[c].iloc[0]) for c in row.columns if c.startswith("top_")} \
             if len(row) else None
     head = {
@@ -255,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
         "matrices": int(norms["layer"].nunique()), "columns": int(len(norms) // args.steps),
         "column_share_pretrained": model_share("pretrained"),
         "column_share_random": model_share("random"),
+        "column_share_pretrained_matrix_mean": model_share("pretrained", name="mean over "
+                                                                            "matrices"),
+        "column_share_random_matrix_mean": model_share("random", name="mean over matrices"),
         "row_share_pretrained": model_share("pretrained", "row"),
         "element_share_pretrained": model_share("pretrained", "element"),
         "overlap": {int(d): float(v) for d, v in loc[loc.kind == "all"][["d", "overlap"]]
