@@ -33,7 +33,7 @@ class RunSpec:
     model: str = "opt-350m"
     layers: int | None = 2
     batch: int = 1
-    seq: int = 32
+    seq: int = 8
     steps: int = 30
     seed: int = 0
     device: str = "auto"
