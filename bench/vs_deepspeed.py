@@ -433,7 +433,21 @@ def environment(ds) -> dict:
             "cores": os.cpu_count(), "affinity": sorted(os.sched_getaffinity(0)),
             "loadavg_start": list(os.getloadavg()),
             "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR"),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), **_git()}
+
+
+def _git() -> dict:
+    """The zfbench code measured: commit, and whether real/ or zfbench/ differ from it."""
+    import subprocess
+
+    def run(*cmd):
+        try:
+            return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+    return {"git_commit": run("rev-parse", "HEAD"),
+            "engine_code_dirty": bool(run("status", "--porcelain", "real", "zfbench"))}
 
 
 def _cpu_model() -> str:
