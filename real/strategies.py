@@ -49,6 +49,16 @@ class Strategy:
     def load_state_dict(self, state: dict) -> None:
         pass
 
+    def _collect_pending(self, t: int) -> bool:
+        """Wait for the pending host job and gather every rank's shard of its result into
+        `self.upload`; False when nothing is pending."""
+        e = self.e
+        if self.pending is None and not self.pending_ready:
+            return False
+        e.host_lane.wait(self.pending, e.host_timeout_s)
+        e.gather_params(self.upload, t)
+        return True
+
     def _clip_device_grads(self) -> None:
         clip = self.e.config.gradient_clipping
         if clip > 0:
@@ -208,10 +218,8 @@ class OffloadStrategy(Strategy):
     def apply_pending(self, t: int) -> None:
         """Put the previous host step's parameters into the device buffer."""
         e = self.e
-        if self.pending is None and not self.pending_ready:
+        if not self._collect_pending(t):
             return
-        e.host_lane.wait(self.pending, e.host_timeout_s)
-        e.gather_params(self.upload, t)
         with e.recorder.span("compute", "device_optim", t):
             e.flat_params.copy_(self.upload)
         self.pending, self.pending_ready = None, False

@@ -242,10 +242,8 @@ class ZenFlowStrategy(Strategy):
     def apply_pending(self, t: int) -> None:
         """Unselected columns take the host's values; selected ones and 1-D keep theirs."""
         e = self.e
-        if self.pending is None and not self.pending_ready:
+        if not self._collect_pending(t):
             return
-        e.host_lane.wait(self.pending, e.host_timeout_s)
-        e.gather_params(self.upload, t)
         with e.recorder.span("compute", "device_optim", t):
             keep = [(p, idx, p.detach().index_select(1, idx).clone())
                     for (name, p), idx in ((m, self.selected[m[0]]) for m in self.matrices)]
