@@ -49,6 +49,24 @@ class Strategy:
     def load_state_dict(self, state: dict) -> None:
         pass
 
+    def _adam_upload_chunks(self, t: int, grad: torch.Tensor, step: int,
+                            target: torch.Tensor, zero_after: bool = False):
+        """One host-lane callable per chunk: AdamW on it at `step` (optionally zeroing the
+        gradient chunk after), then its parameters up into `target` (an h2d span)."""
+        host, opt, e = self.host, self.opt, self.e
+        jobs = []
+        for a, b in host.chunks:
+            def chunk(a=a, b=b) -> None:
+                host.adam_chunk(a, b, grad, step, opt)
+                if zero_after:
+                    grad[a:b].zero_()
+                start = e.recorder.now()
+                e.upload_range(target, host.master, a, b)
+                e.recorder.add("h2d", "h2d_param", t, start, e.recorder.now(),
+                               (b - a) * e.param_bytes)
+            jobs.append(chunk)
+        return jobs
+
     def _collect_pending(self, t: int) -> bool:
         """Wait for the pending host job and gather every rank's shard of its result into
         `self.upload`; False when nothing is pending."""
@@ -185,19 +203,8 @@ class OffloadStrategy(Strategy):
     def host_step_chunks(self, t: int, grad: torch.Tensor, step: int, target: torch.Tensor,
                          clip: float):
         """Chunk callables: (clip, then) AdamW on each chunk, then its parameters up."""
-        host, opt, e = self.host, self.opt, self.e
-        jobs = []
-        if clip > 0:
-            jobs.append(lambda: host.clip_(grad, clip))
-        for a, b in host.chunks:
-            def chunk(a=a, b=b):
-                host.adam_chunk(a, b, grad, step, opt)
-                start = e.recorder.now()
-                e.upload_range(target, host.master, a, b)
-                e.recorder.add("h2d", "h2d_param", t, start, e.recorder.now(),
-                               (b - a) * e.param_bytes)
-            jobs.append(chunk)
-        return jobs
+        jobs = [lambda: self.host.clip_(grad, clip)] if clip > 0 else []
+        return jobs + self._adam_upload_chunks(t, grad, step, target)
 
     def step(self, t: int) -> None:
         e = self.e

@@ -202,25 +202,14 @@ class ZenFlowStrategy(Strategy):
     # -- host update of a window ------------------------------------------------------
     def update_chunks(self, t: int, grad: torch.Tensor, target: torch.Tensor, scale: float,
                       zero_after: bool = False):
-        host, opt, e = self.host, self.opt, self.e
+        host, e = self.host, self.e
         clip = e.config.gradient_clipping
 
         def prepare() -> None:
             if scale != 1.0:
                 grad.mul_(scale)
             host.clip_(grad, clip)
-        jobs = [prepare]
-        for a, b in host.chunks:
-            def chunk(a=a, b=b) -> None:
-                host.adam_chunk(a, b, grad, t + 1, opt)
-                if zero_after:
-                    grad[a:b].zero_()
-                start = e.recorder.now()
-                e.upload_range(target, host.master, a, b)
-                e.recorder.add("h2d", "h2d_param", t, start, e.recorder.now(),
-                               (b - a) * e.param_bytes)
-            jobs.append(chunk)
-        return jobs
+        return [prepare] + self._adam_upload_chunks(t, grad, t + 1, target, zero_after)
 
     def flush(self, t: int, window: torch.Tensor) -> None:
         e = self.e
