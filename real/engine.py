@@ -4,7 +4,9 @@
 DeepSpeed-style config (dict or JSON path, validated by `zfbench.config`), and returns an
 `Engine` running one of the four strategies. The engine owns what all strategies share:
 
-- the parameters, re-pointed as views into one flat device buffer;
+- the parameters, re-pointed as views into one flat device buffer, and their gradients
+  as views into another (`flat_grads`), into which `real.inplace_grads` accumulates the
+  weight gradients of `F.linear` / `F.embedding` directly (`zfbench.inplace_grads`);
 - the lanes. With CUDA: a compute stream, a d2h and an h2d stream, pinned host buffers.
   Without CUDA the accelerator is emulated: the calling thread is the device lane with
   `device_threads` torch threads, and a `HostLane` worker with `host_threads` threads runs
@@ -14,8 +16,7 @@ DeepSpeed-style config (dict or JSON path, validated by `zfbench.config`), and r
 - checkpoints that capture a pending asynchronous update, so a resumed run continues
   exactly as an uninterrupted one;
 - data parallelism (`dist`, a `real.distributed.DistContext` of more than one rank):
-  gradients live in one flat device buffer (`flat_grads`, each `p.grad` a view) that is
-  all-reduced (averaged) before the step; the host state of the offloading strategies
+  the flat gradient buffer is all-reduced (averaged) before the step; the host state of the offloading strategies
   covers only this rank's shard `[shard_lo, shard_hi)` of the flat buffer (ZeRO-2), and
   updated shards are all-gathered back into the full parameter buffer (`gather_params`).
   Both collectives are `net` spans with their bytes. Checkpoints are one file per rank.
@@ -31,6 +32,7 @@ import torch
 from real.flat import FlatLayout
 from real.distributed import DistContext, allgather_flat, allreduce_mean_, rank_threads
 from real.host_lane import HostLane
+from real.inplace_grads import InplaceGrads
 from real.recorder import SpanRecorder
 from real.strategies import DelayedOffloadStrategy, DeviceStrategy, OffloadStrategy
 from real.zenflow import ZenFlowStrategy
@@ -118,11 +120,23 @@ class Engine:
         if not self.dist.active:
             self.shard_lo, self.shard_hi = 0, self.layout.total
         self.shard_grad_bytes = (self.shard_hi - self.shard_lo) * self.param_bytes
-        self.flat_grads = None
-        if self.dist.active:  # gradients as views into one buffer: one all-reduce
-            self.flat_grads = torch.zeros_like(self.flat_params)
-            for slot, (_, p) in zip(self.layout.slots, self.named_params):
-                p.grad = self.layout.view(self.flat_grads, slot.name)
+        # Gradients are views into one buffer: one d2h copy, one all-reduce, one zero,
+        # and (InplaceGrads) weight gradients accumulated straight into it.
+        self.flat_grads = torch.zeros_like(self.flat_params)
+        self._bind_grad_views()
+        self.inplace_grads = (InplaceGrads([p for _, p in self.named_params])
+                              if self.config.inplace_grads else None)
+
+    def _bind_grad_views(self) -> None:
+        """Point every `p.grad` at its slot of `flat_grads`; a gradient autograd replaced
+        (or a caller set to None) is copied back (or zeroed) first."""
+        for slot, (_, p) in zip(self.layout.slots, self.named_params):
+            view = self.layout.view(self.flat_grads, slot.name)
+            if p.grad is None:
+                view.zero_()
+            elif p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+            p.grad = view
 
     def new_device_flat(self) -> torch.Tensor:
         return torch.zeros_like(self.flat_params)
@@ -134,21 +148,10 @@ class Engine:
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream) if stream is not None else _nullcontext():
-            if self.flat_grads is not None:
-                dst.copy_(self.flat_grads[self.shard_lo:self.shard_hi],
-                          non_blocking=stream is not None)
-            else:
-                self._copy_slots_to(dst, stream)
+            dst.copy_(self.flat_grads[self.shard_lo:self.shard_hi],
+                      non_blocking=stream is not None)
         if stream is not None:
             stream.synchronize()
-
-    def _copy_slots_to(self, dst: torch.Tensor, stream) -> None:
-        for slot, (_, p) in zip(self.layout.slots, self.named_params):
-            view = dst[slot.offset:slot.offset + slot.numel].view(slot.shape)
-            if p.grad is None:
-                view.zero_()
-            else:
-                view.copy_(p.grad, non_blocking=stream is not None)
 
     def upload_range(self, target: torch.Tensor, master: torch.Tensor, a: int, b: int) -> None:
         """h2d (from the host worker): master[a:b] (shard-relative indices) into the
@@ -163,13 +166,6 @@ class Engine:
     # -- data parallel collectives ----------------------------------------------------
     def reduce_grads(self, t: int) -> None:
         """All-reduce (average) the flat gradient buffer across ranks."""
-        for slot, (_, p) in zip(self.layout.slots, self.named_params):
-            view = self.layout.view(self.flat_grads, slot.name)
-            if p.grad is None:
-                p.grad = view
-            elif p.grad.data_ptr() != view.data_ptr():  # autograd replaced it: copy back
-                view.copy_(p.grad)
-                p.grad = view
         with self.recorder.span("net", "allreduce", t, nbytes=self.grad_bytes):
             allreduce_mean_(self.dist, self.flat_grads)
 
@@ -186,8 +182,11 @@ class Engine:
         if self._step_start is None:
             self._step_start = self.recorder.now()
         with self.recorder.span("compute", "forward", self.t):
-            out = self.model(*args, **kwargs)
-        return out
+            if self.inplace_grads is None:
+                return self.model(*args, **kwargs)
+            self.inplace_grads.routed = 0
+            with self.inplace_grads:
+                return self.model(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
         self._loss = float(loss.detach())
@@ -198,6 +197,7 @@ class Engine:
         self.host_lane.check()
         start = self._step_start if self._step_start is not None else self.recorder.now()
         record = {"step": self.t, "loss": self._loss, "skipped": False}
+        self._bind_grad_views()
         if self.dist.active:  # every rank then sees the same (non-)finite gradients
             self.reduce_grads(self.t)
         with self.recorder.span("compute", "device_optim", self.t):
@@ -229,19 +229,15 @@ class Engine:
         pass with no model-sized temporaries (a NaN or inf makes the sum non-finite;
         measured 15x faster than isfinite or max-abs on CPU); only a non-finite sum pays
         for the exact per-element check (a sum that merely overflowed is not refused)."""
-        grads = [p.grad for _, p in self.named_params if p.grad is not None]
-        if not grads:
-            return []
-        sums = torch.stack([g.sum(dtype=torch.float32) for g in grads])
-        if bool(torch.isfinite(sums).all()):
+        # In the gradients' own dtype: torch accumulates bf16/fp16 sums in fp32 anyway,
+        # and `sum(dtype=float32)` would first copy the whole buffer to fp32.
+        if bool(torch.isfinite(self.flat_grads.sum())):
             return []
         return [n for n, p in self.named_params
                 if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
 
     def _zero_grads(self) -> None:
-        grads = [p.grad for _, p in self.named_params if p.grad is not None]
-        if grads:
-            torch._foreach_zero_(grads)
+        self.flat_grads.zero_()
 
     # -- results, checkpoints, shutdown -----------------------------------------------
     @property

@@ -54,6 +54,10 @@ class ZenFlowStrategy(Strategy):
         self.matrices = [(n, p) for n, p in self.named if p.dim() == 2]
         self.vectors = [(n, p) for n, p in self.named if p.dim() != 2]
         self.selected: dict[str, torch.Tensor] = {}
+        # The selected columns' values as the device AdamW reads them (fp32), kept between
+        # steps so each step gathers only the gradient (column gathers are the costliest
+        # device op on a CPU lane); rebuilt after a selection or a checkpoint load.
+        self.selected_values: dict[str, torch.Tensor] = {}
         self.dm: dict[str, torch.Tensor] = {}
         self.dv: dict[str, torch.Tensor] = {}
         for name, p in self.vectors:
@@ -132,6 +136,7 @@ class ZenFlowStrategy(Strategy):
                 k = topk_count(p.shape[1], self.zf.topk_ratio)
                 idx = torch.topk(scores, k, sorted=False).indices.sort().values
                 self.selected[name] = idx
+                self.selected_values.pop(name, None)
                 self.dm[name] = torch.zeros(p.shape[0], k, dtype=torch.float32,
                                             device=p.device)
                 self.dv[name] = torch.zeros(p.shape[0], k, dtype=torch.float32,
@@ -181,8 +186,12 @@ class ZenFlowStrategy(Strategy):
         params, grads, ms, vs, slices = [], [], [], [], []
         for name, p in self.matrices:
             idx = self.selected[name]
-            params.append(p.detach().index_select(1, idx).float())
-            grads.append(p.grad.index_select(1, idx).float() / div)
+            cols = idx.expand(p.shape[0], idx.numel())  # gather beats index_select on CPU
+            if name not in self.selected_values:
+                self.selected_values[name] = p.detach().gather(1, cols).float()
+            params.append(self.selected_values[name])
+            grad = p.grad.gather(1, cols)
+            grads.append((grad.float() if grad.dtype != torch.float32 else grad).div_(div))
             ms.append(self.dm[name])
             vs.append(self.dv[name])
             slices.append((p, idx))
@@ -195,7 +204,10 @@ class ZenFlowStrategy(Strategy):
         self._device_adam(params, grads, ms, vs, [self.device_count] * len(params))
         for (p, idx), new in zip(slices, params):
             if idx is not None:
-                p.data.index_copy_(1, idx, new.to(p.dtype))
+                rounded = new.to(p.dtype)
+                p.data.index_copy_(1, idx, rounded)
+                if rounded is not new:  # keep what the device holds (bf16 values)
+                    new.copy_(rounded)
             elif new.data_ptr() != p.data_ptr():
                 p.data.copy_(new)
 
@@ -274,6 +286,7 @@ class ZenFlowStrategy(Strategy):
         self.host.load_state_dict(state["host"])
         self.upload.copy_(state["upload"])
         self.selected = dict(state["selected"])
+        self.selected_values = {}
         self.dm, self.dv = dict(state["dm"]), dict(state["dv"])
         self.device_count, self.parity = state["device_count"], state["parity"]
         self.window_len = state["window_len"]

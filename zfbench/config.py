@@ -139,6 +139,7 @@ class EngineConfig:
     loss_scale: LossScaleConfig = LossScaleConfig()
     comm: ZeroCommConfig = ZeroCommConfig()
     select_comm: str = "scores"  # "scores" | "allgather": ZenFlow's cross-rank selection
+    inplace_grads: bool = True  # weight gradients accumulated into the flat buffer
 
     @property
     def train_batch_size(self) -> int:
@@ -160,7 +161,7 @@ _OVERRIDES = dict(
     optimizer="optimizer.type", lr="optimizer.params.lr",
     weight_decay="optimizer.params.weight_decay", strategy="zfbench.strategy",
     nonfinite="zfbench.nonfinite", importance="zfbench.importance",
-    select_comm="zfbench.select_comm",
+    select_comm="zfbench.select_comm", inplace_grads="zfbench.inplace_grads",
     **{f.name: f"{ZENFLOW_PREFIX}.{f.name}" for f in fields(ZenFlowConfig)})
 OVERRIDE_NAMES = tuple(sorted(_OVERRIDES)) + ("precision",)
 
@@ -273,7 +274,8 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
 
     zf_section = zero.get("zenflow")
     own = d.get("zfbench", {})
-    _check_keys(own, "zfbench", ("strategy", "nonfinite", "importance", "select_comm"))
+    _check_keys(own, "zfbench", ("strategy", "nonfinite", "importance", "select_comm",
+                                  "inplace_grads"))
     strategy = _choice(own.get("strategy", "auto"), "zfbench.strategy",
                        STRATEGIES + ("auto",))
     nonfinite = _choice(own.get("nonfinite", "skip"), "zfbench.nonfinite",
@@ -282,6 +284,7 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
                          ("l1", "l2sq"))
     select_comm = _choice(own.get("select_comm", "scores"), "zfbench.select_comm",
                           ("scores", "allgather"))
+    inplace_grads = _bool(own.get("inplace_grads", True), "zfbench.inplace_grads")
 
     zenflow = None
     if zf_section is not None:
@@ -307,4 +310,4 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
                         offload_device=device, pin_memory=pin, zenflow=zenflow,
                         strategy=strategy, nonfinite=nonfinite, importance=importance,
                         raw=raw, world_size=world, loss_scale=loss_scale, comm=comm,
-                        select_comm=select_comm)
+                        select_comm=select_comm, inplace_grads=inplace_grads)

@@ -294,6 +294,9 @@ MODELS: dict[str, ModelShape] = {
         ModelShape("opt-1.3b", "opt", vocab=50272, hidden=2048, layers=24, heads=32, kv_heads=32,
                    intermediate=8192, tied_embeddings=True, linear_bias=True, norm="layernorm",
                    max_positions=2050, final_norm=True),
+        # Qwen/Qwen2.5-0.5B config.json
+        ModelShape("qwen2.5-0.5b", "llama", vocab=151936, hidden=896, layers=24, heads=14, kv_heads=2,
+                   intermediate=4864, tied_embeddings=True, qkv_bias=True),
         # Qwen/Qwen2.5-1.5B config.json
         ModelShape("qwen2.5-1.5b", "llama", vocab=151936, hidden=1536, layers=28, heads=12, kv_heads=2,
                    intermediate=8960, tied_embeddings=True, qkv_bias=True),
