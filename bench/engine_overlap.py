@@ -1,7 +1,7 @@
 """Measured stall reduction: `zero-offload` vs `zenflow` on this machine, side by side.
 
-Scenario: the default shape of `python -m zfbench.run` (host Adam slower than
-forward+backward), both strategies run in one process, alternating A B B A per repeat so
+Scenario: the default shape and precision of `python -m zfbench.run` (host Adam slower
+than forward+backward: opt-350m[2L], batch 1 x seq 4, bf16 on the device lane), both strategies run in one process, alternating A B B A per repeat so
 drift on a shared machine hits both alike; each run's steady-state step time and stall
 fraction come from the same breakdown code as every other figure. Each setting (plain, and
 `THP_MEM_ALLOC_ENABLE=1` for torch's huge-page allocation) runs in its own subprocess,
@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 
 STRATEGIES = ("zero-offload", "zenflow")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from zfbench.run import DEFAULT_PRECISION, DEFAULT_SEQ  # noqa: E402  (the run's defaults)
 
 
 def measure(args) -> list[dict]:
@@ -32,7 +34,7 @@ def measure(args) -> list[dict]:
     from real.runner import RunSpec, train
 
     spec = RunSpec(model=args.model, layers=args.layers, batch=args.batch, seq=args.seq,
-                   steps=args.steps, device="cpu")
+                   steps=args.steps, device="cpu", precision=args.precision)
     rows = []
     for repeat in range(args.repeats):
         order = STRATEGIES if repeat % 2 == 0 else STRATEGIES[::-1]
@@ -78,7 +80,8 @@ def main() -> int:
     p.add_argument("--model", default=d.model)
     p.add_argument("--layers", type=int, default=d.layers)
     p.add_argument("--batch", type=int, default=d.batch)
-    p.add_argument("--seq", type=int, default=d.seq)
+    p.add_argument("--seq", type=int, default=DEFAULT_SEQ)
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=DEFAULT_PRECISION)
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--settings", default="plain,thp", help="plain and/or thp")
@@ -94,7 +97,8 @@ def main() -> int:
         env = dict(os.environ, THP_MEM_ALLOC_ENABLE="1" if setting == "thp" else "0")
         cmd = [sys.executable, __file__, "--setting", setting, "--model", args.model,
                "--layers", str(args.layers), "--batch", str(args.batch), "--seq",
-               str(args.seq), "--steps", str(args.steps), "--repeats", str(args.repeats)]
+               str(args.seq), "--precision", args.precision, "--steps", str(args.steps),
+               "--repeats", str(args.repeats)] + (["--quiet"] if args.quiet else [])
         print(f"setting {setting}: {' '.join(cmd[1:])}", file=sys.stderr)
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
         if proc.returncode != 0:
@@ -109,7 +113,8 @@ def main() -> int:
     payload = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
                "shape": {"model": args.model, "layers": args.layers, "batch": args.batch,
-                         "seq": args.seq, "steps": args.steps}, "runs": rows,
+                         "seq": args.seq, "precision": args.precision,
+                         "steps": args.steps}, "runs": rows,
                "ratios": summary}
     (args.out / "engine_overlap.json").write_text(json.dumps(payload, indent=1))
     print(pd.DataFrame(rows)[["setting", "repeat", "strategy", "step_time_s",

@@ -41,6 +41,7 @@ class RunSpec:
     host_threads: int | None = None
     text: str | None = None  # a path, or "builtin" for the standard library's text
     config: dict | str | None = None  # DeepSpeed-style config (dict or JSON path)
+    precision: str | None = None  # "fp32" | "bf16" | "fp16"; None: the config's (fp32)
     overrides: dict = field(default_factory=dict)
 
     def shape(self) -> ModelShape:
@@ -55,6 +56,8 @@ class RunSpec:
         }
         over = dict(self.overrides)
         over.setdefault("micro_batch", self.batch)
+        if self.precision is not None:
+            over.setdefault("precision", self.precision)
         if strategy == "zenflow" and "update_interval" not in over and \
                 not _has_zenflow(base):
             over.update({"topk_ratio": 0.1, "update_interval": 4, "overlap_step": True,

@@ -101,13 +101,18 @@ class DeviceStrategy(Strategy):
         self.m = [torch.zeros_like(p) for p in self.master]
         self.v = [torch.zeros_like(p) for p in self.master]
         self.scratch = [torch.zeros_like(p) for p in self.master]
+        # fp32 copies of low-precision gradients, reused (fresh ones page-fault each step)
+        self.grads32 = None if self.fp32 else [torch.zeros_like(p) for p in self.master]
         self.count = 0
 
     def step(self, t: int) -> None:
         with self.e.recorder.span("compute", "device_optim", t):
             self._clip_device_grads()
             self.count += 1
-            grads = [p.grad.float() for p in self.params]
+            grads = [p.grad for p in self.params]
+            if self.grads32 is not None:
+                torch._foreach_copy_(self.grads32, grads)
+                grads = self.grads32
             self._device_adam(self.master, grads, self.m, self.v, [self.count] * len(grads),
                               self.scratch)
             if not self.fp32:

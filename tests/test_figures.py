@@ -96,14 +96,14 @@ def built(tmp_path_factory):
 
     pl.save_figure = keep
     try:
-        rc_missing = figures.main(["--quick", "--quiet", "--out", str(out), "--measured",
+        rc_missing = figures.main(["--quick", "--quiet", "--no-measure", "--out", str(out), "--measured",
                                    str(out / "no-measured")])
         readme_missing = (out / "README.md").read_text()
         pngs_missing = sorted(p.name for p in out.glob("*.png"))
         measured = out / "measured"
         numbers = write_measured(measured)
         figures.simulate = no_simulation
-        rc = figures.main(["--quick", "--quiet", "--out", str(out), "--measured",
+        rc = figures.main(["--quick", "--quiet", "--no-measure", "--out", str(out), "--measured",
                            str(measured), "--only", "2,10,11,12,13,14"])
     finally:
         pl.save_figure, figures.simulate = original_save, original_simulate

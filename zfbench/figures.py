@@ -2,8 +2,9 @@
 
 Covers: figures 1-9 from simulations (regenerated when their CSVs under `<out>/data/` are
 missing or were made with other settings; `--regenerate` forces it), figures 10-14 from
-measured files (layout below), `--quick` (small models and sweeps, for tests), `--only`,
-and `<out>/README.md`: per figure the question, the command and data, and one sentence
+measured files (layout below), run small on this machine when missing
+(`zfbench.figures_measure`; `--no-measure` skips that), `--quick` (small models and
+sweeps, for tests), `--only`, and `<out>/README.md`: per figure the question, the command and data, and one sentence
 whose numbers are read from the data.
 Scenario: `make figures` on a fresh clone simulates about 75 small runs (steps 32-64,
 default skip) on the paper's class of hardware (4 x A100-80GB behind PCIe gen4, 4 x
@@ -56,6 +57,7 @@ from analysis.plot_index import FIGURES, FigureData, draw_one, merge_outcomes, r
 from sims.costs import SimSettings
 from sims.simulator import default_skip_steps, simulate
 from zfbench import hardware
+from zfbench.figures_measure import run_missing
 from zfbench.simulate import summary_row
 from zfbench.trace import SPAN_COLUMNS, STEP_COLUMNS
 
@@ -325,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", help="comma-separated figure numbers; the README keeps the "
                    "other figures' entries from the last run")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--no-measure", action="store_true",
+                   help="do not run the measurements of figures 10-14 whose files are "
+                        "missing (by default they run, small, on this machine)")
     return p
 
 
@@ -355,6 +360,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{data_dir}{' (--regenerate)' if args.regenerate else ''}, simulating "
               f"{sum(len(d.jobs) for d in stale)} runs", file=sys.stderr)
     generate(data_dir, stale, args.quiet)
+    wanted = {s.number for s in specs if s.measured}
+    if wanted and not args.no_measure:
+        for note in run_missing(measured, wanted, args.quick, args.quiet):
+            print(note, file=sys.stderr)
     data = FigureData(data_dir, measured, meta(plan))
     outcomes = [draw_one(spec, data, out, plan.png_dpi) for spec in tqdm(
         specs, desc="drawing", unit="fig", disable=args.quiet, file=sys.stderr)]

@@ -1,0 +1,59 @@
+"""`zfbench.figures_measure`: `make figures` runs the measurements its figures lack."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from zfbench import figures
+from zfbench import figures_measure as fm
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """Quick validate + tiny gradient statistics, run for real into an empty directory."""
+    root = tmp_path_factory.mktemp("measured")
+    notes = fm.run_missing(root, {10, 11, 12}, quick=True, quiet=True)
+    return root, notes
+
+
+def test_missing_measurements_run_and_land_whole(measured):
+    root, notes = measured
+    assert [n.split(":")[0] for n in notes] == ["figures 10", "figures 11, 12"]
+    assert all("measured with" in n for n in notes)
+    table = pd.read_csv(root / "validate.csv")
+    assert set(table.strategy) == {"device", "zero-offload", "zero-offload-dpu", "zenflow"}
+    assert (table.measured_step_time_s > 0).all()
+    assert (root / "grad_stats/heatmap.csv").exists()
+    assert (root / "grad_stats/column_norms.parquet").exists()
+    assert not list(root.glob(".*.tmp"))  # staging directories are gone
+    # a second pass finds everything and runs nothing
+    assert fm.run_missing(root, {10, 11, 12}, quick=True, quiet=True) == []
+
+
+def test_measured_files_draw_figures_10_to_12(measured, tmp_path):
+    root, _ = measured
+    rc = figures.main(["--quick", "--quiet", "--no-measure", "--out", str(tmp_path),
+                       "--measured", str(root), "--only", "10,11,12"])
+    assert rc == 0
+    for stem in ("fig10_measured_vs_simulated", "fig11_gradient_concentration",
+                 "fig12_temporal_locality"):
+        assert (tmp_path / f"{stem}.png").stat().st_size > 10_000, stem
+
+
+def test_failed_run_leaves_nothing_and_says_so(tmp_path, monkeypatch):
+    bad = fm.MeasureJob("validate", (10,), ("validate.csv",),
+                        ("zfbench.validate", "--no-such-flag"))
+    monkeypatch.setattr(fm, "measure_jobs", lambda quick: [bad])
+    notes = fm.run_missing(tmp_path, {10}, quick=True, quiet=True)
+    assert len(notes) == 1 and "failed with exit code 2" in notes[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_real_model_runs_are_skipped_with_the_install_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(fm, "real_model_missing", lambda: "gguf not installed: run "
+                        "`make real-model-setup`")
+    notes = fm.run_missing(tmp_path, {13, 14}, quick=False, quiet=True)
+    assert notes == ["figures 13, 14: not measured, gguf not installed: run "
+                     "`make real-model-setup`"]
+    assert list(tmp_path.iterdir()) == []
