@@ -253,7 +253,8 @@ def plot_gradient_concentration(heat: pd.DataFrame, norms: pd.DataFrame, topk_ra
     bar.set_label("|gradient| (loss per unit of weight)")
     ax.set_xlabel("input column (index)")
     ax.set_ylabel("output row (index)")
-    ax.set_title(f"|gradient| of {weight}", fontsize=8.5)
+    short = weight if len(weight) <= 34 else "..." + weight[-31:]
+    ax.set_title(f"|gradient| of {short}", fontsize=8.5)
     ax.grid(False)
     curves = cumulative_share(norms)
     for _, g in curves.groupby(["weight", "step"], sort=False):
@@ -326,6 +327,7 @@ def plot_temporal_locality(ov: pd.DataFrame, topk_ratio: float, caption: str = "
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("gap between the two steps (steps)")
     ax.set_ylabel(f"top-{100 * topk_ratio:g}% set overlap (%)")
-    ax.legend(loc="center right")
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=3,
+               fontsize=7)
     ax.set_title(caption or "Temporal locality of the important columns (measured)")
     return fig

@@ -1,11 +1,13 @@
 """Calibration: measure, on this machine, the costs the simulator needs.
 
-`measure_profile(spec)` builds the run's model, warms up, then measures with the engine's
-own lanes and thread split:
+`measure_profile(spec)` builds the run's model in the run's precision, warms up, then
+measures with the engine's own lanes, thread split and gradient path (in place into one
+flat buffer, `real.inplace_grads`):
 - forward and backward seconds of each block kind (embedding, one decoder layer, head
   with the loss), from module hooks around a real training step, median of repeats;
-- the device optimizer rate on the selected columns (elements/s) and the selection cost
-  (seconds per 2-D gradient element), on the device thread;
+- the device optimizer rate on the selected columns (elements/s), the selection cost and
+  ZenFlow's per-step column gather/scatter around that optimizer (seconds per 2-D
+  gradient element), on the device thread, with the engine's own buffers and ops;
 - d2h (device thread) and h2d (host worker) copy bandwidth, each alone and both at once;
 - host AdamW parameters/s and host accumulation elements/s on the host worker's threads.
 The result is a hardware profile in the layout of `zfbench/data/hardware.json` (every
@@ -19,12 +21,12 @@ import datetime
 import statistics
 import threading
 import time
-import warnings
 
 import torch
 
 from real.adamw import adamw_foreach_
 from real.host_adam import host_adamw_
+from real.inplace_grads import InplaceGrads
 from real.model import build_model
 from real.runner import RunSpec, batches
 from zfbench.schedule import topk_count
@@ -52,8 +54,10 @@ def _in_thread(fn, threads: int):
     return box["out"]
 
 
-def block_times(model, data, repeats: int) -> dict[str, dict[str, float]]:
-    """Median forward/backward seconds per block kind, from hooks on a training step."""
+def block_times(model, data, repeats: int, inplace: InplaceGrads,
+                flat_grads: torch.Tensor) -> dict[str, dict[str, float]]:
+    """Median forward/backward seconds per block kind, from hooks on a training step run
+    as the engine runs it (gradients accumulated in place into `flat_grads`)."""
     stamps: list[tuple[str, str, float]] = []
     blocks = [("embedding", model.embed), *[("decoder", m) for m in model.layers],
               ("head", model.head)]
@@ -61,20 +65,24 @@ def block_times(model, data, repeats: int) -> dict[str, dict[str, float]]:
     for kind, module in blocks:
         handles.append(module.register_forward_pre_hook(
             lambda *_, k=kind: stamps.append(("fwd", k, time.perf_counter()))))
-        handles.append(module.register_full_backward_pre_hook(
-            lambda *_, k=kind: stamps.append(("bwd", k, time.perf_counter()))))
+        # a tensor hook on the block's output marks the start of the block's backward; a
+        # module full-backward hook would wrap the block's inputs (the tied embedding
+        # weight the head receives), which takes them off the in-place gradient path
+        def mark_backward(_module, _inputs, out, k=kind) -> None:
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.register_hook(lambda grad: stamps.append(("bwd", k, time.perf_counter())))
+        handles.append(module.register_forward_hook(mark_backward))
     samples: dict[tuple[str, str], list[float]] = {}
     try:
         for _ in range(repeats):
             batch = next(data)
             stamps.clear()
-            loss = model(batch["input_ids"], batch["labels"])
+            with inplace:
+                loss = model(batch["input_ids"], batch["labels"])
             mid = time.perf_counter()
-            with warnings.catch_warnings():  # the embedding's inputs are integer ids
-                warnings.filterwarnings("ignore", message="Full backward hook")
-                loss.backward()
+            loss.backward()
             end = time.perf_counter()
-            model.zero_grad(set_to_none=False)
+            flat_grads.zero_()
             fwd = [s for s in stamps if s[0] == "fwd"] + [("fwd", "end", mid)]
             # backward runs head -> layers -> embedding; the loss's own backward counts
             # as the head's, so the head's backward starts when loss.backward() is called
@@ -106,59 +114,84 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
     dev_threads = spec.device_threads or dev_threads
     host_threads = spec.host_threads or host_threads
     torch.set_num_threads(dev_threads)
-    model = build_model(shape, seed=spec.seed)
+    precision = spec.engine_config("device").precision
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    model = build_model(shape, dtype=dtype, seed=spec.seed)
+    params = [p for p in model.parameters()]
+    total = sum(p.numel() for p in params)
+    flat_grads = torch.zeros(total, dtype=dtype)  # as the engine: grads are views into it
+    offset = 0
+    for p in params:
+        p.grad = flat_grads[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    inplace = InplaceGrads(params)
     data = batches(spec, shape.vocab)
-    block_times(model, data, 2)  # warm-up
-    blocks = block_times(model, data, repeats)
+    block_times(model, data, 2, inplace, flat_grads)  # warm-up
+    blocks = block_times(model, data, repeats, inplace, flat_grads)
     tokens = spec.batch * spec.seq
     for kind, block in zip(("embedding", "decoder", "head"),
                            (shape.blocks()[0], shape.blocks()[1], shape.blocks()[-1])):
         blocks[kind]["forward_flops"] = block.forward_flops(spec.seq, spec.batch)
         blocks[kind]["tokens"] = tokens
 
-    params = [p for p in model.parameters()]
-    total = sum(p.numel() for p in params)
     # device optimizer on the selected columns, selection cost (device thread)
     batch = next(data)
-    model(batch["input_ids"], batch["labels"]).backward()
+    with inplace:
+        loss = model(batch["input_ids"], batch["labels"])
+    loss.backward()
     mats = [p for p in params if p.dim() == 2]
-    idx = [torch.topk(p.grad.abs().sum(0), topk_count(p.shape[1], topk_ratio)).indices
-           for p in mats]
-    sel = [p.detach().index_select(1, i) for p, i in zip(mats, idx)]
-    sel_g = [p.grad.index_select(1, i) for p, i in zip(mats, idx)]
+    cols = [torch.topk(p.grad.float().abs().sum(0), topk_count(p.shape[1], topk_ratio))
+            .indices.sort().values for p in mats]
+    cols = [i.expand(p.shape[0], i.numel()) for p, i in zip(mats, cols)]
+    sel = [p.detach().gather(1, c).float() for p, c in zip(mats, cols)]
+    sel_g = [torch.empty_like(s) for s in sel]
+    low = [None if dtype == torch.float32 else torch.empty_like(c, dtype=dtype) for c in cols]
     ms = [torch.zeros_like(s) for s in sel]
     vs = [torch.zeros_like(s) for s in sel]
+    scratch = [torch.zeros_like(s) for s in sel]
     sel_elems = sum(s.numel() for s in sel)
 
     def device_adam():
         adamw_foreach_(sel, sel_g, ms, vs, [1] * len(sel), lr=1e-4, beta1=0.9, beta2=0.999,
-                       eps=1e-8, weight_decay=0.01)
+                       eps=1e-8, weight_decay=0.01, scratch=scratch)
+
+    def column_io():  # as ZenFlowStrategy.device_update around its AdamW
+        for p, c, g, lo, s in zip(mats, cols, sel_g, low, sel):
+            if lo is None:
+                torch.gather(p.grad, 1, c, out=g)
+                p.data.index_copy_(1, c[0], s)
+            else:
+                g.copy_(torch.gather(p.grad, 1, c, out=lo))
+                p.data.index_copy_(1, c[0], lo.copy_(s))
+                s.copy_(lo)
+            g.div_(4.0)
+    column_io()
     device_adam()
     optim_s = _median_time(device_adam, repeats)
+    column_io_s = _median_time(column_io, repeats)
     mat_elems = sum(p.numel() for p in mats)
 
     def select():
         for p in mats:
-            torch.topk(p.grad.abs().sum(0), topk_count(p.shape[1], topk_ratio))
+            torch.topk(p.grad.float().abs().sum(0), topk_count(p.shape[1], topk_ratio))
     select_s = _median_time(select, repeats)
 
     # the engine's own per-step device work: the non-finite check and zeroing gradients
-    grads = [p.grad for p in params]
-
     def check():  # as Engine._nonfinite_params
-        bool(torch.isfinite(torch.stack([g.sum(dtype=torch.float32) for g in grads])).all())
+        bool(torch.isfinite(flat_grads.sum()))
 
     def zero():  # as Engine._zero_grads
-        torch._foreach_zero_(grads)
+        flat_grads.zero_()
     check_s = _median_time(check, repeats)
     zero_s = _median_time(zero, repeats)
 
     # links: d2h on the device thread, h2d on the host worker
+    # (device buffers in the run's precision, host buffers fp32, as in the engine)
     dev_buf = torch.cat([p.detach().flatten() for p in params])
     d2h_dst = torch.zeros(total)
     h2d_src = torch.randn(total)
-    h2d_dst = torch.zeros(total)
-    nbytes = total * 4
+    h2d_dst = torch.zeros(total, dtype=dtype)
+    nbytes = total * dev_buf.element_size()
 
     def d2h():
         d2h_dst.copy_(dev_buf)
@@ -194,6 +227,7 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
     accum_s = _in_thread(lambda: (accum(), _median_time(accum, repeats))[1], host_threads)
     return build_profile(spec, shape, blocks, dev_threads, host_threads, {
         "device_optim_elems_per_s": sel_elems / optim_s,
+        "column_io_s_per_elem": column_io_s / mat_elems, "precision": precision,
         "select_s_per_elem": select_s / mat_elems,
         "grad_check_s_per_elem": check_s / total, "grad_zero_s_per_elem": zero_s / total,
         "d2h_bytes_per_s": nbytes / d2h_alone, "h2d_bytes_per_s": nbytes / h2d_alone,

@@ -275,6 +275,15 @@ class CostModel:
         hbm = self.node.gpu.hbm_bytes_per_s * DEVICE_OPTIM_HBM_EFFICIENCY
         return matrix_numel * self.elem_bytes / hbm
 
+    def column_io_s(self) -> float:
+        """ZenFlow's per-step gather of the selected columns' gradients and scatter of their
+        new values, measured on a CPU lane (`column_io_s_per_elem`); 0 without a profile
+        (on a GPU it is a small part of the device update, inside `device_optim_s`)."""
+        if self.calibration is None:
+            return 0.0
+        matrix_numel = sum(b.matrix_numel for b in self.buckets)
+        return matrix_numel * self.calibration.get("column_io_s_per_elem", 0.0)
+
     # -- host work --------------------------------------------------------------------
     @property
     def cores_per_rank(self) -> float:

@@ -100,4 +100,5 @@ class EmulatedRankSim(RankSim):
                 st["pending"] = landed
             else:
                 yield from self.apply_update(t, landed)
-        yield from self.compute("device_optim", t, c.device_optim_s(c.selected_params))
+        yield from self.compute("device_optim", t,
+                                c.device_optim_s(c.selected_params) + c.column_io_s())

@@ -118,3 +118,30 @@ def test_project_reports_full_depth_as_projected(tmp_path, capsys):
     assert "PROJECTED" in out and "tiny at full depth" in out
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert summary["projected"].fillna(False).astype(bool).sum() == 1
+
+
+def _sizing_profile(tokens: int, seconds_per_step: float, host_params_per_s: float) -> dict:
+    """A profile whose forward+backward over the 2-layer tiny shape totals the given time."""
+    per_block = seconds_per_step / 4  # embedding, 2 decoder layers, head
+    blocks = {k: {"forward_s": per_block / 2, "backward_s": per_block / 2}
+              for k in ("embedding", "decoder", "head")}
+    return {"calibration": {"batch": 1, "seq": tokens, "blocks": blocks,
+                            "host_adam_params_per_s": host_params_per_s}}
+
+
+@pytest.mark.parametrize("intercept_s, want", [
+    (0.0, {"ratio2": 10, "ratio1": 20, "ratio0.5": 40}),  # every target reachable
+    (0.8, {"ratio1": 4, "ratio0.5": 24, "ratio0.25": 64}),  # r_max = 1: scaled by 1/2
+])
+def test_sized_shapes_fit_a_line_and_scale_unreachable_targets(intercept_s, want):
+    """forward+backward = intercept + 0.05 s/token; host Adam = 1 s. Ratio r needs
+    (1/r - intercept) / 0.05 tokens; above r_max = 1/(intercept + 0.2) the targets shrink."""
+    from real.runner import RunSpec
+    from zfbench.models import get_model
+    from zfbench.validate import sized_shapes
+    params = get_model("tiny").total_params
+    low = _sizing_profile(4, intercept_s + 0.05 * 4, params / 1.0)
+    high = _sizing_profile(64, intercept_s + 0.05 * 64, params / 1.0)
+    shapes = sized_shapes(RunSpec(model="tiny", layers=2), low, high, max_seq=512)
+    assert {name: spec.seq for name, spec in shapes.items()} == want
+    assert all(spec.batch == 1 for spec in shapes.values())

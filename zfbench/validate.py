@@ -1,7 +1,9 @@
 """`python -m zfbench.validate`: does the simulator predict what the engine measures here?
 
-Scenario: three shapes of one model slice, sized from a first calibration so that the host
-Adam is shorter than, about equal to, and longer than forward+backward on this machine;
+Scenario: three shapes of one model slice (bf16 on the device lane by default, as
+`zfbench.run`), sized from two calibrations (4 and 64 tokens) so that the host Adam is
+shorter than, about equal to, and longer than forward+backward on this machine (the
+ratio each shape's own profile measured is printed as `host_adam_over_compute`);
 for each shape a profile is measured (`real.profile`) and every strategy runs on the
 engine, zenflow at two (topk_ratio, update_interval) pairs; the simulator then runs the
 same cells with that shape's profile. Printed and written (`--out`, default
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -34,28 +37,50 @@ from real.runner import RunSpec, train
 from sims.costs import SimSettings
 from sims.simulator import simulate
 from zfbench.config import STRATEGIES
+from zfbench.run import DEFAULT_PRECISION
 from zfbench.trace import merge_chrome_traces, write_json_atomic
 
 PAIRS = ((0.1, 4), (0.25, 2))
-RATIOS = {"host-shorter": 0.5, "host-equal": 1.0, "host-longer": 2.0}
+SIZING_SEQ = (4, 64)  # token counts of the two sizing profiles
+RATIOS = (2.0, 1.0, 0.5)  # host Adam / (forward + backward), host longer to shorter
 
 
-def sized_shapes(base: RunSpec, profile: dict, max_seq: int) -> dict[str, RunSpec]:
-    """Token counts at which host Adam / (forward + backward) is about each ratio."""
-    cal = profile["calibration"]
+def compute_s(profile: dict, shape) -> float:
+    """Forward + backward seconds per step at the profile's token count."""
+    blocks = profile["calibration"]["blocks"]
+    return sum((b["forward_s"] + b["backward_s"]) * (shape.layers if k == "decoder" else 1)
+               for k, b in blocks.items())
+
+
+def host_adam_s(profile: dict, shape) -> float:
+    return shape.total_params / profile["calibration"]["host_adam_params_per_s"]
+
+
+def sized_shapes(base: RunSpec, low: dict, high: dict, max_seq: int) -> dict[str, RunSpec]:
+    """Token counts at which host Adam / (forward + backward) is about 2, 1 and 0.5, from
+    two profiles (at few and at many tokens): forward + backward is fitted as a + b *
+    tokens. On a CPU lane a (the weight traffic) dominates at small token counts, so the
+    ratio cannot exceed r_max = host / (a + 4 b); then the three targets are scaled to
+    r_max, r_max / 2 and r_max / 4 so the shapes stay distinct. Each shape is named by
+    its target ratio (`ratio2`, `ratio0.45` ...); validate prints the ratio its own
+    profile measured."""
     shape = base.shape()
-    blocks = cal["blocks"]
-    per_token = sum((b["forward_s"] + b["backward_s"]) * (shape.layers if k == "decoder" else 1)
-                    / b["tokens"] for k, b in blocks.items())
-    host_s = shape.total_params / cal["host_adam_params_per_s"]
+    t_lo = low["calibration"]["batch"] * low["calibration"]["seq"]
+    t_hi = high["calibration"]["batch"] * high["calibration"]["seq"]
+    c_lo, c_hi = compute_s(low, shape), compute_s(high, shape)
+    slope = max((c_hi - c_lo) / max(t_hi - t_lo, 1), 1e-9)
+    intercept = c_lo - slope * t_lo
+    host_s = host_adam_s(low, shape)
+    r_max = host_s / (intercept + slope * 4)
+    scale = min(1.0, r_max / max(RATIOS))
+    if scale < 1.0:
+        print(f"host Adam / (forward + backward) reaches at most {r_max:.2f} here (at 4 "
+              f"tokens); shapes spread over {r_max / 4:.2f}-{r_max:.2f}", file=sys.stderr)
     out = {}
-    for name, ratio in RATIOS.items():
-        tokens = max(4, round(host_s / (per_token * ratio)))
-        batch = max(1, -(-tokens // max_seq))
-        out[name] = RunSpec(model=base.model, layers=base.layers, batch=batch,
-                            seq=max(4, min(max_seq, tokens // batch)), steps=base.steps,
-                            seed=base.seed, device="cpu", device_threads=base.device_threads,
-                            host_threads=base.host_threads)
+    for ratio in RATIOS:
+        target = ratio * scale
+        tokens = int(min(max(4, round((host_s / target - intercept) / slope)), max_seq))
+        out[f"ratio{target:.3g}"] = replace(base, batch=1, seq=tokens)
     return out
 
 
@@ -72,7 +97,8 @@ def run_cell(spec: RunSpec, strategy: str, pair, profile_path: Path, skip: int,
     tl = result.timeline
     measured = summarize(tl.spans_frame(), tl.steps_frame(), skip)
     settings = SimSettings(model=spec.model, layers=spec.layers, gpus=1,
-                           micro_batch=spec.batch, seq=spec.seq, precision="fp32",
+                           micro_batch=spec.batch, seq=spec.seq,
+                           precision=spec.engine_config(strategy).precision,
                            transfers="full", profile=str(profile_path), steps=spec.steps,
                            topk_ratio=pair[0], update_interval=pair[1], overlap_step=True,
                            select_interval=0)
@@ -86,16 +112,18 @@ def run_cell(spec: RunSpec, strategy: str, pair, profile_path: Path, skip: int,
 def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool) -> int:
     shape = base.shape()
     max_seq = (shape.max_positions - 2) if shape.max_positions else 4096
-    print(f"calibrating {shape.name} ...", file=sys.stderr)
-    first = measure_profile(base)
-    shapes = sized_shapes(base, first, max_seq)
+    print(f"calibrating {shape.name} at {SIZING_SEQ} tokens ...", file=sys.stderr)
+    low, high = (measure_profile(replace(base, batch=1, seq=n)) for n in SIZING_SEQ)
+    shapes = sized_shapes(base, low, high, max_seq)
     pairs = PAIRS[:1] if quick else PAIRS
     rows, failures = [], []
     (out / "profiles").mkdir(parents=True, exist_ok=True)
     (out / "traces").mkdir(parents=True, exist_ok=True)
     for shape_name, spec in shapes.items():
         profile_path = out / "profiles" / f"{shape_name}.json"
-        write_json_atomic(profile_path, measure_profile(spec))
+        profile = measure_profile(spec)
+        write_json_atomic(profile_path, profile)
+        ratio = host_adam_s(profile, shape) / compute_s(profile, shape)
         for strategy in STRATEGIES:
             for pair in (pairs if strategy == "zenflow" else pairs[:1]):
                 row, diffs, measured_tl, sim_tl = run_cell(spec, strategy, pair,
@@ -106,6 +134,7 @@ def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool) -
                     {f"{cell} measured": measured_tl, f"{cell} simulated": sim_tl}))
                 for p in ([pair] if strategy == "zenflow" else pairs):
                     rows.append({"shape": shape_name, "batch": spec.batch, "seq": spec.seq,
+                                 "host_adam_over_compute": ratio,
                                  "topk_ratio": p[0], "update_interval": p[1],
                                  "strategy": strategy, "schedule_diffs": len(diffs), **row})
                 failures.extend(f"{cell}: {d}" for d in diffs[:3])
@@ -119,7 +148,7 @@ def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool) -
     summary["schedule_mismatches"] = len(failures)
     table.to_csv(out / "validate.csv", index=False)
     write_json_atomic(out / "validate_summary.json", summary)
-    show = unique[["shape", "seq", "strategy", "topk_ratio", "update_interval",
+    show = unique[["shape", "seq", "host_adam_over_compute", "strategy", "topk_ratio", "update_interval",
                    "measured_step_time_s", "simulated_step_time_s",
                    "rel_error_step_time_s", "measured_stall_fraction",
                    "simulated_stall_fraction", "schedule_diffs"]]
@@ -139,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--skip", type=int, default=8, help="steps left out of the averages")
     p.add_argument("--quick", action="store_true", help="tiny shapes, one pair (CI)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=DEFAULT_PRECISION,
+                   help=f"device weights and gradients (default {DEFAULT_PRECISION}, as "
+                        "python -m zfbench.run)")
     p.add_argument("--device-threads", type=int)
     p.add_argument("--host-threads", type=int)
     p.add_argument("--out", type=Path, default=Path("runs/validate"))
@@ -151,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     base = RunSpec(model=args.model, layers=args.layers, batch=1, seq=32, steps=args.steps,
                    device="cpu", device_threads=args.device_threads,
-                   host_threads=args.host_threads)
+                   host_threads=args.host_threads, precision=args.precision)
     return validate(base, args.out, args.skip, args.quick, not args.quiet)
 
 
