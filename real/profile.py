@@ -106,6 +106,51 @@ def block_times(model, data, repeats: int, inplace: InplaceGrads,
     return out
 
 
+WIDE_TOPK_RATIO = 0.3  # the second ratio of the column gather/scatter measurement
+
+
+def _selected_columns(mats, dtype, ratio: float):
+    """ZenFlow's device buffers for the top `ratio` columns of each weight (fp32 values,
+    gradient and scratch; a low-precision staging buffer when the weights are not fp32),
+    and `column_io`: the gather/convert/scale/scatter ZenFlowStrategy.device_update runs
+    around its AdamW, on the same ops."""
+    cols = [torch.topk(p.grad.float().abs().sum(0), topk_count(p.shape[1], ratio))
+            .indices.sort().values for p in mats]
+    cols = [i.expand(p.shape[0], i.numel()) for p, i in zip(mats, cols)]
+    sel = [p.detach().gather(1, c).float() for p, c in zip(mats, cols)]
+    sel_g = [torch.empty_like(x) for x in sel]
+    low = [None if dtype == torch.float32 else torch.empty_like(c, dtype=dtype) for c in cols]
+    ms, vs, scratch = ([torch.zeros_like(x) for x in sel] for _ in range(3))
+
+    def column_io():
+        for p, c, g, lo, x in zip(mats, cols, sel_g, low, sel):
+            if lo is None:
+                torch.gather(p.grad, 1, c, out=g)
+                p.data.index_copy_(1, c[0], x)
+            else:
+                g.copy_(torch.gather(p.grad, 1, c, out=lo))
+                p.data.index_copy_(1, c[0], lo.copy_(x))
+                x.copy_(lo)
+            g.div_(4.0)
+    return sel, sel_g, ms, vs, scratch, column_io
+
+
+def _master_copy_s(params, repeats: int) -> float:
+    """The `device` strategy's extra work with low-precision weights: gradients copied to
+    fp32 and the fp32 master copied back into the weights (0 with fp32 weights)."""
+    if all(p.dtype == torch.float32 for p in params):
+        return 0.0
+    master = [p.detach().float() for p in params]
+    grads32 = [torch.empty_like(m) for m in master]
+
+    def copies():
+        torch._foreach_copy_(grads32, [p.grad for p in params])
+        for p, m in zip(params, master):
+            p.data.copy_(m)
+    copies()
+    return _median_time(copies, repeats)
+
+
 def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) -> dict:
     from real.engine import default_thread_split
 
@@ -140,36 +185,27 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
         loss = model(batch["input_ids"], batch["labels"])
     loss.backward()
     mats = [p for p in params if p.dim() == 2]
-    cols = [torch.topk(p.grad.float().abs().sum(0), topk_count(p.shape[1], topk_ratio))
-            .indices.sort().values for p in mats]
-    cols = [i.expand(p.shape[0], i.numel()) for p, i in zip(mats, cols)]
-    sel = [p.detach().gather(1, c).float() for p, c in zip(mats, cols)]
-    sel_g = [torch.empty_like(s) for s in sel]
-    low = [None if dtype == torch.float32 else torch.empty_like(c, dtype=dtype) for c in cols]
-    ms = [torch.zeros_like(s) for s in sel]
-    vs = [torch.zeros_like(s) for s in sel]
-    scratch = [torch.zeros_like(s) for s in sel]
+    mat_elems = sum(p.numel() for p in mats)
+    sel, sel_g, ms, vs, scratch, column_io = _selected_columns(mats, dtype, topk_ratio)
     sel_elems = sum(s.numel() for s in sel)
 
     def device_adam():
         adamw_foreach_(sel, sel_g, ms, vs, [1] * len(sel), lr=1e-4, beta1=0.9, beta2=0.999,
                        eps=1e-8, weight_decay=0.01, scratch=scratch)
-
-    def column_io():  # as ZenFlowStrategy.device_update around its AdamW
-        for p, c, g, lo, s in zip(mats, cols, sel_g, low, sel):
-            if lo is None:
-                torch.gather(p.grad, 1, c, out=g)
-                p.data.index_copy_(1, c[0], s)
-            else:
-                g.copy_(torch.gather(p.grad, 1, c, out=lo))
-                p.data.index_copy_(1, c[0], lo.copy_(s))
-                s.copy_(lo)
-            g.div_(4.0)
     column_io()
     device_adam()
     optim_s = _median_time(device_adam, repeats)
-    column_io_s = _median_time(column_io, repeats)
-    mat_elems = sum(p.numel() for p in mats)
+    # the column gather/scatter costs a part per 2-D element (cache lines touched) and a
+    # part per selected element: measured at two ratios, split by a line through both
+    io_s = _median_time(column_io, repeats)
+    wide = _selected_columns(mats, dtype, WIDE_TOPK_RATIO)
+    wide_sel = sum(s.numel() for s in wide[0])
+    wide[-1]()
+    wide_io_s = _median_time(wide[-1], repeats)
+    per_selected = max(0.0, (wide_io_s - io_s) / max(wide_sel - sel_elems, 1))
+    per_matrix = max(0.0, io_s - per_selected * sel_elems) / mat_elems
+    del wide
+    master_s = _master_copy_s(params, repeats)
 
     def select():
         for p in mats:
@@ -227,7 +263,8 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
     accum_s = _in_thread(lambda: (accum(), _median_time(accum, repeats))[1], host_threads)
     return build_profile(spec, shape, blocks, dev_threads, host_threads, {
         "device_optim_elems_per_s": sel_elems / optim_s,
-        "column_io_s_per_elem": column_io_s / mat_elems, "precision": precision,
+        "column_io_s_per_elem": per_matrix, "column_io_s_per_selected": per_selected,
+        "master_copy_s_per_elem": master_s / total, "precision": precision,
         "select_s_per_elem": select_s / mat_elems,
         "grad_check_s_per_elem": check_s / total, "grad_zero_s_per_elem": zero_s / total,
         "d2h_bytes_per_s": nbytes / d2h_alone, "h2d_bytes_per_s": nbytes / h2d_alone,
@@ -298,3 +335,14 @@ def build_profile(spec: RunSpec, shape, blocks: dict, dev_threads: int, host_thr
             "blocks": blocks, **rates, "source": src,
             "transfers": "emulated" if not torch.cuda.is_available() else "cuda"},
     }
+
+
+def mean_profile(profiles: list[dict]) -> dict:
+    """The element-wise mean of profiles of one shape (numbers averaged, everything else
+    taken from the first), e.g. one measured before and one after a batch of runs."""
+    first = profiles[0]
+    if isinstance(first, dict):
+        return {k: mean_profile([p[k] for p in profiles]) for k in first}
+    if isinstance(first, float):  # measurements; counts (batch, threads) are ints
+        return statistics.fmean(profiles)
+    return first

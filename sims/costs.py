@@ -277,12 +277,23 @@ class CostModel:
 
     def column_io_s(self) -> float:
         """ZenFlow's per-step gather of the selected columns' gradients and scatter of their
-        new values, measured on a CPU lane (`column_io_s_per_elem`); 0 without a profile
+        new values, measured on a CPU lane: a part per 2-D element (`column_io_s_per_elem`)
+        and one per selected element (`column_io_s_per_selected`); 0 without a profile
         (on a GPU it is a small part of the device update, inside `device_optim_s`)."""
         if self.calibration is None:
             return 0.0
+        cal = self.calibration
         matrix_numel = sum(b.matrix_numel for b in self.buckets)
-        return matrix_numel * self.calibration.get("column_io_s_per_elem", 0.0)
+        selected = sum(b.selected_numel - (b.numel - b.matrix_numel) for b in self.buckets)
+        return (matrix_numel * cal.get("column_io_s_per_elem", 0.0)
+                + selected * cal.get("column_io_s_per_selected", 0.0))
+
+    def master_copy_s(self, numel: float) -> float:
+        """The `device` strategy's fp32-master copies with low-precision weights, measured
+        on a CPU lane (`master_copy_s_per_elem`); 0 without a profile."""
+        if self.calibration is None:
+            return 0.0
+        return numel * self.calibration.get("master_copy_s_per_elem", 0.0)
 
     # -- host work --------------------------------------------------------------------
     @property

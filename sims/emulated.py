@@ -58,12 +58,16 @@ class EmulatedRankSim(RankSim):
         yield from self.blocking_d2h("d2h_grad", t, sum(bytes_of(i) for i in range(self.nb)))
         return {0: _fired(self.env)}
 
-    def apply_update(self, t: int, landed):
-        """Wait for an uploaded update, then copy it into the parameters (device)."""
+    def apply_update(self, t: int, landed, keep_columns: bool = False):
+        """Wait for an uploaded update, then copy it into the parameters (device); zenflow
+        first keeps its selected columns and puts them back after (a column gather and
+        scatter, costed as one step's column I/O)."""
         if landed is None:
             return
         yield from all_done(self.env, [landed])
-        yield from self.compute("device_optim", t, self.costs.device_copy_s(self.costs.params))
+        keep = self.costs.column_io_s() if keep_columns else 0.0
+        yield from self.compute("device_optim", t,
+                                self.costs.device_copy_s(self.costs.params) + keep)
 
     def dpu_step(self, t: int):
         c, st = self.costs, self.state
@@ -85,7 +89,7 @@ class EmulatedRankSim(RankSim):
         yield from self.backward(t, lambda i: None)
         if is_selection_step(t, W, S):
             if t != 0:  # apply what is pending, then re-sync the master from the device
-                yield from self.apply_update(t, st.pop("pending", None))
+                yield from self.apply_update(t, st.pop("pending", None), True)
                 yield from self.blocking_d2h("select", t, c.params * c.elem_bytes)
             yield from self.compute("select", t, c.select_s())
         yield from all_done(self.env, [st.get("accum")])  # the staging buffer is free
@@ -93,12 +97,12 @@ class EmulatedRankSim(RankSim):
         st["accum"] = self.host_work("host_accum", t, c.params, [])
         if is_update_boundary(t, W, U, S):
             if s.overlap_step:
-                yield from self.apply_update(t, st.pop("pending", None))
+                yield from self.apply_update(t, st.pop("pending", None), True)
             landed, _ = self.host_update(t, [st["accum"]], lambda i: full[i],
                                          lambda i: full[i] * c.elem_bytes)
             if s.overlap_step:
                 st["pending"] = landed
             else:
-                yield from self.apply_update(t, landed)
+                yield from self.apply_update(t, landed, True)
         yield from self.compute("device_optim", t,
                                 c.device_optim_s(c.selected_params) + c.column_io_s())

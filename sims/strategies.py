@@ -130,7 +130,8 @@ class RankSim:
         yield from self.backward(t, lambda i: reduced.append(self.collective(
             "allreduce", t, c.buckets[i].numel * c.elem_bytes, [])))
         yield from all_done(self.env, reduced)
-        yield from self.compute("device_optim", t, c.device_optim_s(c.share(c.params)))
+        yield from self.compute("device_optim", t, c.device_optim_s(c.share(c.params))
+                                + c.master_copy_s(c.share(c.params)))
         gathered = self.collective("allgather", t, c.model_bytes, [])
         yield from all_done(self.env, [gathered])
 

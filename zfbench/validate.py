@@ -32,7 +32,7 @@ import pandas as pd
 from analysis.breakdown import summarize
 from analysis.validation import (compare_rows, error_summary, schedule_signature,
                                  signature_diff)
-from real.profile import measure_profile
+from real.profile import mean_profile, measure_profile
 from real.runner import RunSpec, train
 from sims.costs import SimSettings
 from sims.simulator import simulate
@@ -89,12 +89,14 @@ def zenflow_overrides(topk: float, interval: int) -> dict:
             "select_strategy": "step", "select_interval": 0}
 
 
-def run_cell(spec: RunSpec, strategy: str, pair, profile_path: Path, skip: int,
-             progress: bool):
-    spec = RunSpec(**{**spec.__dict__, "overrides": zenflow_overrides(*pair)
-                      if strategy == "zenflow" else {}})
-    result = train(spec, strategy, progress=progress)
-    tl = result.timeline
+def measure_cell(spec: RunSpec, strategy: str, pair, progress: bool):
+    """Run one cell on the engine; its timeline (the engine itself is let go)."""
+    spec = replace(spec, overrides=zenflow_overrides(*pair) if strategy == "zenflow" else {})
+    return train(spec, strategy, progress=progress).timeline
+
+
+def simulate_cell(spec: RunSpec, strategy: str, pair, profile_path: Path, skip: int, tl):
+    """Simulate one cell with the shape's profile; compare it with the measured timeline."""
     measured = summarize(tl.spans_frame(), tl.steps_frame(), skip)
     settings = SimSettings(model=spec.model, layers=spec.layers, gpus=1,
                            micro_batch=spec.batch, seq=spec.seq,
@@ -106,7 +108,7 @@ def run_cell(spec: RunSpec, strategy: str, pair, profile_path: Path, skip: int,
     simulated = summarize(sim.spans_frame(), sim.steps_frame(), skip)
     diffs = signature_diff(schedule_signature(tl.spans_frame(), skip, spec.steps - 1),
                            schedule_signature(sim.spans_frame(), skip, spec.steps - 1))
-    return compare_rows(measured, simulated), diffs, tl, sim
+    return compare_rows(measured, simulated), diffs, sim
 
 
 def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool) -> int:
@@ -120,24 +122,29 @@ def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool) -
     (out / "profiles").mkdir(parents=True, exist_ok=True)
     (out / "traces").mkdir(parents=True, exist_ok=True)
     for shape_name, spec in shapes.items():
+        # the machine drifts: the shape is profiled before and after its cells run, and
+        # the simulator gets the mean of the two
+        before = measure_profile(spec)
+        cells = [(strategy, pair, measure_cell(spec, strategy, pair, progress))
+                 for strategy in STRATEGIES
+                 for pair in (pairs if strategy == "zenflow" else pairs[:1])]
+        profile = mean_profile([before, measure_profile(spec)])
         profile_path = out / "profiles" / f"{shape_name}.json"
-        profile = measure_profile(spec)
         write_json_atomic(profile_path, profile)
         ratio = host_adam_s(profile, shape) / compute_s(profile, shape)
-        for strategy in STRATEGIES:
-            for pair in (pairs if strategy == "zenflow" else pairs[:1]):
-                row, diffs, measured_tl, sim_tl = run_cell(spec, strategy, pair,
-                                                           profile_path, skip, progress)
-                cell = f"{shape_name}.{strategy}" + (
-                    f".topk{pair[0]}-U{pair[1]}" if strategy == "zenflow" else "")
-                write_json_atomic(out / "traces" / f"{cell}.json", merge_chrome_traces(
-                    {f"{cell} measured": measured_tl, f"{cell} simulated": sim_tl}))
-                for p in ([pair] if strategy == "zenflow" else pairs):
-                    rows.append({"shape": shape_name, "batch": spec.batch, "seq": spec.seq,
-                                 "host_adam_over_compute": ratio,
-                                 "topk_ratio": p[0], "update_interval": p[1],
-                                 "strategy": strategy, "schedule_diffs": len(diffs), **row})
-                failures.extend(f"{cell}: {d}" for d in diffs[:3])
+        for strategy, pair, measured_tl in cells:
+            row, diffs, sim_tl = simulate_cell(spec, strategy, pair, profile_path, skip,
+                                               measured_tl)
+            cell = f"{shape_name}.{strategy}" + (
+                f".topk{pair[0]}-U{pair[1]}" if strategy == "zenflow" else "")
+            write_json_atomic(out / "traces" / f"{cell}.json", merge_chrome_traces(
+                {f"{cell} measured": measured_tl, f"{cell} simulated": sim_tl}))
+            for p in ([pair] if strategy == "zenflow" else pairs):
+                rows.append({"shape": shape_name, "batch": spec.batch, "seq": spec.seq,
+                             "host_adam_over_compute": ratio,
+                             "topk_ratio": p[0], "update_interval": p[1],
+                             "strategy": strategy, "schedule_diffs": len(diffs), **row})
+            failures.extend(f"{cell}: {d}" for d in diffs[:3])
     table = pd.DataFrame(rows)
     # each (shape, pair) group ranks all four strategies; the shared baselines appear in
     # every pair's group, so the error statistics count each real cell once
