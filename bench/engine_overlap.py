@@ -46,10 +46,22 @@ def measure(args) -> list[dict]:
             rows.append({"setting": args.setting, "repeat": repeat, "strategy": strategy,
                          "step_time_s": s["step_time_s"], "stall_fraction": s["stall_fraction"],
                          "host_wait_s": s["host_wait_s"], "exposed_io_s": s["exposed_io_s"],
-                         "compute_s": s["compute_s"], "torch_threads_device":
+                         "compute_s": s["compute_s"], **op_seconds(tl.spans_frame(), skip),
+                         "torch_threads_device":
                          result.engine.device_threads, "torch_threads_host":
                          result.engine.host_threads, "torch": torch.__version__})
     return rows
+
+
+def op_seconds(spans, skip: int) -> dict:
+    """Seconds per steady-state step of forward+backward and of the host AdamW (the
+    regime: ZenFlow is for host AdamW longer than forward+backward)."""
+    steady = spans[spans["step"] >= skip]
+    steps = max(1, steady["step"].nunique())
+    dur = steady["t_end_s"] - steady["t_start_s"]
+    return {"forward_backward_s": float(dur[steady["op"].isin(["forward", "backward"])]
+                                        .sum()) / steps,
+            "host_adam_s": float(dur[steady["op"] == "host_optim"].sum()) / steps}
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -118,7 +130,8 @@ def main() -> int:
                "ratios": summary}
     (args.out / "engine_overlap.json").write_text(json.dumps(payload, indent=1))
     print(pd.DataFrame(rows)[["setting", "repeat", "strategy", "step_time_s",
-                              "stall_fraction", "host_wait_s"]].to_string(index=False))
+                              "stall_fraction", "host_wait_s", "forward_backward_s",
+                              "host_adam_s"]].to_string(index=False))
     print(pd.DataFrame(summary).to_string(index=False))
     print(f"wrote {args.out}/engine_overlap.json and .csv")
     return 0

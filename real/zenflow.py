@@ -274,7 +274,7 @@ class ZenFlowStrategy(Strategy):
         if not self._collect_pending(t):
             return
         with e.recorder.span("compute", "device_optim", t):
-            keep = [(p, idx, p.detach().index_select(1, idx).clone())
+            keep = [(p, idx, p.detach().gather(1, idx.expand(p.shape[0], idx.numel())))
                     for (name, p), idx in ((m, self.selected[m[0]]) for m in self.matrices)]
             keep_vec = [(p, p.detach().clone()) for _, p in self.vectors]
             e.flat_params.copy_(self.upload)
