@@ -45,19 +45,39 @@ def error_summary(table: pd.DataFrame, group_cols: list[str]) -> dict:
     stall_points = 100 * table["delta_stall_fraction"].abs()
     corr = []
     same_order = 0
+    distinct = agree = 0
     for _, group in table.groupby(group_cols):
         rho = spearman(group["measured_step_time_s"].tolist(),
                        group["simulated_step_time_s"].tolist())
         corr.append(rho)
         same_order += int(list(group.sort_values("measured_step_time_s")["strategy"]) ==
                           list(group.sort_values("simulated_step_time_s")["strategy"]))
+        d, a = _pairs_beyond_noise(group)
+        distinct, agree = distinct + d, agree + a
     return {"cells": len(table), "step_time_mape": float(rel.mean()),
             "step_time_max_abs_rel_error": float(rel.max()),
             "stall_max_abs_error_points": float(stall_points.max()),
             "stall_mean_abs_error_points": float(stall_points.mean()),
             "rank_correlation_min": min(corr) if corr else 1.0,
             "rank_correlation_mean": sum(corr) / len(corr) if corr else 1.0,
-            "groups_same_order": same_order, "groups": len(corr)}
+            "groups_same_order": same_order, "groups": len(corr),
+            "pairs_beyond_noise": distinct, "pairs_beyond_noise_same_order": agree}
+
+
+ORDER_NOISE = 0.05  # measured step times closer than this are a tie for the order check
+
+
+def _pairs_beyond_noise(group: pd.DataFrame) -> tuple[int, int]:
+    """Pairs of strategies whose measured step times differ by more than ORDER_NOISE, and
+    how many of them the simulator orders the same way (closer pairs swap with noise)."""
+    rows = list(zip(group["measured_step_time_s"], group["simulated_step_time_s"]))
+    distinct = agree = 0
+    for i, (m1, s1) in enumerate(rows):
+        for m2, s2 in rows[i + 1:]:
+            if abs(m1 - m2) > ORDER_NOISE * min(m1, m2):
+                distinct += 1
+                agree += int((m1 < m2) == (s1 < s2))
+    return distinct, agree
 
 
 def schedule_signature(spans: pd.DataFrame, first_step: int, last_step: int) -> dict:

@@ -93,15 +93,21 @@ def test_signature_catches_a_different_schedule():
                                     "('host_accum',)"]
 
 
-def test_error_summary_numbers():
+def _summary_of(cells, simulated_stall: float) -> dict:
+    """error_summary of one group of (strategy, measured s, simulated s) cells whose
+    measured stall is 0.5."""
     rows = []
-    for strategy, m, s in (("a", 1.0, 1.1), ("b", 2.0, 1.8), ("c", 3.0, 3.3)):
+    for strategy, m, s in cells:
         row = compare_rows({"step_time_s": m, "stall_fraction": 0.5, "d2h_bytes_per_step": 1,
                             "h2d_bytes_per_step": 1},
-                           {"step_time_s": s, "stall_fraction": 0.45, "d2h_bytes_per_step": 1,
-                            "h2d_bytes_per_step": 1})
+                           {"step_time_s": s, "stall_fraction": simulated_stall,
+                            "d2h_bytes_per_step": 1, "h2d_bytes_per_step": 1})
         rows.append({"shape": "x", "strategy": strategy, **row})
-    summary = error_summary(pd.DataFrame(rows), ["shape"])
+    return error_summary(pd.DataFrame(rows), ["shape"])
+
+
+def test_error_summary_numbers():
+    summary = _summary_of((("a", 1.0, 1.1), ("b", 2.0, 1.8), ("c", 3.0, 3.3)), 0.45)
     assert summary["step_time_mape"] == pytest.approx(0.1)
     assert summary["step_time_max_abs_rel_error"] == pytest.approx(0.1)
     assert summary["stall_max_abs_error_points"] == pytest.approx(5.0)
@@ -145,3 +151,12 @@ def test_sized_shapes_fit_a_line_and_scale_unreachable_targets(intercept_s, want
     shapes = sized_shapes(RunSpec(model="tiny", layers=2), low, high, max_seq=512)
     assert {name: spec.seq for name, spec in shapes.items()} == want
     assert all(spec.batch == 1 for spec in shapes.values())
+
+
+def test_order_check_counts_only_pairs_beyond_noise():
+    """a/b are 2% apart (a tie: their swapped simulated order is not held against the
+    model); a-c and b-c differ by 50%+ and c is simulated in the wrong place for one."""
+    summary = _summary_of((("a", 1.00, 1.10), ("b", 1.02, 1.05), ("c", 1.60, 1.08)), 0.5)
+    assert summary["pairs_beyond_noise"] == 2
+    assert summary["pairs_beyond_noise_same_order"] == 1  # b < c kept, a < c reversed
+    assert summary["groups_same_order"] == 0
