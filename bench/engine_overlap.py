@@ -31,10 +31,14 @@ def measure(args) -> list[dict]:
     import torch
 
     from analysis.breakdown import summarize
+    from real.memory import check_fits
     from real.runner import RunSpec, train
 
     spec = RunSpec(model=args.model, layers=args.layers, batch=args.batch, seq=args.seq,
                    steps=args.steps, device="cpu", precision=args.precision)
+    # refuse, as `zfbench.run` does, a shape that cannot fit (instead of the OOM killer)
+    check_fits(spec.shape(), list(STRATEGIES), spec.batch, spec.seq,
+               2 if args.precision == "bf16" else 4, use_cuda=False)
     rows = []
     for repeat in range(args.repeats):
         order = STRATEGIES if repeat % 2 == 0 else STRATEGIES[::-1]
@@ -50,6 +54,7 @@ def measure(args) -> list[dict]:
                          "torch_threads_device":
                          result.engine.device_threads, "torch_threads_host":
                          result.engine.host_threads, "torch": torch.__version__})
+            del result, tl  # nothing of this run may stay alive during the next
     return rows
 
 

@@ -291,6 +291,16 @@ class Engine:
     def close(self) -> None:
         self.host_lane.close()
 
+    def release(self) -> None:
+        """After close(): drop the model, parameters, gradients and optimizer state; the
+        results stay (config, step log, timeline), so a finished run holds no model-sized
+        memory while the next strategy runs."""
+        self.strategy = None
+        self.model = None
+        self.named_params = []
+        self.flat_params = self.flat_grads = None
+        self.inplace_grads = None
+
 
 class _nullcontext:
     def __enter__(self):

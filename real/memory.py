@@ -50,8 +50,8 @@ def estimate(shape: ModelShape, strategy: str, batch: int, seq: int, elem_bytes:
     p = shape.total_params
     device = 2 * p * elem_bytes + activation_bytes(shape, batch, seq, elem_bytes)
     host = 0.0
-    if strategy == "device":
-        device += 8 * p + (4 * p if elem_bytes != 4 else 0)
+    if strategy == "device":  # m, v, scratch; fp32 master and gradient copies if not fp32
+        device += 12 * p + (8 * p if elem_bytes != 4 else 0)
     elif strategy in ("zero-offload", "zero-offload-dpu"):
         host += 16 * p
         if strategy == "zero-offload-dpu":
@@ -59,7 +59,9 @@ def estimate(shape: ModelShape, strategy: str, batch: int, seq: int, elem_bytes:
     elif strategy == "zenflow":
         selected = sum(m.rows * topk_count(m.cols, topk_ratio) for m in shape.matrices())
         selected += sum(v.numel for v in shape.vectors())
-        device += p * elem_bytes + 8 * selected
+        # upload buffer; per selected element fp32 values, gradient, scratch, m, v and a
+        # low-precision staging copy
+        device += p * elem_bytes + (20 + elem_bytes) * selected
         host += 24 * p  # master, m, v, staging and two window buffers (fp32)
     else:
         raise ValueError(f"unknown strategy {strategy!r}")

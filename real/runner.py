@@ -135,4 +135,5 @@ def train(spec: RunSpec, strategy: str, model: torch.nn.Module | None = None,
         engine.close()
     wall = time.perf_counter() - started
     merged = gather_timeline(engine.dist, engine.timeline) if world > 1 else None
+    engine.release()  # strategies run one after another: only one holds memory at a time
     return RunResult(strategy, engine, losses, wall, merged)

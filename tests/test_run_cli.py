@@ -95,3 +95,17 @@ def test_default_scenario_is_bf16_at_seq_4_and_a_config_keeps_its_precision(tmp_
     spec = spec_from_args(build_parser().parse_args(["--config", str(cfg), "--precision",
                                                      "bf16"]))
     assert spec.engine_config("device").precision == "bf16"
+
+
+def test_a_finished_run_keeps_its_results_but_no_model_sized_memory():
+    """Strategies run one after another (the memory check assumes so): a finished run's
+    engine drops model, parameters, gradients and optimizer state, keeps its results."""
+    from real.runner import RunSpec, train
+    spec = RunSpec(model="tiny", layers=1, batch=2, seq=8, steps=3, device="cpu",
+                   device_threads=1, host_threads=1)
+    result = train(spec, "zenflow", progress=False)
+    engine = result.engine
+    assert engine.model is None and engine.strategy is None
+    assert engine.flat_params is None and engine.flat_grads is None
+    assert len(engine.step_log) == 3 and len(result.losses) == 3
+    assert {s.lane for s in result.timeline.spans} >= {"compute", "d2h", "host"}
