@@ -25,7 +25,8 @@ def test_missing_measurements_run_and_land_whole(measured):
     assert set(table.strategy) == {"device", "zero-offload", "zero-offload-dpu", "zenflow"}
     assert (table.measured_step_time_s > 0).all()
     assert (root / "grad_stats/heatmap.csv").exists()
-    assert (root / "grad_stats/column_norms.parquet").exists()
+    # Parquet when pyarrow is installed (the real-model extra), else CSV
+    assert any((root / f"grad_stats/column_norms.{ext}").exists() for ext in ("csv", "parquet"))
     assert not list(root.glob(".*.tmp"))  # staging directories are gone
     # a second pass finds everything and runs nothing
     assert fm.run_missing(root, {10, 11, 12}, quick=True, quiet=True) == []
