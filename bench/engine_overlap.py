@@ -1,7 +1,8 @@
 """Measured stall reduction: `zero-offload` vs `zenflow` on this machine, side by side.
 
-Scenario: the default shape and precision of `python -m zfbench.run` (host Adam slower
-than forward+backward: opt-350m[2L], batch 1 x seq 4, bf16 on the device lane), both strategies run in one process, alternating A B B A per repeat so
+Scenario: the default shape and precision of `python -m zfbench.run` (opt-350m[2L], batch
+1 x seq 4, bf16 on the device lane; it also reports forward+backward and host AdamW
+seconds per step), both strategies run in one process, alternating A B B A per repeat so
 drift on a shared machine hits both alike; each run's steady-state step time and stall
 fraction come from the same breakdown code as every other figure. Each setting (plain, and
 `THP_MEM_ALLOC_ENABLE=1` for torch's huge-page allocation) runs in its own subprocess,
