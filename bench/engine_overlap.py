@@ -55,7 +55,6 @@ def measure(args) -> list[dict]:
                          "torch_threads_device":
                          result.engine.device_threads, "torch_threads_host":
                          result.engine.host_threads, "torch": torch.__version__})
-            del result, tl  # nothing of this run may stay alive during the next
     return rows
 
 

@@ -26,6 +26,7 @@ import torch
 
 from real.adamw import adamw_foreach_
 from real.host_adam import host_adamw_
+from real.flat import FlatLayout
 from real.inplace_grads import InplaceGrads
 from real.model import build_model
 from real.runner import RunSpec, batches
@@ -162,13 +163,13 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
     precision = spec.engine_config("device").precision
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     model = build_model(shape, dtype=dtype, seed=spec.seed)
-    params = [p for p in model.parameters()]
-    total = sum(p.numel() for p in params)
-    flat_grads = torch.zeros(total, dtype=dtype)  # as the engine: grads are views into it
-    offset = 0
-    for p in params:
-        p.grad = flat_grads[offset:offset + p.numel()].view_as(p)
-        offset += p.numel()
+    named = list(model.named_parameters())
+    params = [p for _, p in named]
+    layout = FlatLayout(named)  # as the engine: every gradient a view of one flat buffer
+    total = layout.total
+    flat_grads = layout.new(dtype)
+    for name, p in named:
+        p.grad = layout.view(flat_grads, name)
     inplace = InplaceGrads(params)
     data = batches(spec, shape.vocab)
     block_times(model, data, 2, inplace, flat_grads)  # warm-up

@@ -75,6 +75,7 @@ class ZenFlowStrategy(Strategy):
         for name, p in self.vectors:
             self.dm[name] = torch.zeros_like(p, dtype=torch.float32)
             self.dv[name] = torch.zeros_like(p, dtype=torch.float32)
+        self.vector_scratch = {name: torch.zeros_like(self.dv[name]) for name, _ in self.vectors}
         self.device_count = 0
         self.parity = 0  # which window buffer accumulates
         self.window_len = 0
@@ -215,7 +216,7 @@ class ZenFlowStrategy(Strategy):
             grads.append(p.grad.float() / div)
             ms.append(self.dm[name])
             vs.append(self.dv[name])
-            scratch.append(torch.empty_like(self.dv[name]))
+            scratch.append(self.vector_scratch[name])
             slices.append((p, None, None))
         self._device_adam(params, grads, ms, vs, [self.device_count] * len(params), scratch)
         for (p, idx, low), new in zip(slices, params):
