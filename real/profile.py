@@ -19,40 +19,19 @@ from __future__ import annotations
 
 import datetime
 import statistics
-import threading
 import time
+from types import SimpleNamespace
 
 import torch
 
 from real.adamw import adamw_foreach_
-from real.host_adam import host_adamw_
 from real.flat import FlatLayout
 from real.inplace_grads import InplaceGrads
 from real.model import build_model
+from real.rate_probe import RateProbe, median_time
 from real.runner import RunSpec, batches
+from zfbench.models import get_model
 from zfbench.schedule import topk_count
-
-
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def _in_thread(fn, threads: int):
-    """Run `fn` in a fresh thread with its own torch thread count; return its result."""
-    box = {}
-
-    def target():
-        torch.set_num_threads(threads)
-        box["out"] = fn()
-    worker = threading.Thread(target=target)
-    worker.start()
-    worker.join()
-    return box["out"]
 
 
 def block_times(model, data, repeats: int, inplace: InplaceGrads,
@@ -149,7 +128,7 @@ def _master_copy_s(params, repeats: int) -> float:
         for p, m in zip(params, master):
             p.data.copy_(m)
     copies()
-    return _median_time(copies, repeats)
+    return median_time(copies, repeats)
 
 
 def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) -> dict:
@@ -195,14 +174,14 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
                        eps=1e-8, weight_decay=0.01, scratch=scratch)
     column_io()
     device_adam()
-    optim_s = _median_time(device_adam, repeats)
+    optim_s = median_time(device_adam, repeats)
     # the column gather/scatter costs a part per 2-D element (cache lines touched) and a
     # part per selected element: measured at two ratios, split by a line through both
-    io_s = _median_time(column_io, repeats)
+    io_s = median_time(column_io, repeats)
     wide = _selected_columns(mats, dtype, WIDE_TOPK_RATIO)
     wide_sel = sum(s.numel() for s in wide[0])
     wide[-1]()
-    wide_io_s = _median_time(wide[-1], repeats)
+    wide_io_s = median_time(wide[-1], repeats)
     per_selected = max(0.0, (wide_io_s - io_s) / max(wide_sel - sel_elems, 1))
     per_matrix = max(0.0, io_s - per_selected * sel_elems) / mat_elems
     del wide
@@ -211,7 +190,7 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
     def select():
         for p in mats:
             torch.topk(p.grad.float().abs().sum(0), topk_count(p.shape[1], topk_ratio))
-    select_s = _median_time(select, repeats)
+    select_s = median_time(select, repeats)
 
     # the engine's own per-step device work: the non-finite check and zeroing gradients
     def check():  # as Engine._nonfinite_params
@@ -219,59 +198,28 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
 
     def zero():  # as Engine._zero_grads
         flat_grads.zero_()
-    check_s = _median_time(check, repeats)
-    zero_s = _median_time(zero, repeats)
+    check_s = median_time(check, repeats)
+    zero_s = median_time(zero, repeats)
+    # applying an uploaded update: one device buffer copied into another (as the engine's
+    # `flat_params.copy_(upload)`); a same-dtype copy, not the d2h conversion
+    apply_src = layout.new(dtype)
 
-    # links: d2h on the device thread, h2d on the host worker
-    # (device buffers in the run's precision, host buffers fp32, as in the engine)
-    dev_buf = torch.cat([p.detach().flatten() for p in params])
-    d2h_dst = torch.zeros(total)
-    h2d_src = torch.randn(total)
-    h2d_dst = torch.zeros(total, dtype=dtype)
-    nbytes = total * dev_buf.element_size()
+    def apply_copy():
+        flat_grads.copy_(apply_src)
+    apply_copy()
+    apply_s = median_time(apply_copy, repeats)
 
-    def d2h():
-        d2h_dst.copy_(dev_buf)
-
-    def h2d():
-        h2d_dst.copy_(h2d_src)
-    d2h()
-    h2d()
-    d2h_alone = _median_time(d2h, repeats)
-    h2d_alone = _in_thread(lambda: _median_time(h2d, repeats), host_threads)
-    both = {}
-
-    def h2d_loop():
-        both["h2d"] = _median_time(h2d, repeats)
-    worker = threading.Thread(target=lambda: (torch.set_num_threads(host_threads),
-                                              h2d_loop()))
-    worker.start()
-    both["d2h"] = _median_time(d2h, repeats)
-    worker.join()
-
-    # host AdamW and accumulation on the host worker's threads
-    master, grad = torch.randn(total), torch.randn(total) * 1e-3
-    m, v = torch.zeros(total), torch.zeros(total)
-
-    def host_adam():
-        host_adamw_(master, grad, m, v, step=1, lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8,
-                    weight_decay=0.01)
-
-    def accum():
-        m.add_(grad, alpha=0.25)
-    adam_s = _in_thread(lambda: (host_adam(), _median_time(host_adam, repeats))[1],
-                        host_threads)
-    accum_s = _in_thread(lambda: (accum(), _median_time(accum, repeats))[1], host_threads)
+    # links (d2h on the device thread, h2d on the host worker) and the host lane's rates,
+    # on buffers in the engine's precisions (real.rate_probe)
+    rates = RateProbe(total, dtype, host_threads).measure(repeats)
     return build_profile(spec, shape, blocks, dev_threads, host_threads, {
         "device_optim_elems_per_s": sel_elems / optim_s,
         "column_io_s_per_elem": per_matrix, "column_io_s_per_selected": per_selected,
         "master_copy_s_per_elem": master_s / total, "precision": precision,
         "select_s_per_elem": select_s / mat_elems,
         "grad_check_s_per_elem": check_s / total, "grad_zero_s_per_elem": zero_s / total,
-        "d2h_bytes_per_s": nbytes / d2h_alone, "h2d_bytes_per_s": nbytes / h2d_alone,
-        "d2h_bytes_per_s_both": nbytes / both["d2h"],
-        "h2d_bytes_per_s_both": nbytes / both["h2d"],
-        "host_adam_params_per_s": total / adam_s, "host_accum_elems_per_s": total / accum_s})
+        "device_copy_s_per_elem": apply_s / total,
+        **rates})
 
 
 NOT_A_LIMIT = ("not a limit: host Adam and accumulation rates are measured directly on the "
@@ -336,6 +284,23 @@ def build_profile(spec: RunSpec, shape, blocks: dict, dev_threads: int, host_thr
             "blocks": blocks, **rates, "source": src,
             "transfers": "emulated" if not torch.cuda.is_available() else "cuda"},
     }
+
+
+_CAL_META = ("model", "batch", "seq", "device_threads", "host_threads", "blocks", "source",
+             "transfers")
+
+
+def with_rates(profile: dict, rates: dict) -> dict:
+    """The profile with some calibration rates replaced (e.g. host and link rates measured
+    again around one run, `real.rate_probe`) and its hardware sections rebuilt from them."""
+    cal = profile["calibration"]
+    measured = {k: v for k, v in cal.items() if k not in _CAL_META}
+    measured.update(rates)
+    spec = SimpleNamespace(batch=cal["batch"], seq=cal["seq"])
+    out = build_profile(spec, get_model(cal["model"]), cal["blocks"], cal["device_threads"],
+                        cal["host_threads"], measured)
+    out["calibration"]["transfers"] = cal["transfers"]
+    return out
 
 
 def mean_profile(profiles: list[dict]) -> dict:

@@ -30,8 +30,8 @@ from zfbench.models import ModelShape, get_model
 
 @dataclass
 class RunSpec:
-    model: str = "opt-350m"
-    layers: int | None = 2
+    model: str = "tinyllama-1.1b"
+    layers: int | None = 1
     batch: int = 1
     seq: int = 8
     steps: int = 30

@@ -263,7 +263,11 @@ class CostModel:
         return numel * ADAM_BYTES_PER_PARAM / hbm
 
     def device_copy_s(self, numel: float) -> float:
-        """Copying parameters within device memory (applying an uploaded update)."""
+        """Copying parameters within device memory (applying an uploaded update): measured
+        on a CPU lane (`device_copy_s_per_elem`, profiles from this commit on), else read
+        and written at the device's memory bandwidth."""
+        if self.calibration is not None and "device_copy_s_per_elem" in self.calibration:
+            return numel * self.calibration["device_copy_s_per_elem"]
         return numel * self.elem_bytes * 2 / (self.node.gpu.hbm_bytes_per_s *
                                               DEVICE_OPTIM_HBM_EFFICIENCY)
 

@@ -17,6 +17,7 @@ from zfbench.models import (
 PUBLISHED = {
     "opt-350m": 331e6,
     "opt-1.3b": 1.32e9,
+    "tinyllama-1.1b": 1.1e9,
     "qwen2.5-1.5b": 1.54e9,
     "qwen2.5-3b": 3.09e9,
     "llama2-7b": 6.74e9,
@@ -36,6 +37,10 @@ def test_exact_totals_from_architecture():
     assert get_model("llama2-13b").total_params == 13_015_864_320
     assert get_model("opt-350m").total_params == 331_196_416
     assert get_model("qwen2.5-1.5b").total_params == 1_543_714_304
+    # tinyllama: untied 32000 x 2048 embed and head + 22 x (q,o 2048^2, k,v 256 x 2048,
+    # 3 x 2048 x 5632, 2 norms) + final norm
+    assert get_model("tinyllama-1.1b").total_params == 2 * 32000 * 2048 + 22 * (
+        2 * 2048 ** 2 + 2 * 256 * 2048 + 3 * 2048 * 5632 + 2 * 2048) + 2048 == 1_100_048_384
     # tiny: embed 256*64, 2 layers of (q 64*64 + k,v 32*64 + o 64*64 + 3*64*128 + 2 norms), norm, lm_head
     layer = 64 * 64 * 2 + 2 * 32 * 64 + 3 * 64 * 128 + 2 * 64
     assert get_model("tiny").total_params == 256 * 64 + 2 * layer + 64 + 256 * 64

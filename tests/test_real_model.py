@@ -82,7 +82,8 @@ def test_opt350m_one_layer_real_build_runs_post_norm_with_projections():
     names = dict(model.named_parameters())
     assert "embed.project_in.weight" in names and "head.project_out.weight" in names
     assert not model.layers[0].pre_norm
-    ids = torch.randint(0, shape.vocab, (1, 8))
+    # 64 seeded tokens: over 8 unseeded ones the loss strayed past 0.2 for 1 seed in 10
+    ids = torch.randint(0, shape.vocab, (2, 32), generator=torch.Generator().manual_seed(0))
     loss = model(ids, ids)
     assert abs(loss.item() - math.log(shape.vocab)) < 0.2
 

@@ -80,12 +80,12 @@ def test_memory_cli_refusal_for_a_full_size_model(capsys):
 
 
 def test_default_scenario_is_bf16_at_seq_4_and_a_config_keeps_its_precision(tmp_path):
-    """No flags: opt-350m[2L], batch 1 x seq 4, bf16 on the device lane (the regime where
-    host Adam outlasts forward+backward here); --config decides its own precision unless
-    --precision is given."""
+    """No flags: tinyllama-1.1b[1L], batch 1 x seq 4, bf16 on the device lane (the regime
+    where host AdamW outlasts forward+backward here, about 1.6x); --config decides its own
+    precision unless --precision is given."""
     from zfbench.run import build_parser, spec_from_args
     spec = spec_from_args(build_parser().parse_args([]))
-    assert (spec.model, spec.layers, spec.batch, spec.seq) == ("opt-350m", 2, 1, 4)
+    assert (spec.model, spec.layers, spec.batch, spec.seq) == ("tinyllama-1.1b", 1, 1, 4)
     assert spec.engine_config("zenflow").precision == "bf16"
     cfg = tmp_path / "ds.json"
     cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1,

@@ -35,7 +35,7 @@ def test_profile_is_a_hardware_profile_with_calibration(profile_path):
     for key in ("device_optim_elems_per_s", "select_s_per_elem", "d2h_bytes_per_s",
                 "h2d_bytes_per_s", "d2h_bytes_per_s_both", "h2d_bytes_per_s_both",
                 "host_adam_params_per_s", "host_accum_elems_per_s", "device_threads",
-                "host_threads"):
+                "host_threads", "device_copy_s_per_elem"):
         assert cal[key] > 0, key
     raw = json.loads(profile_path.read_text())
     assert all(v["source"] for v in raw["host_links"]["measured-link"].values()
@@ -57,6 +57,36 @@ def test_simulate_with_profile_uses_measured_costs(profile_path, capsys):
     assert fwd == pytest.approx(want, rel=1e-9)
     d2h = result.timeline.spans_frame().query("lane == 'd2h'")
     assert (d2h["bytes"] == result.costs.params * 4).all()
+    # applying a one-step-late update is the measured device copy (plus the engine's
+    # per-step gradient check and zeroing, which every offload step has)
+    c = result.costs
+    dpu = simulate(s, "zero-offload-dpu").timeline.spans_frame().query(
+        "op == 'device_optim' and step == 4")["duration_s"].sum()
+    assert dpu == pytest.approx(c.params * (cal["device_copy_s_per_elem"] +
+                                            cal["grad_check_s_per_elem"] +
+                                            cal["grad_zero_s_per_elem"]), rel=1e-9)
+
+
+def test_with_rates_rebuilds_the_hardware_the_simulator_reads(profile_path):
+    """A cell's profile: the shape's, with the host and link rates measured around the
+    cell; the simulator's node must see the new rates, the blocks must not change."""
+    from real.profile import with_rates
+    base = json.loads(profile_path.read_text())
+    cal = base["calibration"]
+    rates = {"host_adam_params_per_s": cal["host_adam_params_per_s"] / 2,
+             "d2h_bytes_per_s": cal["d2h_bytes_per_s"] * 3}
+    cell = with_rates(base, rates)
+    assert cell["calibration"]["blocks"] == cal["blocks"]
+    assert cell["calibration"]["transfers"] == cal["transfers"]
+    assert cell["calibration"]["host_adam_params_per_s"] == rates["host_adam_params_per_s"]
+    path = profile_path.with_name("cell.json")
+    path.write_text(json.dumps(cell))
+    node, old = load_profile(path)["nodes"]["measured"], load_profile(profile_path)[
+        "nodes"]["measured"]
+    assert node.link.d2h_bytes_per_s == pytest.approx(3 * old.link.d2h_bytes_per_s)
+    assert node.link.h2d_bytes_per_s == pytest.approx(old.link.h2d_bytes_per_s)
+    assert node.host.adam_params_per_s_per_core == pytest.approx(
+        old.host.adam_params_per_s_per_core / 2)
 
 
 def test_profile_of_another_model_is_refused(profile_path):
@@ -70,11 +100,42 @@ def test_quick_validate_matches_schedules_within_loose_bounds(tmp_path):
     assert set(table["strategy"]) == {"device", "zero-offload", "zero-offload-dpu", "zenflow"}
     assert (table["schedule_diffs"] == 0).all()
     summary = json.loads((tmp_path / "validate_summary.json").read_text())
-    assert summary["schedule_mismatches"] == 0
+    assert summary["schedule_mismatches"] == 0 and summary["complete"] is True
+    assert list(table["regime"].unique()) == ["longer", "equal", "shorter"]
     # tiny shapes are dominated by Python overhead the model leaves out; bound loosely
     assert summary["step_time_mape"] < 0.9, summary
     assert (table["simulated_step_time_s"] > 0).all()
     assert len(list((tmp_path / "traces").glob("*.json"))) >= 12
+    # a profile per shape and one per cell (host and link rates measured around it)
+    assert len(list((tmp_path / "profiles").glob("*.json"))) == 3 + 3 * 4
+    assert (table["cell_host_adam_params_per_s"] > 0).all()
+
+
+def test_validate_runs_a_subset_of_shapes_and_keeps_finished_shapes_when_stopped(
+        tmp_path, monkeypatch, capsys):
+    """--shapes picks regimes; each finished shape is on disk before the next starts, so a
+    run that dies in its second shape leaves the first shape's rows, marked incomplete."""
+    import zfbench.validate as v
+    assert validate_main(["--quick", "--quiet", "--shapes", "nope", "--out",
+                          str(tmp_path / "bad")]) == 2
+    assert "choose among longer, equal, shorter" in capsys.readouterr().err
+    real_shape, calls = v.validate_shape, []
+
+    def dies_in_second_shape(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 2:
+            raise RuntimeError("worker died")
+        return real_shape(*args, **kwargs)
+    monkeypatch.setattr(v, "validate_shape", dies_in_second_shape)
+    with pytest.raises(RuntimeError, match="worker died"):
+        validate_main(["--quick", "--quiet", "--shapes", "equal,shorter", "--out",
+                       str(tmp_path)])
+    table = pd.read_csv(tmp_path / "validate.csv")
+    assert set(table["shape"]) == {calls[0]} and set(table["regime"]) == {"equal"}
+    assert len(table) == 4  # one pair in --quick: one row per strategy
+    summary = json.loads((tmp_path / "validate_summary.json").read_text())
+    assert summary["shapes_done"] == [calls[0]] and summary["complete"] is False
+    assert not list(tmp_path.glob("*.tmp"))
 
 
 def test_signature_catches_a_different_schedule():
@@ -137,11 +198,14 @@ def _sizing_profile(tokens: int, seconds_per_step: float, host_params_per_s: flo
 
 @pytest.mark.parametrize("intercept_s, want", [
     (0.0, {"ratio2": 10, "ratio1": 20, "ratio0.5": 40}),  # every target reachable
-    (0.8, {"ratio1": 4, "ratio0.5": 24, "ratio0.25": 64}),  # r_max = 1: scaled by 1/2
+    (0.4, {"ratio1.67": 4, "ratio1": 12, "ratio0.5": 32}),  # r_max = 5/3: host longer at 4
+    (0.8, {"ratio1": 4, "ratio0.667": 14, "ratio0.333": 44}),  # r_max = 1: 1, 1/1.5, 1/3
+    (1.8, {"ratio0.5": 4, "ratio0.333": 24, "ratio0.167": 84}),  # r_max = 0.5: none longer
 ])
 def test_sized_shapes_fit_a_line_and_scale_unreachable_targets(intercept_s, want):
     """forward+backward = intercept + 0.05 s/token; host Adam = 1 s. Ratio r needs
-    (1/r - intercept) / 0.05 tokens; above r_max = 1/(intercept + 0.2) the targets shrink."""
+    (1/r - intercept) / 0.05 tokens; r_max = 1/(intercept + 0.2); the targets are
+    min(2, r_max), min(1, r_max / 1.5), min(0.5, r_max / 3)."""
     from real.runner import RunSpec
     from zfbench.models import get_model
     from zfbench.validate import sized_shapes

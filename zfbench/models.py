@@ -1,8 +1,8 @@
 """Named model shapes, built from their architecture.
 
 This module owns the vocabulary of *what is being trained*: for each named model
-(``tiny``, ``opt-350m``, ``opt-1.3b``, ``qwen2.5-1.5b``, ``qwen2.5-3b``,
-``llama2-7b``, ``llama2-13b``) it lists every weight matrix and every 1-D
+(``tiny``, ``opt-350m``, ``opt-1.3b``, ``qwen2.5-0.5b``, ``qwen2.5-1.5b``,
+``qwen2.5-3b``, ``tinyllama-1.1b``, ``llama2-7b``, ``llama2-13b``) it lists every weight matrix and every 1-D
 parameter, grouped into forward-order blocks (``embed``, ``layers.0`` ...
 ``layers.N-1``, ``head``), and the matmul FLOPs each block costs per token.
 Parameter counts are derived from the shape hyper-parameters (never typed in),
@@ -303,6 +303,9 @@ MODELS: dict[str, ModelShape] = {
         # Qwen/Qwen2.5-3B config.json
         ModelShape("qwen2.5-3b", "llama", vocab=151936, hidden=2048, layers=36, heads=16, kv_heads=2,
                    intermediate=11008, tied_embeddings=True, qkv_bias=True),
+        # TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T config.json (untied embeddings)
+        ModelShape("tinyllama-1.1b", "llama", vocab=32000, hidden=2048, layers=22, heads=32, kv_heads=4,
+                   intermediate=5632),
         # meta-llama/Llama-2-7b-hf config.json
         ModelShape("llama2-7b", "llama", vocab=32000, hidden=4096, layers=32, heads=32, kv_heads=32,
                    intermediate=11008),

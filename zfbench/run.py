@@ -12,15 +12,17 @@ global batch of `--batch * N`, gradients are all-reduced, each rank's host lane 
 shard of the optimizer state, updated shards are all-gathered. Each rank gets an equal
 share of the cores (`--device-threads` / `--host-threads` are per rank); rank 0 prints
 and writes the files, with every rank's spans.
-Scenario: with no flags, all four strategies run on the shape where the host work weighs
-most against forward+backward on this machine (toward the regime ZenFlow is for):
-opt-350m's first 2 layers at full width, batch 1 x seq 4, bf16 weights and gradients on
-the device lane with fp32 master and moments on the host (ZenFlow's mixed-precision
-setting), 30 steps each. Measured on the 2-core dev machine (1 + 1 threads,
-bench/engine_overlap.py): forward+backward 51-61 ms, host AdamW over the 54.1M parameters
-49-60 ms, ZeRO-Offload stalls ~50% of each step. Then the breakdown table is printed:
-step time, stall, exposed I/O, host wait, achieved link GB/s, host Adam parameters/s,
-compute utilization, loss.
+Scenario: with no flags, all four strategies run on a shape where host AdamW is slower
+than forward+backward on this machine (the regime ZenFlow is for): TinyLlama-1.1B's first
+layer at full width (its 32000 x 2048 embedding and head are untied, so a third of the
+175M parameters are barely touched by compute but all of them are updated by Adam),
+batch 1 x seq 4, bf16 weights and gradients on the device lane with fp32 master and
+moments on the host (ZenFlow's mixed-precision setting), 30 steps each, about 80 s in all.
+Measured on the 2-core dev machine (1 + 1 threads, bench/engine_overlap.py): forward+
+backward 0.10-0.13 s, host AdamW 0.16-0.21 s (1.55-1.65x), ZeRO-Offload stalls ~62% of
+each step and ZenFlow ~14%. Then the breakdown table is printed: step time, stall,
+exposed I/O, host wait, achieved link GB/s, host Adam parameters/s, compute utilization,
+loss.
 
 Before anything is allocated the memory need is estimated and a run that cannot fit is
 refused with the numbers and the `--layers` that would fit. Files written to `--out`:

@@ -166,8 +166,8 @@ class Timeline:
         directory.mkdir(parents=True, exist_ok=True)
         spans_path = directory / f"{prefix}spans.csv"
         steps_path = directory / f"{prefix}steps.csv"
-        _write_frame_atomic(self.spans_frame()[SPAN_COLUMNS], spans_path)
-        _write_frame_atomic(self.steps_frame()[STEP_COLUMNS], steps_path)
+        write_csv_atomic(self.spans_frame()[SPAN_COLUMNS], spans_path)
+        write_csv_atomic(self.steps_frame()[STEP_COLUMNS], steps_path)
         return spans_path, steps_path
 
     @classmethod
@@ -211,7 +211,8 @@ def write_json_atomic(path: str | os.PathLike, payload) -> Path:
     return path
 
 
-def _write_frame_atomic(frame, path: Path) -> None:
+def write_csv_atomic(frame, path: Path) -> None:
+    """A table as CSV through a temporary file and a rename."""
     tmp = path.with_name(path.name + ".tmp")
     frame.to_csv(tmp, index=False)
     os.replace(tmp, path)

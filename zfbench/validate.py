@@ -1,21 +1,26 @@
 """`python -m zfbench.validate`: does the simulator predict what the engine measures here?
 
-Scenario: three shapes of one model slice (bf16 on the device lane by default, as
-`zfbench.run`), sized from two calibrations (4 and 64 tokens) so that the host Adam is
-shorter than, about equal to, and longer than forward+backward on this machine (the
-ratio each shape's own profile measured is printed as `host_adam_over_compute`);
-for each shape a profile is measured (`real.profile`) and every strategy runs on the
-engine, zenflow at two (topk_ratio, update_interval) pairs; the simulator then runs the
-same cells with that shape's profile. Printed and written (`--out`, default
-runs/validate): `validate.csv` (measured vs simulated step time, stall fraction and bytes
-per step with signed deltas), `validate_summary.json` (MAPE and max error of step time,
-worst stall miss in points, rank correlation of the strategies' order per shape and
-pair), `profiles/*.json`, and `traces/<cell>.json` (measured and simulated timelines of a
-cell side by side, for Perfetto). Any cell whose schedule signature differs (the compute
-lane's op order or the ops on another lane, per steady-state step) is reported and makes
-the command exit non-zero.
+Scenario: three shapes of one model slice (by default `zfbench.run`'s: tinyllama-1.1b[1L],
+bf16 on the device lane), sized from two calibrations (4 and 64 tokens) so that the host
+Adam is longer than, about equal to, and shorter than forward+backward on this machine
+(the ratio each shape's own profile measured is printed as `host_adam_over_compute`); for
+each shape a profile is measured (`real.profile`) and every strategy runs on the engine,
+zenflow at two (topk_ratio, update_interval) pairs; the simulator then runs the same cells
+with that shape's profile. Printed and written (`--out`, default runs/validate):
+`validate.csv` (measured vs simulated step time, stall fraction and bytes per step with
+signed deltas), `validate_summary.json` (MAPE and max error of step time, worst stall
+miss in points, rank correlation of the strategies' order per shape and pair),
+`profiles/<shape>.json` (the mean of a profile measured before and one after the shape's
+cells), `profiles/<cell>.json` (that profile with the host and link rates measured right
+before and after the cell: what the simulator uses), and `traces/<cell>.json` (measured
+and simulated timelines of a cell side by side, for Perfetto). The CSV and summary are
+rewritten whole (through a rename) as each shape finishes, the summary's `complete` false
+until the last one, so a run stopped midway keeps the shapes it did. Any cell whose
+schedule signature differs (the compute lane's op order or the ops on another lane, per
+steady-state step) is reported and makes the command exit non-zero.
 
-    python -m zfbench.validate                 # full matrix, about 5-10 minutes here
+    python -m zfbench.validate                 # full matrix, about 8 minutes here
+    python -m zfbench.validate --shapes longer # one shape (longer, equal, shorter)
     python -m zfbench.validate --quick         # tiny shapes, seconds (what CI runs)
 """
 
@@ -28,21 +33,25 @@ from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from analysis.breakdown import summarize
 from analysis.validation import (compare_rows, error_summary, schedule_signature,
                                  signature_diff)
-from real.profile import mean_profile, measure_profile
+from real.profile import mean_profile, measure_profile, with_rates
+from real.rate_probe import RateProbe
 from real.runner import RunSpec, train
 from sims.costs import SimSettings
 from sims.simulator import simulate
 from zfbench.config import STRATEGIES
 from zfbench.run import DEFAULT_PRECISION
-from zfbench.trace import merge_chrome_traces, write_json_atomic
+from zfbench.trace import merge_chrome_traces, write_csv_atomic, write_json_atomic
 
 PAIRS = ((0.1, 4), (0.25, 2))
+PROBE_REPEATS = 3  # host and link rates measured before and after each cell
 SIZING_SEQ = (4, 64)  # token counts of the two sizing profiles
 RATIOS = (2.0, 1.0, 0.5)  # host Adam / (forward + backward), host longer to shorter
+REGIMES = ("longer", "equal", "shorter")  # the host Adam against forward+backward, per ratio
 
 
 def compute_s(profile: dict, shape) -> float:
@@ -57,13 +66,15 @@ def host_adam_s(profile: dict, shape) -> float:
 
 
 def sized_shapes(base: RunSpec, low: dict, high: dict, max_seq: int) -> dict[str, RunSpec]:
-    """Token counts at which host Adam / (forward + backward) is about 2, 1 and 0.5, from
-    two profiles (at few and at many tokens): forward + backward is fitted as a + b *
-    tokens. On a CPU lane a (the weight traffic) dominates at small token counts, so the
-    ratio cannot exceed r_max = host / (a + 4 b); then the three targets are scaled to
-    r_max, r_max / 2 and r_max / 4 so the shapes stay distinct. Each shape is named by
-    its target ratio (`ratio2`, `ratio0.45` ...); validate prints the ratio its own
-    profile measured."""
+    """Token counts at which host Adam / (forward + backward) is about 2, 1 and 0.5 (the
+    regimes `longer`, `equal`, `shorter`), from two profiles (at few and at many tokens):
+    forward + backward is fitted as a + b * tokens. On a CPU lane a (the weight traffic)
+    dominates at small token counts, so the ratio cannot exceed r_max = host / (a + 4 b);
+    the targets are min(2, r_max), min(1, r_max / 1.5) and min(0.5, r_max / 3), so they
+    stay distinct whatever r_max a noisy measurement gives, and below r_max = 1 (no shape
+    of this model has the host longer) a warning names a model that has. Each shape is
+    named by its target ratio (`ratio2`, `ratio0.45` ...); validate prints the ratio its
+    own profile measured."""
     shape = base.shape()
     t_lo = low["calibration"]["batch"] * low["calibration"]["seq"]
     t_hi = high["calibration"]["batch"] * high["calibration"]["seq"]
@@ -72,13 +83,15 @@ def sized_shapes(base: RunSpec, low: dict, high: dict, max_seq: int) -> dict[str
     intercept = c_lo - slope * t_lo
     host_s = host_adam_s(low, shape)
     r_max = host_s / (intercept + slope * 4)
-    scale = min(1.0, r_max / max(RATIOS))
-    if scale < 1.0:
-        print(f"host Adam / (forward + backward) reaches at most {r_max:.2f} here (at 4 "
-              f"tokens); shapes spread over {r_max / 4:.2f}-{r_max:.2f}", file=sys.stderr)
+    targets = tuple(min(r, r_max / shrink) for r, shrink in zip(RATIOS, (1.0, 1.5, 3.0)))
+    if r_max < 1.0:
+        print(f"host Adam / (forward + backward) measured at most {r_max:.2f} with "
+              f"{shape.name} here (at 4 tokens): no shape has the host clearly longer; "
+              f"shapes spread over {targets[-1]:.2f}-{r_max:.2f}. On a shared machine "
+              f"this sizing varies by +-30% run to run; a model with untied embeddings "
+              f"(the default, tinyllama-1.1b[1L]) usually measures 1.1-1.6", file=sys.stderr)
     out = {}
-    for ratio in RATIOS:
-        target = ratio * scale
+    for target in targets:
         tokens = int(min(max(4, round((host_s / target - intercept) / slope)), max_seq))
         out[f"ratio{target:.3g}"] = replace(base, batch=1, seq=tokens)
     return out
@@ -111,54 +124,34 @@ def simulate_cell(spec: RunSpec, strategy: str, pair, profile_path: Path, skip: 
     return compare_rows(measured, simulated), diffs, sim
 
 
-def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool) -> int:
+def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool,
+             regimes: tuple[str, ...] = REGIMES) -> int:
     shape = base.shape()
     max_seq = (shape.max_positions - 2) if shape.max_positions else 4096
     print(f"calibrating {shape.name} at {SIZING_SEQ} tokens ...", file=sys.stderr)
     low, high = (measure_profile(replace(base, batch=1, seq=n)) for n in SIZING_SEQ)
-    shapes = sized_shapes(base, low, high, max_seq)
+    sized = sized_shapes(base, low, high, max_seq)
+    shapes = [(regime, name, spec) for regime, (name, spec) in zip(REGIMES, sized.items())
+              if regime in regimes]
     pairs = PAIRS[:1] if quick else PAIRS
     rows, failures = [], []
     (out / "profiles").mkdir(parents=True, exist_ok=True)
     (out / "traces").mkdir(parents=True, exist_ok=True)
-    for shape_name, spec in shapes.items():
-        # the machine drifts: the shape is profiled before and after its cells run, and
-        # the simulator gets the mean of the two
-        before = measure_profile(spec)
-        cells = [(strategy, pair, measure_cell(spec, strategy, pair, progress))
-                 for strategy in STRATEGIES
-                 for pair in (pairs if strategy == "zenflow" else pairs[:1])]
-        profile = mean_profile([before, measure_profile(spec)])
-        profile_path = out / "profiles" / f"{shape_name}.json"
-        write_json_atomic(profile_path, profile)
-        ratio = host_adam_s(profile, shape) / compute_s(profile, shape)
-        for strategy, pair, measured_tl in cells:
-            row, diffs, sim_tl = simulate_cell(spec, strategy, pair, profile_path, skip,
-                                               measured_tl)
-            cell = f"{shape_name}.{strategy}" + (
-                f".topk{pair[0]}-U{pair[1]}" if strategy == "zenflow" else "")
-            write_json_atomic(out / "traces" / f"{cell}.json", merge_chrome_traces(
-                {f"{cell} measured": measured_tl, f"{cell} simulated": sim_tl}))
-            for p in ([pair] if strategy == "zenflow" else pairs):
-                rows.append({"shape": shape_name, "batch": spec.batch, "seq": spec.seq,
-                             "host_adam_over_compute": ratio,
-                             "topk_ratio": p[0], "update_interval": p[1],
-                             "strategy": strategy, "schedule_diffs": len(diffs), **row})
-            failures.extend(f"{cell}: {d}" for d in diffs[:3])
-    table = pd.DataFrame(rows)
-    # each (shape, pair) group ranks all four strategies; the shared baselines appear in
-    # every pair's group, so the error statistics count each real cell once
-    summary = error_summary(table, ["shape", "topk_ratio", "update_interval"])
-    unique = table.drop_duplicates(["shape", "strategy", "measured_step_time_s"])
-    summary.update({k: v for k, v in error_summary(unique, ["shape"]).items()
-                    if k.startswith(("step_time", "stall", "cells"))})
-    summary["schedule_mismatches"] = len(failures)
-    table.to_csv(out / "validate.csv", index=False)
-    write_json_atomic(out / "validate_summary.json", summary)
-    show = unique[["shape", "seq", "host_adam_over_compute", "strategy", "topk_ratio", "update_interval",
-                   "measured_step_time_s", "simulated_step_time_s",
-                   "rel_error_step_time_s", "measured_stall_fraction",
-                   "simulated_stall_fraction", "schedule_diffs"]]
+    for done, (regime, shape_name, spec) in enumerate(shapes, 1):
+        print(f"shape {done}/{len(shapes)}: {shape_name} ({regime}), batch 1 x seq "
+              f"{spec.seq}", file=sys.stderr)
+        shape_rows, shape_failures = validate_shape(spec, shape_name, regime, pairs, out,
+                                                    skip, progress)
+        rows += shape_rows
+        failures += shape_failures
+        # every finished shape lands on disk: a long run stopped later keeps what it did
+        table, unique, summary = write_results(out, rows, failures,
+                                               [name for _, name, _ in shapes[:done]],
+                                               complete=done == len(shapes))
+    show = unique[["shape", "regime", "seq", "host_adam_over_compute", "strategy",
+                   "topk_ratio", "update_interval", "measured_step_time_s",
+                   "simulated_step_time_s", "rel_error_step_time_s",
+                   "measured_stall_fraction", "simulated_stall_fraction", "schedule_diffs"]]
     print(show.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(json.dumps(summary, indent=1))
     print(f"wrote {out}/validate.csv, validate_summary.json, profiles/, traces/")
@@ -167,14 +160,81 @@ def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool) -
     return 1 if failures else 0
 
 
+def validate_shape(spec: RunSpec, shape_name: str, regime: str, pairs, out: Path, skip: int,
+                   progress: bool) -> tuple[list[dict], list[str]]:
+    """Profile one shape, run its cells on the engine and the simulator: rows, mismatches."""
+    shape = spec.shape()
+    # the machine drifts: the shape is profiled before and after its cells run (the
+    # simulator gets the mean of the two), and the memory-bound host and link rates, which
+    # drift most, are measured again right before and after each cell (real.rate_probe)
+    before = measure_profile(spec)
+    cal = before["calibration"]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cal["precision"],
+                                                                 torch.float32)
+    probe = RateProbe(shape.total_params, dtype, cal["host_threads"])
+    cells = []
+    for strategy in STRATEGIES:
+        for pair in (pairs if strategy == "zenflow" else pairs[:1]):
+            ahead = probe.measure(PROBE_REPEATS)
+            timeline = measure_cell(spec, strategy, pair, progress)
+            rates = mean_profile([ahead, probe.measure(PROBE_REPEATS)])
+            cells.append((strategy, pair, timeline, rates))
+    del probe
+    profile = mean_profile([before, measure_profile(spec)])
+    write_json_atomic(out / "profiles" / f"{shape_name}.json", profile)
+    ratio = host_adam_s(profile, shape) / compute_s(profile, shape)
+    rows, failures = [], []
+    for strategy, pair, measured_tl, rates in cells:
+        cell = f"{shape_name}.{strategy}" + (
+            f".topk{pair[0]}-U{pair[1]}" if strategy == "zenflow" else "")
+        profile_path = out / "profiles" / f"{cell}.json"
+        write_json_atomic(profile_path, with_rates(profile, rates))
+        row, diffs, sim_tl = simulate_cell(spec, strategy, pair, profile_path, skip,
+                                           measured_tl)
+        write_json_atomic(out / "traces" / f"{cell}.json", merge_chrome_traces(
+            {f"{cell} measured": measured_tl, f"{cell} simulated": sim_tl}))
+        for p in ([pair] if strategy == "zenflow" else pairs):
+            rows.append({"shape": shape_name, "regime": regime, "batch": spec.batch,
+                         "seq": spec.seq, "host_adam_over_compute": ratio,
+                         "cell_host_adam_params_per_s": rates["host_adam_params_per_s"],
+                         "topk_ratio": p[0], "update_interval": p[1],
+                         "strategy": strategy, "schedule_diffs": len(diffs), **row})
+        failures.extend(f"{cell}: {d}" for d in diffs[:3])
+    return rows, failures
+
+
+def write_results(out: Path, rows: list[dict], failures: list[str], shapes_done: list[str],
+                  complete: bool):
+    """validate.csv and validate_summary.json for the shapes finished so far (each written
+    whole through a rename); `complete` is false until the last shape is in."""
+    table = pd.DataFrame(rows)
+    # each (shape, pair) group ranks all four strategies; the shared baselines appear in
+    # every pair's group, so the error statistics count each real cell once
+    summary = error_summary(table, ["shape", "topk_ratio", "update_interval"])
+    unique = table.drop_duplicates(["shape", "strategy", "measured_step_time_s"])
+    summary.update({k: v for k, v in error_summary(unique, ["shape"]).items()
+                    if k.startswith(("step_time", "stall", "cells"))})
+    summary["schedule_mismatches"] = len(failures)
+    summary["shapes_done"] = shapes_done
+    summary["complete"] = complete
+    write_csv_atomic(table, out / "validate.csv")
+    write_json_atomic(out / "validate_summary.json", summary)
+    return table, unique, summary
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m zfbench.validate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="opt-350m")
-    p.add_argument("--layers", type=int, default=2)
+    d = RunSpec()  # the shape of `python -m zfbench.run` with no flags
+    p.add_argument("--model", default=d.model, help=f"named shape (default {d.model})")
+    p.add_argument("--layers", type=int, default=d.layers,
+                   help=f"depth slice at full width (default {d.layers})")
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--skip", type=int, default=8, help="steps left out of the averages")
     p.add_argument("--quick", action="store_true", help="tiny shapes, one pair (CI)")
+    p.add_argument("--shapes", default=",".join(REGIMES),
+                   help="which of the three sized shapes to run, by regime of host Adam "
+                        "against forward+backward (default all: " + ",".join(REGIMES) + ")")
     p.add_argument("--precision", choices=("fp32", "bf16"), default=DEFAULT_PRECISION,
                    help=f"device weights and gradients (default {DEFAULT_PRECISION}, as "
                         "python -m zfbench.run)")
@@ -185,13 +245,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.model, args.layers, args.steps, args.skip = "tiny", 2, 14, 6
+    regimes = tuple(r.strip() for r in args.shapes.split(",") if r.strip())
+    if not regimes or set(regimes) - set(REGIMES):
+        print(f"error: --shapes {args.shapes!r}: choose among {', '.join(REGIMES)} "
+              f"(comma-separated)", file=sys.stderr)
+        return 2
     if args.skip >= args.steps - 1:
         print(f"error: --skip {args.skip} leaves no steps of {args.steps}", file=sys.stderr)
         return 2
     base = RunSpec(model=args.model, layers=args.layers, batch=1, seq=32, steps=args.steps,
                    device="cpu", device_threads=args.device_threads,
                    host_threads=args.host_threads, precision=args.precision)
-    return validate(base, args.out, args.skip, args.quick, not args.quiet)
+    return validate(base, args.out, args.skip, args.quick, not args.quiet, regimes)
 
 
 if __name__ == "__main__":
