@@ -9,7 +9,10 @@ flat buffer, `real.inplace_grads`):
   ZenFlow's per-step column gather/scatter around that optimizer (seconds per 2-D
   gradient element), on the device thread, with the engine's own buffers and ops;
 - d2h (device thread) and h2d (host worker) copy bandwidth, each alone and both at once;
-- host AdamW parameters/s and host accumulation elements/s on the host worker's threads.
+- host AdamW parameters/s and host accumulation elements/s on the host worker's threads;
+- how much the device and host lanes slow each other when they run at once (both are
+  cores over the same DRAM here): rate factors of forward+backward while host AdamW runs
+  and of host AdamW while forward+backward runs.
 The result is a hardware profile in the layout of `zfbench/data/hardware.json` (every
 number with its source: this measurement) plus a `calibration` section with the
 per-block times, which `python -m zfbench.simulate --profile FILE` reads.
@@ -28,7 +31,7 @@ from real.adamw import adamw_foreach_
 from real.flat import FlatLayout
 from real.inplace_grads import InplaceGrads
 from real.model import build_model
-from real.rate_probe import RateProbe, median_time
+from real.rate_probe import RateProbe, lane_contention, median_time
 from real.runner import RunSpec, batches
 from zfbench.models import get_model
 from zfbench.schedule import topk_count
@@ -211,7 +214,16 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
 
     # links (d2h on the device thread, h2d on the host worker) and the host lane's rates,
     # on buffers in the engine's precisions (real.rate_probe)
-    rates = RateProbe(total, dtype, host_threads).measure(repeats)
+    probe = RateProbe(total, dtype, host_threads)
+    rates = probe.measure(repeats)
+
+    def train_step():  # the device lane's forward+backward (gradients pile up: harmless)
+        batch = next(data)
+        with inplace:
+            step_loss = model(batch["input_ids"], batch["labels"])
+        step_loss.backward()
+    rates.update(lane_contention(probe, train_step, dev_threads, repeats))
+    del probe
     return build_profile(spec, shape, blocks, dev_threads, host_threads, {
         "device_optim_elems_per_s": sel_elems / optim_s,
         "column_io_s_per_elem": per_matrix, "column_io_s_per_selected": per_selected,

@@ -97,3 +97,44 @@ class RateProbe:
                 "h2d_bytes_per_s_both": nbytes / both["h2d"],
                 "host_adam_params_per_s": self.total / adam_s,
                 "host_accum_elems_per_s": self.total / accum_s}
+
+
+def _loop_in_thread(fn, threads: int):
+    """Start `fn` repeating on a fresh thread (its own torch thread count); returns stop()."""
+    stop = threading.Event()
+
+    def target():
+        torch.set_num_threads(threads)
+        while not stop.is_set():
+            fn()
+    worker = threading.Thread(target=target)
+    worker.start()
+
+    def halt() -> None:
+        stop.set()
+        worker.join()
+    return halt
+
+
+def lane_contention(probe: RateProbe, device_work, device_threads: int,
+                    repeats: int = 5) -> dict[str, float]:
+    """How much the two lanes slow each other on a CPU-emulated accelerator, where both
+    are cores over the same DRAM: `device_work` (a training step's forward+backward, on
+    the calling thread) timed alone and while host AdamW repeats on the host threads, and
+    host AdamW timed alone and while `device_work` repeats on a device thread. Returned
+    as rate factors (alone / together, at most 1) the simulator applies while a compute
+    span and host-lane work overlap."""
+    def host_adam():
+        host_adamw_(probe.master, probe.grad, probe.m, probe.v, step=1, lr=1e-4, beta1=0.9,
+                    beta2=0.999, eps=1e-8, weight_decay=0.01)
+    device_work()
+    compute_alone = median_time(device_work, repeats)
+    halt = _loop_in_thread(host_adam, probe.host_threads)
+    compute_busy = median_time(device_work, repeats)
+    halt()
+    host_alone = in_thread(lambda: median_time(host_adam, repeats), probe.host_threads)
+    halt = _loop_in_thread(device_work, device_threads)
+    host_busy = in_thread(lambda: median_time(host_adam, repeats), probe.host_threads)
+    halt()
+    return {"compute_factor_when_host_busy": min(1.0, compute_alone / compute_busy),
+            "host_factor_when_compute_busy": min(1.0, host_alone / host_busy)}

@@ -262,6 +262,14 @@ class CostModel:
         hbm = self.node.gpu.hbm_bytes_per_s * DEVICE_OPTIM_HBM_EFFICIENCY
         return numel * ADAM_BYTES_PER_PARAM / hbm
 
+    @property
+    def lane_contention(self) -> tuple[float, float]:
+        """Rate factors (compute while host work runs, host work while compute runs) on a
+        CPU-emulated accelerator, measured by the profile; (1, 1) when not measured."""
+        cal = self.calibration or {}
+        return (cal.get("compute_factor_when_host_busy", 1.0),
+                cal.get("host_factor_when_compute_busy", 1.0))
+
     def device_copy_s(self, numel: float) -> float:
         """Copying parameters within device memory (applying an uploaded update): measured
         on a CPU lane (`device_copy_s_per_elem`, profiles from this commit on), else read

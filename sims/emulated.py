@@ -6,19 +6,55 @@ parameters up right after each host Adam chunk (the host lane is busy meanwhile)
 an asynchronous update is a device-side copy. A profile measured that way
 (`calibration.transfers == "emulated"`) is simulated with `EmulatedRankSim`, so measured
 and simulated timelines can be compared span for span (`python -m zfbench.validate`).
+The device and host lanes are cores over one DRAM: while a compute span and host-lane work
+(host AdamW, accumulation, uploads) run at once, each goes at the rate factor the profile
+measured for it (`emulated_rates`; compute runs as work on the fluid pool for that).
 """
 
 from __future__ import annotations
 
 import simpy
 
-from sims.fluid import Job
+from sims.fluid import Job, RateFn
 from sims.lanes import all_done
 from sims.strategies import RankSim, _fired
 from zfbench.schedule import is_selection_step, is_update_boundary, is_warmup
 
 
+_HOST_SIDE = ("host", "h2d")  # kinds of pool work the host worker does on a CPU lane
+
+
+def emulated_rates(base: RateFn, compute_factor: float, host_factor: float) -> RateFn:
+    """`base` (the node's rates) for transfers and host work, plus compute jobs (amount in
+    seconds, rate 1 alone); while a rank's compute and its host-side work overlap, the
+    compute goes at `compute_factor` and the host-side work at `host_factor` of its rate."""
+
+    def rates(active: list[Job]) -> list[float]:
+        others = [j for j in active if j.kind != "compute"]
+        base_rates = iter(base(others) if others else ())
+        host_busy = {j.rank for j in others if j.kind in _HOST_SIDE}
+        computing = {j.rank for j in active if j.kind == "compute"}
+        out = []
+        for job in active:
+            if job.kind == "compute":
+                out.append(compute_factor if job.rank in host_busy else 1.0)
+                continue
+            rate = next(base_rates)
+            out.append(rate * host_factor if job.kind in _HOST_SIDE and job.rank in computing
+                       else rate)
+        return out
+    rates.job_key = base.job_key
+    return rates
+
+
 class EmulatedRankSim(RankSim):
+    def compute(self, op: str, step: int, seconds: float):
+        """A compute span as pool work, so host-lane work running beside it slows it."""
+        t0 = self.env.now
+        if seconds > 0:
+            yield self.pool.run(Job("compute", self.rank, seconds))
+        self.timeline.add(self.rank, "compute", op, step, t0, self.env.now)
+
     def backward(self, step: int, after_bucket):
         """Backward, then the engine's non-finite check over every gradient."""
         yield from super().backward(step, after_bucket)

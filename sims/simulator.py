@@ -19,7 +19,7 @@ import simpy
 
 from sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
 from sims.fluid import FluidPool, NodeCapacities, node_rates
-from sims.emulated import EmulatedRankSim
+from sims.emulated import EmulatedRankSim, emulated_rates
 from sims.strategies import RankSim
 from zfbench.trace import Timeline
 
@@ -82,7 +82,10 @@ def simulate(settings: SimSettings, strategy: str) -> SimResult:
     costs = CostModel(settings)
     env = simpy.Environment()
     timeline = Timeline("simulated", meta={"strategy": strategy, **settings.as_dict()})
-    pool = FluidPool(env, node_rates(capacities(costs)))
+    rate_fn = node_rates(capacities(costs))
+    if costs.emulated:
+        rate_fn = emulated_rates(rate_fn, *costs.lane_contention)
+    pool = FluidPool(env, rate_fn)
     for rank in range(settings.gpus):
         rank_sim = EmulatedRankSim if costs.emulated else RankSim
         env.process(rank_sim(env, timeline, pool, costs, rank).run(strategy, settings.steps))

@@ -37,6 +37,8 @@ def test_profile_is_a_hardware_profile_with_calibration(profile_path):
                 "host_adam_params_per_s", "host_accum_elems_per_s", "device_threads",
                 "host_threads", "device_copy_s_per_elem"):
         assert cal[key] > 0, key
+    for key in ("compute_factor_when_host_busy", "host_factor_when_compute_busy"):
+        assert 0 < cal[key] <= 1, key
     raw = json.loads(profile_path.read_text())
     assert all(v["source"] for v in raw["host_links"]["measured-link"].values()
                if isinstance(v, dict))
@@ -58,10 +60,17 @@ def test_simulate_with_profile_uses_measured_costs(profile_path, capsys):
     d2h = result.timeline.spans_frame().query("lane == 'd2h'")
     assert (d2h["bytes"] == result.costs.params * 4).all()
     # applying a one-step-late update is the measured device copy (plus the engine's
-    # per-step gradient check and zeroing, which every offload step has)
+    # per-step gradient check and zeroing, which every offload step has), when the lanes
+    # do not slow each other
+    from dataclasses import replace
+
+    from real.profile import with_rates
+    apart = profile_path.with_name("apart.json")
+    apart.write_text(json.dumps(with_rates(json.loads(profile_path.read_text()), {
+        "compute_factor_when_host_busy": 1.0, "host_factor_when_compute_busy": 1.0})))
     c = result.costs
-    dpu = simulate(s, "zero-offload-dpu").timeline.spans_frame().query(
-        "op == 'device_optim' and step == 4")["duration_s"].sum()
+    dpu = simulate(replace(s, profile=str(apart)), "zero-offload-dpu").timeline.spans_frame(
+    ).query("op == 'device_optim' and step == 4")["duration_s"].sum()
     assert dpu == pytest.approx(c.params * (cal["device_copy_s_per_elem"] +
                                             cal["grad_check_s_per_elem"] +
                                             cal["grad_zero_s_per_elem"]), rel=1e-9)
@@ -87,6 +96,48 @@ def test_with_rates_rebuilds_the_hardware_the_simulator_reads(profile_path):
     assert node.link.h2d_bytes_per_s == pytest.approx(old.link.h2d_bytes_per_s)
     assert node.host.adam_params_per_s_per_core == pytest.approx(
         old.host.adam_params_per_s_per_core / 2)
+
+
+def test_emulated_lanes_slow_each_other_only_when_they_overlap():
+    """Compute and host-side work of one rank sharing DRAM: each at its factor while both
+    run; other ranks' work and transfers down are not affected."""
+    from sims.emulated import emulated_rates
+    from sims.fluid import Job
+
+    def base(active):
+        return [10.0 * (i + 1) for i in range(len(active))]
+    base.job_key = lambda job: (job.kind, job.rank)
+    rates = emulated_rates(base, 0.5, 0.25)
+    compute, host, up, down = (Job("compute", 0, 1.0), Job("host", 0, 1.0),
+                               Job("h2d", 0, 1.0), Job("d2h", 0, 1.0))
+    assert rates([compute]) == [1.0]
+    assert rates([host, down]) == [10.0, 20.0]
+    assert rates([compute, host, down, up]) == [0.5, 2.5, 20.0, 7.5]
+    assert rates([Job("compute", 1, 1.0), host]) == [1.0, 10.0]
+    assert rates.job_key is base.job_key
+
+
+def test_lane_contention_lengthens_overlapped_strategies_only(profile_path):
+    """Measured factors below 1 make dpu and zenflow (host work beside compute) slower
+    and leave zero-offload and device (never both at once) as they were."""
+    from real.profile import with_rates
+    raw = json.loads(profile_path.read_text())
+    paths = {}
+    for label, f in (("apart", 1.0), ("shared", 0.5)):
+        paths[label] = profile_path.with_name(f"{label}.json")
+        paths[label].write_text(json.dumps(with_rates(raw, {
+            "compute_factor_when_host_busy": f, "host_factor_when_compute_busy": f})))
+
+    def step_s(label, strategy):
+        s = SimSettings(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16,
+                        precision="fp32", transfers="full", profile=str(paths[label]),
+                        steps=12)
+        steps = simulate(s, strategy).timeline.steps_frame().iloc[4:]
+        return (steps["t_end_s"] - steps["t_start_s"]).mean()
+    for strategy in ("zero-offload", "device"):
+        assert step_s("shared", strategy) == pytest.approx(step_s("apart", strategy))
+    for strategy in ("zero-offload-dpu", "zenflow"):
+        assert step_s("shared", strategy) > step_s("apart", strategy)
 
 
 def test_profile_of_another_model_is_refused(profile_path):
