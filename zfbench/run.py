@@ -18,9 +18,10 @@ layer at full width (its 32000 x 2048 embedding and head are untied, so a third 
 175M parameters are barely touched by compute but all of them are updated by Adam),
 batch 1 x seq 4, bf16 weights and gradients on the device lane with fp32 master and
 moments on the host (ZenFlow's mixed-precision setting), 30 steps each, about 80 s in all.
-Measured on the 2-core dev machine (1 + 1 threads, bench/engine_overlap.py): forward+
-backward 0.10-0.13 s, host AdamW 0.16-0.21 s (1.55-1.65x), ZeRO-Offload stalls ~62% of
-each step and ZenFlow ~14%. Then the breakdown table is printed: step time, stall,
+Measured on the 2-core dev machine (1 + 1 threads, bench/engine_overlap.py, four runs):
+forward+backward 0.11-0.14 s, host AdamW alone (its uploads left out) 0.14-0.21 s
+(1.15-1.76x), ZeRO-Offload stalls 61-67% of each step and ZenFlow 12-14%; ZenFlow's step
+is 1.06-1.43x shorter. Then the breakdown table is printed: step time, stall,
 exposed I/O, host wait, achieved link GB/s, host Adam parameters/s, compute utilization,
 loss.
 
