@@ -113,7 +113,7 @@ def train(spec: RunSpec, strategy: str, model: torch.nn.Module | None = None,
     bar = tqdm(total=spec.steps, desc=f"{strategy:>16}", unit="step", disable=not progress,
                leave=True)
     started = time.perf_counter()
-    compute_s = 0.0
+    stall = "-"
     try:
         for _ in range(spec.steps):
             batch = next(data)
@@ -123,12 +123,14 @@ def train(spec: RunSpec, strategy: str, model: torch.nn.Module | None = None,
             engine.backward(loss)
             engine.step()
             losses.append(float(loss.detach()))
-            compute_s = sum(s.duration_s for s in engine.timeline.spans
-                            if s.lane == "compute") if bar.n % 5 == 4 else compute_s
-            wall = time.perf_counter() - started
+            if bar.n % 5 == 4:  # the compute sum walks every span: every 5th step only,
+                # and the stall shown is from that moment (a stale sum against a later wall
+                # time would show stall that is not there)
+                compute_s = sum(s.duration_s for s in engine.timeline.spans
+                                if s.lane == "compute")
+                stall = f"{max(0.0, 1 - compute_s / (time.perf_counter() - started)):.0%}"
             bar.update()
-            bar.set_postfix(loss=f"{losses[-1]:.3f}",
-                            stall=f"{max(0.0, 1 - compute_s / wall):.0%}" if compute_s else "-")
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", stall=stall)
         engine.finish()
     finally:
         bar.close()
