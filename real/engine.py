@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from real.flat import FlatLayout
+from real.flat import LOW_PRECISION, FlatLayout
 from real.distributed import DistContext, allgather_flat, allreduce_mean_, rank_threads
 from real.host_lane import HostLane
 from real.inplace_grads import InplaceGrads
@@ -105,7 +105,7 @@ class Engine:
         dtypes = {p.dtype for _, p in self.named_params}
         if len(dtypes) != 1:
             raise ValueError(f"all trainable parameters must share one dtype, got {dtypes}")
-        want = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.config.precision)
+        want = LOW_PRECISION.get(self.config.precision)
         dtype = want or dtypes.pop()
         self.layout = FlatLayout(self.named_params)
         self.flat_params = torch.empty(self.layout.total, dtype=dtype, device=self.device)

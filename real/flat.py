@@ -3,7 +3,8 @@
 The host side of every offloading strategy keeps its fp32 master weights, Adam moments and
 gradient buffers as single flat tensors (fast kernels, one allocation, pinned on CUDA),
 addressed per parameter through views. `FlatLayout` knows where each parameter lives and
-how to cut the buffer into contiguous chunks for the host optimizer.
+how to cut the buffer into contiguous chunks for the host optimizer; `LOW_PRECISION` maps
+a config precision to the device buffers' dtype.
 """
 
 from __future__ import annotations
@@ -11,6 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+# the device weights' and gradients' dtype per config precision (fp32 otherwise)
+LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def device_dtype(precision: str) -> torch.dtype:
+    return LOW_PRECISION.get(precision, torch.float32)
 
 
 @dataclass(frozen=True)

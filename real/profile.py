@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import torch
 
 from real.adamw import adamw_foreach_
-from real.flat import FlatLayout
+from real.flat import FlatLayout, device_dtype
 from real.inplace_grads import InplaceGrads
 from real.model import build_model
 from real.rate_probe import RateProbe, lane_contention, median_time
@@ -143,7 +143,7 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
     host_threads = spec.host_threads or host_threads
     torch.set_num_threads(dev_threads)
     precision = spec.engine_config("device").precision
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    dtype = device_dtype(precision)
     model = build_model(shape, dtype=dtype, seed=spec.seed)
     named = list(model.named_parameters())
     params = [p for _, p in named]

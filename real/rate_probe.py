@@ -60,6 +60,11 @@ class RateProbe:
         self.grad = torch.randn(self.total) * 1e-3  # also the d2h destination
         self.m, self.v = torch.zeros(self.total), torch.zeros(self.total)
 
+    def host_adam(self) -> None:
+        """One host AdamW step over the whole master (values are irrelevant to its time)."""
+        host_adamw_(self.master, self.grad, self.m, self.v, step=1, lr=1e-4, beta1=0.9,
+                    beta2=0.999, eps=1e-8, weight_decay=0.01)
+
     def measure(self, repeats: int = 5) -> dict[str, float]:
         nbytes = self.total * self.dev.element_size()
 
@@ -68,10 +73,6 @@ class RateProbe:
 
         def h2d():
             self.up.copy_(self.master)
-
-        def host_adam():
-            host_adamw_(self.master, self.grad, self.m, self.v, step=1, lr=1e-4, beta1=0.9,
-                        beta2=0.999, eps=1e-8, weight_decay=0.01)
 
         def accum():
             self.m.add_(self.grad, alpha=0.25)
@@ -88,6 +89,7 @@ class RateProbe:
         worker.start()
         both["d2h"] = median_time(d2h, repeats)
         worker.join()
+        host_adam = self.host_adam
         adam_s = in_thread(lambda: (host_adam(), median_time(host_adam, repeats))[1],
                            self.host_threads)
         accum_s = in_thread(lambda: (accum(), median_time(accum, repeats))[1],
@@ -124,9 +126,7 @@ def lane_contention(probe: RateProbe, device_work, device_threads: int,
     host AdamW timed alone and while `device_work` repeats on a device thread. Returned
     as rate factors (alone / together, at most 1) the simulator applies while a compute
     span and host-lane work overlap."""
-    def host_adam():
-        host_adamw_(probe.master, probe.grad, probe.m, probe.v, step=1, lr=1e-4, beta1=0.9,
-                    beta2=0.999, eps=1e-8, weight_decay=0.01)
+    host_adam = probe.host_adam
     device_work()
     compute_alone = median_time(device_work, repeats)
     halt = _loop_in_thread(host_adam, probe.host_threads)

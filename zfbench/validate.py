@@ -33,11 +33,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from analysis.breakdown import summarize
 from analysis.validation import (compare_rows, error_summary, schedule_signature,
                                  signature_diff)
+from real.flat import device_dtype
 from real.profile import mean_profile, measure_profile, with_rates
 from real.rate_probe import RateProbe
 from real.runner import RunSpec, train
@@ -171,9 +171,7 @@ def validate_shape(spec: RunSpec, shape_name: str, regime: str, pairs, out: Path
     # drift most, are measured again right before and after each cell (real.rate_probe)
     before = before or measure_profile(spec)
     cal = before["calibration"]
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cal["precision"],
-                                                                 torch.float32)
-    probe = RateProbe(shape.total_params, dtype, cal["host_threads"])
+    probe = RateProbe(shape.total_params, device_dtype(cal["precision"]), cal["host_threads"])
     cells = []
     for strategy in STRATEGIES:
         for pair in (pairs if strategy == "zenflow" else pairs[:1]):
