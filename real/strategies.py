@@ -162,6 +162,9 @@ class HostState:
         self.chunks = [(a, min(a + step, self.numel)) for a in range(0, self.numel, step)]
 
     def sync_master(self, flat_params: torch.Tensor) -> None:
+        """The master shard from the device weights: exact only for fp32 weights (bf16 or
+        fp16 would round the master; ZenFlow then exchanges fp32 values instead,
+        real/zenflow_shard.py)."""
         self.master.copy_(flat_params[self.lo:self.hi].detach().float().cpu())
 
     def adam_chunk(self, a: int, b: int, grad: torch.Tensor, step: int, opt) -> None:

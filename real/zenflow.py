@@ -4,8 +4,9 @@ Implements docs/zenflow.md ("One step after warm-up", in its numbering):
 1-2. At a selection step, score each 2-D weight's columns (L1, or sum of squares with
      `importance: l2sq`) on this iteration's gradient, keep the top k sorted, and zero the
      device moments of the selected slices (their step count is kept). After the first
-     selection the host master is first re-synced from the device weights; a pending
-     asynchronous update is applied before that, so no host work is lost.
+     selection the host master first takes the device's values of the old selection and
+     the 1-D parameters; a pending asynchronous update is applied before that, so no host
+     work is lost.
 3.   Every post-warm-up step the gradient goes down (d2h lane) and is accumulated on the
      host lane, divided by U (or summed, and divided by the window's length at the flush,
      with `update_interval: auto`).
@@ -14,6 +15,15 @@ Implements docs/zenflow.md ("One step after warm-up", in its numbering):
      its global L2 norm), bias correction at step t + 1, then the master goes up; on the
      device the unselected columns take the host's values and the selected ones and 1-D
      parameters keep theirs, then this iteration's device AdamW runs.
+With bf16 or fp16 weights the device keeps fp32 values of the selected columns
+(`selected_values`) and of the 1-D parameters (`vector_values`), updates those and writes
+them rounded into the weights, so updates below the weights' resolution add up. Every other
+device weight is the master's value rounded (a boundary or warm-up upload put it there),
+so a selection never copies the weights back: the old selection's fp32 values and the 1-D
+ones go into the master (the master stays fp32, docs/zenflow.md), and the new selection's
+fp32 values (and the 1-D ones) are read from the master, summed over ranks in one
+all-reduce where each rank holds a shard (real/zenflow_shard.py). With fp32 weights the
+device's values are exact and the whole shard is simply copied back, as before.
 With `overlap_step` the host update of a window runs on the host lane behind the next
 window's compute and is applied at the next boundary: exactly one window late, so the
 result never depends on timing. Warm-up steps are synchronous host steps on grad / U.
@@ -37,6 +47,7 @@ import torch
 from real.distributed import allgather_flat, allreduce_sum_
 from real.flat import put_columns, selected_shape, take_columns
 from real.strategies import HostState, Strategy
+from real.zenflow_shard import device_from_master, master_from_device, shard_column_scores
 from zfbench.schedule import (AutoIntervalTracker, is_selection_step, is_update_boundary,
                               is_warmup, topk_count)
 
@@ -77,6 +88,11 @@ class ZenFlowStrategy(Strategy):
             self.dm[name] = torch.zeros_like(p, dtype=torch.float32)
             self.dv[name] = torch.zeros_like(p, dtype=torch.float32)
         self.vector_scratch = {name: torch.zeros_like(self.dv[name]) for name, _ in self.vectors}
+        self.vector_grads = {name: torch.zeros_like(self.dv[name]) for name, _ in self.vectors}
+        # bf16/fp16 weights: the 1-D parameters' fp32 values on the device (module docstring)
+        self.low = engine.flat_params.dtype != torch.float32
+        self.vector_values = ({name: p.detach().float() for name, p in self.vectors}
+                              if self.low else {})
         self.device_count = 0
         self.parity = 0  # which window buffer accumulates
         self.window_len = 0
@@ -141,8 +157,11 @@ class ZenFlowStrategy(Strategy):
         e = self.e
         if t != 0:
             self.apply_pending(t)
-            with e.recorder.span("d2h", "select", t, nbytes=e.shard_grad_bytes):
-                self.host.sync_master(e.flat_params)
+            if not self.low:  # fp32 weights: the device's values are exact
+                with e.recorder.span("d2h", "select", t, nbytes=e.shard_grad_bytes):
+                    self.host.sync_master(e.flat_params)
+            elif t > self.W:  # the device has updated its fp32 values since the master
+                master_from_device(e, self.host, self._fp32_items(), t)
         shared = self.exchange_scores(t) if e.dist.active else None
         with e.recorder.span("compute", "select", t):
             for name, p in self.matrices:
@@ -158,6 +177,16 @@ class ZenFlowStrategy(Strategy):
             for name, _ in self.vectors:  # 1-D parameters: moments zeroed too
                 self.dm[name].zero_()
                 self.dv[name].zero_()
+        if self.low:
+            device_from_master(e, self.host, self._fp32_items(from_device=False), t)
+
+    def _fp32_items(self, from_device: bool = True) -> list:
+        """(slot, columns or None, fp32 values) of the selection and the 1-D parameters."""
+        slots = self.e.layout.by_name
+        items = [(slots[n], self.selected[n],
+                  self._work(n, p, self.selected[n], from_device).values)
+                 for n, p in self.matrices]
+        return items + [(slots[n], None, self.vector_values[n]) for n, _ in self.vectors]
 
     def column_scores(self, grad: torch.Tensor) -> torch.Tensor:
         g = grad.float()
@@ -216,8 +245,8 @@ class ZenFlowStrategy(Strategy):
             scratch.append(work.scratch)
             slices.append((p, idx, work.low))
         for name, p in self.vectors:
-            params.append(p.detach().float() if p.dtype != torch.float32 else p.detach())
-            grads.append(p.grad.float() / div)
+            params.append(self.vector_values[name] if self.low else p.detach())
+            grads.append(self.vector_grads[name].copy_(p.grad).div_(div))
             ms.append(self.dm[name])
             vs.append(self.dv[name])
             scratch.append(self.vector_scratch[name])
@@ -229,19 +258,23 @@ class ZenFlowStrategy(Strategy):
                     p.data.copy_(new)
             elif low is None:
                 put_columns(p.data, idx, new)
-            else:  # the device holds bf16: round once, keep the rounded values
+            else:  # bf16 weights: rounded from the fp32 values, which the device keeps
                 put_columns(p.data, idx, low.copy_(new))
-                new.copy_(low)
 
-    def _work(self, name: str, p: torch.Tensor, idx: torch.Tensor) -> "_Selected":
+    def _work(self, name: str, p: torch.Tensor, idx: torch.Tensor,
+              from_device: bool = True) -> "_Selected":
         """The selected columns' reusable buffers, shaped as `selected_shape` (hot-path
         allocations page-fault on CPU: `.float()` of a fresh 54 MB tensor 33 ms vs
-        `copy_` into an old one 4.5 ms)."""
+        `copy_` into an old one 4.5 ms). New values start as the device's weights
+        (`from_device`; exact for fp32) or uninitialized, for the caller to fill."""
         work = self.selected_values.get(name)
         if work is None:
-            picked = take_columns(p.detach(), idx)
-            values = picked.float()
-            low = None if p.dtype == torch.float32 else torch.empty_like(picked)
+            if from_device:
+                values = take_columns(p.detach(), idx).float()
+            else:
+                values = torch.empty(selected_shape(p, idx.numel()), dtype=torch.float32,
+                                     device=p.device)
+            low = None if p.dtype == torch.float32 else torch.empty_like(values, dtype=p.dtype)
             work = _Selected(values, torch.empty_like(values), low, torch.empty_like(values))
             self.selected_values[name] = work
         return work
@@ -315,13 +348,22 @@ class ZenFlowStrategy(Strategy):
                 "pending": self.pending is not None or self.pending_ready,
                 "tracker": None if self.tracker is None else self.tracker.__dict__,
                 "auto_boundary_next": self.auto_boundary_next,
-                "chosen_windows": self.chosen_windows}
+                "chosen_windows": self.chosen_windows,
+                # bf16/fp16 weights: the device's fp32 values (the weights are rounded)
+                "fp32_selected": ({n: w.values for n, w in self.selected_values.items()}
+                                  if self.low else None),
+                "fp32_vectors": self.vector_values if self.low else None}
 
     def load_state_dict(self, state: dict) -> None:
         self.host.load_state_dict(state["host"])
         self.upload.copy_(state["upload"])
         self.selected = dict(state["selected"])
         self.selected_values = {}
+        for name, values in (state.get("fp32_selected") or {}).items():
+            p = dict(self.matrices)[name]
+            self._work(name, p, self.selected[name], from_device=False).values.copy_(values)
+        for name, values in (state.get("fp32_vectors") or {}).items():
+            self.vector_values[name].copy_(values)
         self.dm, self.dv = dict(state["dm"]), dict(state["dv"])
         self.device_count, self.parity = state["device_count"], state["parity"]
         self.window_len = state["window_len"]
@@ -330,46 +372,3 @@ class ZenFlowStrategy(Strategy):
             self.tracker.__dict__.update(state["tracker"])
         self.auto_boundary_next = state["auto_boundary_next"]
         self.chosen_windows = list(state["chosen_windows"])
-
-
-def shard_column_scores(flat_grad: torch.Tensor, slot, lo: int, hi: int,
-                        square: bool) -> torch.Tensor:
-    """Per-column partial scores (|g| or g^2 summed over rows) of the 2-D weight in `slot`
-    (stored at slot.offset of the flat buffer row-major [rows, cols], or column-major
-    [cols, rows] when slot.column_major), from only the elements in [lo, hi): partial
-    first and last lines and the whole lines between. Summed over ranks whose shards tile
-    the buffer, they are exactly the scores of the full gradient."""
-    rows, cols = slot.shape
-    out = torch.zeros(cols, dtype=torch.float32, device=flat_grad.device)
-    a, b = max(lo, slot.offset), min(hi, slot.offset + slot.numel)
-    if a >= b:
-        return out
-    seg = flat_grad[a:b].float()
-    seg = seg.square() if square else seg.abs()
-    start = a - slot.offset
-    if getattr(slot, "column_major", False):  # a line is one column of `rows` elements
-        col, within = divmod(start, rows)
-        pos = 0
-        if within:
-            pos = min(rows - within, seg.numel())
-            out[col] += seg[:pos].sum()
-            col += 1
-        full = (seg.numel() - pos) // rows
-        if full:
-            out[col:col + full] += seg[pos:pos + full * rows].view(full, rows).sum(1)
-            pos, col = pos + full * rows, col + full
-        if pos < seg.numel():
-            out[col] += seg[pos:].sum()
-        return out
-    col = start % cols
-    head = min((cols - col) % cols, seg.numel())
-    if head:
-        out[col:col + head] += seg[:head]
-    rest = seg[head:]
-    full = rest.numel() // cols
-    if full:
-        out += rest[:full * cols].view(full, cols).sum(0)
-    tail = rest[full * cols:]
-    if tail.numel():
-        out[:tail.numel()] += tail
-    return out

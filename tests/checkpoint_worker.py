@@ -21,10 +21,14 @@ def main() -> None:
     p.add_argument("--load")
     p.add_argument("--save")
     p.add_argument("--out", required=True)
+    p.add_argument("--bf16", action="store_true", help="bf16 weights on the device")
     args = p.parse_args()
     zf = ZENFLOW if args.strategy == "zenflow" else {}
     model = BiasMLP()
-    engine = make_engine(model, config(args.strategy, **zf))
+    cfg = config(args.strategy, **zf)
+    if args.bf16:
+        cfg["bf16"] = {"enabled": True}
+    engine = make_engine(model, cfg)
     if args.load:
         engine.load_checkpoint(args.load)
     data = batches()
@@ -35,7 +39,14 @@ def main() -> None:
         engine.save_checkpoint(args.save)
     else:
         engine.finish()
-    torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, args.out)
+    out = {n: p.detach().clone() for n, p in model.named_parameters()}
+    strategy = engine.strategy
+    out["host master"] = strategy.host.master.clone()
+    for n, v in getattr(strategy, "vector_values", {}).items():  # zenflow's fp32 values
+        out[f"fp32 {n}"] = v.clone()
+    for n, w in getattr(strategy, "selected_values", {}).items():
+        out[f"fp32 selected {n}"] = w.values.clone()
+    torch.save(out, args.out)
     engine.close()
 
 

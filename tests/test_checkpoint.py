@@ -17,17 +17,21 @@ def run(*args: str) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("strategy,split", [("zenflow", 6), ("zenflow", 9),
-                                            ("zero-offload-dpu", 5)])
-def test_resume_equals_uninterrupted(tmp_path, strategy, split):
+@pytest.mark.parametrize("strategy,split,bf16", [("zenflow", 6, False), ("zenflow", 9, False),
+                                                 ("zero-offload-dpu", 5, False),
+                                                 ("zenflow", 6, True), ("zenflow", 9, True)])
+def test_resume_equals_uninterrupted(tmp_path, strategy, split, bf16):
+    """Parameters, host master and (zenflow in bf16) the device's fp32 values."""
     total = 14
-    run("--strategy", strategy, "--steps", str(total), "--out", str(tmp_path / "full.pt"))
+    extra = ("--bf16",) if bf16 else ()
+    run("--strategy", strategy, "--steps", str(total), "--out", str(tmp_path / "full.pt"),
+        *extra)
     # zenflow, U=4: boundaries at t=3, 7; saving after t=5 or t=8 leaves window 1 or 2's
     # host update pending (not yet applied to the device); t=8 is also a reselection step
     run("--strategy", strategy, "--steps", str(split), "--save", str(tmp_path / "ckpt"),
-        "--out", str(tmp_path / "first.pt"))
+        "--out", str(tmp_path / "first.pt"), *extra)
     run("--strategy", strategy, "--skip", str(split), "--steps", str(total - split),
-        "--load", str(tmp_path / "ckpt"), "--out", str(tmp_path / "resumed.pt"))
+        "--load", str(tmp_path / "ckpt"), "--out", str(tmp_path / "resumed.pt"), *extra)
     full = torch.load(tmp_path / "full.pt")
     resumed = torch.load(tmp_path / "resumed.pt")
     first = torch.load(tmp_path / "first.pt")
