@@ -76,6 +76,7 @@ class SimSettings:
     transfers: str = "design"
     bandwidth_scale: float = 1.0
     profile: str | None = None  # a measured hardware profile (python -m zfbench.run --profile)
+    hardware: str | None = None  # a hardware JSON whose entries join the presets by name
 
     def __post_init__(self) -> None:
         _check_int(self, "gpus", 1)
@@ -116,19 +117,27 @@ class SimSettings:
             if self.profile is not None:
                 load_calibration(self.profile, shape)
             else:
-                hardware.get_gpu(self.gpu)
-                hardware.get_link(self.pcie)
-                hardware.get_host(self.host)
-                hardware.get_net(self.net)
+                self.parts()
         except (ValueError, OSError) as err:
             raise SimSettingsError(str(err)) from None
         except (KeyError, TypeError, AttributeError) as err:  # a JSON file of another kind
             raise SimSettingsError(f"profile {self.profile}: not a zfbench profile "
                                    f"(missing or malformed {err}); make one with python -m "
                                    f"zfbench.run --profile --out DIR") from None
-        if self.precision == "fp32" and self.profile is None:
-            raise SimSettingsError("precision fp32 needs a measured --profile (the GPU "
-                                   "presets give 16-bit tensor-core peaks only)")
+        if self.profile is not None and self.hardware is not None:
+            raise SimSettingsError("give --profile or --hardware, not both: a profile "
+                                   "already names the machine it was measured on")
+        if self.precision == "fp32" and self.profile is None and self.hardware is None:
+            raise SimSettingsError("precision fp32 needs a measured --profile or an "
+                                   "inferred --hardware file (the GPU presets give 16-bit "
+                                   "tensor-core peaks only)")
+
+    def parts(self) -> tuple:
+        """The (gpu, host link, host, net) named by the knobs: presets, or entries of
+        the `hardware` file (python -m zfbench.predict writes one)."""
+        return tuple(hardware.lookup(section, name, self.hardware) for section, name in
+                     (("gpus", self.gpu), ("host_links", self.pcie), ("hosts", self.host),
+                      ("net_links", self.net)))
 
     def window_plan(self) -> WindowPlan:
         """The host windows: every `update_interval` steps, or what "auto" resolves to."""
@@ -201,8 +210,7 @@ class CostModel:
             measured, self.calibration = load_calibration(s.profile, self.shape)
             gpu, link, host, net = measured.gpu, measured.link, measured.host, measured.net
         else:
-            gpu, link = hardware.get_gpu(s.gpu), hardware.get_link(s.pcie)
-            host, net = hardware.get_host(s.host), hardware.get_net(s.net)
+            gpu, link, host, net = s.parts()
         if s.bandwidth_scale != 1.0:
             link = link.scaled(s.bandwidth_scale)
         if s.host_cores is not None:

@@ -359,13 +359,23 @@ def load_profile(path: str | Path) -> dict[str, dict[str, Any]]:
     return _build(_validate(raw, str(p), require_all=False), _presets(), str(p))
 
 
-def _get(section: str, name: str) -> Any:
-    table = _presets()[section]
+def _get(section: str, name: str, extra: str | Path | None = None) -> Any:
+    table = {**_presets()[section],
+             **(load_profile(extra).get(section, {}) if extra is not None else {})}
     key = str(name).strip().lower().replace("_", "-")
     if key not in table:
         raise UnknownHardwareError(f"unknown {_KIND[section]} {name!r}; choose one of: "
                                    + ", ".join(sorted(table)))
     return table[key]
+
+
+def lookup(section: str, name: str, extra: str | Path | None = None) -> Any:
+    """A preset by name, or an entry of the hardware file `extra` (same layout as
+    data/hardware.json; its entries win over presets of the same name), e.g. the
+    `inferred_hardware.json` that `python -m zfbench.predict` writes."""
+    if section not in _BUILDERS:
+        raise ValueError(f"section {section!r} is not one of {', '.join(_BUILDERS)}")
+    return _get(section, name, extra)
 
 
 # Getters and name lists for the built-in presets (names are case-insensitive; _ reads as -).
@@ -398,3 +408,19 @@ def net_names() -> list[str]:
 
 def node_names() -> list[str]:
     return sorted(_presets()["nodes"])
+
+
+def entry_of(section: str, obj: Any) -> dict[str, Any]:
+    """An object back in the file layout (`{field: {"value", "source"}}`), e.g. to write
+    a scaled copy of a preset into a hardware file that `lookup` reads."""
+    numeric, strings = _SCHEMA[section]
+    derived = {"cores_per_socket": lambda h: h.cores // h.sockets,
+               "dram_theoretical_bytes_per_s_per_socket":
+                   lambda h: h.dram_theoretical_bytes_per_s / h.sockets,
+               "dram_triad_fraction": lambda h: h.dram_bytes_per_s / h.dram_theoretical_bytes_per_s}
+    out: dict[str, Any] = {}
+    for f in numeric:
+        value = derived[f](obj) if section == "hosts" and f in derived else getattr(obj, f)
+        out[f] = {"value": value, "source": obj.sources.get(f) or f"from {obj.name}"}
+    out.update({f: getattr(obj, f) for f in strings})
+    return out

@@ -110,13 +110,17 @@ def _prefix(labels: dict, strategy: str) -> str:
     return f"{label}.{strategy}." if label else f"{strategy}."
 
 
-def write_outputs(out: Path, head: dict, rows: list[dict], results: dict) -> None:
+def write_outputs(out: Path, head: dict, rows: list[dict], results: dict,
+                  extras: dict[str, str] | None = None) -> None:
     """Write every file into a fresh temporary directory, then move them into `out`.
     `results` maps (labels as a tuple of items, strategy) to a SimResult; `head` is the
-    summary.json's header (settings, sweep, provenance ...)."""
+    summary.json's header (settings, sweep, provenance ...); `extras` more files by name
+    (their text)."""
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
     try:
+        for name, text in (extras or {}).items():
+            (staging / name).write_text(text)
         pd.DataFrame(rows).to_csv(staging / "summary.csv", index=False)
         write_json_atomic(staging / "summary.json", json_ready({**head, "rows": rows}))
         per_step = []

@@ -1,0 +1,291 @@
+"""Infer the simulator's unknowns from one measured ZeRO-Offload step.
+
+A measured ZeRO-Offload step, split the way papers and dashboards split it (`Breakdown`:
+GPU compute, exposed PCIe transfer, and the rest of the step, the GPU waiting for the host
+optimizer), pins three of the simulator's unknowns on the node at hand:
+- compute time per step: the GPU's model FLOPs utilization (`default_mfu` of the inferred
+  GPU), since the simulated compute lane is the model's FLOPs over peak times MFU;
+- the effective PCIe rates (`d2h_bytes_per_s`, `h2d_bytes_per_s` of the inferred link);
+- the host's AdamW rate (`adam_params_per_s_per_core` and the DRAM bandwidth of the
+  inferred host, scaled together: one host factor, which gradient accumulation also
+  follows).
+`fit` finds them by simulating the ZeRO-Offload step with the same shape and node and
+scaling each rate by simulated / measured part until all three parts agree (the parts
+are nearly independent, so this fixed-point iteration converges in a few rounds; a part
+that no rate can reach is reported, not forced).
+
+One exposed-transfer total does not say how it divides between the two directions.
+`infer` therefore fits three cases when the split is not measured: both directions scaled
+alike (`nominal`), only gradients down slower or faster than the preset (`d2h-only`),
+only parameters up (`h2d-only`), and predictions are given at the ends of that range. A
+DeepSpeed log measures the split (gradient copy inside `bwd_allreduce`, parameter copy
+inside `step` after `optimizer_step`), and then one case is fitted to both directions.
+
+Each fit is written as a hardware file in `data/hardware.json`'s layout, every inferred
+number with its source saying how it was inferred, so `python -m zfbench.simulate
+--hardware FILE --gpu inferred-gpu --pcie inferred-link --host inferred-host` replays it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from analysis.breakdown import summarize
+from sims.costs import SimSettings, SimSettingsError
+from sims.simulator import simulate
+from zfbench import hardware
+
+PARTS = ("compute_s", "io_s", "stall_s")
+NAMES = {"gpus": "inferred-gpu", "host_links": "inferred-link", "hosts": "inferred-host"}
+SCALE_LIMITS = (1e-4, 1e4)  # a rate further than this from its preset is not reachable
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Seconds per step of a ZeRO-Offload run: GPU compute, exposed PCIe transfer (`io_s`,
+    optionally split into gradients down `d2h_s` and parameters up `h2d_s`) and the rest of
+    the step (`stall_s`, the GPU waiting for the host optimizer)."""
+    compute_s: float
+    io_s: float
+    stall_s: float
+    d2h_s: float | None = None
+    h2d_s: float | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in PARTS + ("d2h_s", "h2d_s"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name[:-2]} must be a finite number of seconds >= 0, "
+                                 f"got {value!r}")
+        for name in ("compute_s", "stall_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name[:-2]} must be > 0 s: a ZeRO-Offload step always "
+                                 f"computes and waits for the host optimizer")
+        if (self.d2h_s is None) != (self.h2d_s is None):
+            raise ValueError("give both d2h and h2d, or neither (then io)")
+        if self.split and not math.isclose(self.d2h_s + self.h2d_s, self.io_s,
+                                           rel_tol=1e-6, abs_tol=1e-9):
+            raise ValueError(f"io ({self.io_s}) must equal d2h + h2d "
+                             f"({self.d2h_s} + {self.h2d_s})")
+
+    @property
+    def split(self) -> bool:
+        return self.d2h_s is not None
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.io_s + self.stall_s
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "step_s": self.step_s}
+
+
+@dataclass(frozen=True)
+class Scales:
+    """The inferred unknowns: MFU, and each rate as a factor of its preset."""
+    mfu: float
+    d2h: float = 1.0
+    h2d: float = 1.0
+    host: float = 1.0
+
+
+@dataclass
+class Fit:
+    case: str
+    scales: Scales
+    settings: SimSettings  # the node of this fit: `hardware` file + inferred names
+    simulated: dict  # the simulated ZeRO-Offload parts at the fitted scales
+    iterations: int
+    reached: bool
+    note: str = ""
+    entries: dict = field(default_factory=dict)
+
+    def residuals(self, measured: Breakdown) -> dict:
+        """Simulated / measured - 1 per part (0 for a part measured as 0 s)."""
+        return {p: (self.simulated[p] / getattr(measured, p) - 1
+                    if getattr(measured, p) > 0 else 0.0) for p in _targets(measured)}
+
+
+def _targets(measured: Breakdown) -> tuple[str, ...]:
+    return ("compute_s", "d2h_s", "h2d_s", "stall_s") if measured.split else PARTS
+
+
+def baseline_parts(settings: SimSettings) -> dict:
+    """The simulated ZeRO-Offload step's parts (steady steps), the exposed transfer also
+    per direction (time with that direction in flight and the compute lane idle), and the
+    busy seconds per step of the host and of each link direction."""
+    result = simulate(settings, "zero-offload")
+    spans, steps = result.timeline.spans_frame(), result.timeline.steps_frame()
+    skip = result.skip_steps
+    whole = summarize(spans, steps, skip)
+    out = {"compute_s": whole["compute_s"], "io_s": whole["exposed_io_s"],
+           "stall_s": whole["host_wait_s"], "step_s": whole["step_time_s"]}
+    kept = spans[spans["step"] >= skip]
+    per_step = (kept["t_end_s"] - kept["t_start_s"]).groupby(kept["lane"]).sum() / \
+        (whole["steps_measured"] * whole["ranks"])
+    for lane in ("d2h", "h2d"):
+        mine = spans[spans["lane"].isin(["compute", lane])]
+        out[f"{lane}_s"] = summarize(mine, steps, skip)["exposed_io_s"]
+    for lane in ("host", "d2h", "h2d"):
+        out[f"{lane}_busy_s"] = float(per_step.get(lane, 0.0))
+    return out
+
+
+def on_hardware_file(knobs: dict, path: Path) -> dict:
+    """`knobs` with their GPU, link and host copied into a hardware file under the same
+    names: the same node, on which a run may also be fp32 (inference fits its compute,
+    so the presets' 16-bit peaks do not decide it)."""
+    defaults = SimSettings()
+    named = {"gpus": knobs.get("gpu", defaults.gpu),
+             "host_links": knobs.get("pcie", defaults.pcie),
+             "hosts": knobs.get("host", defaults.host)}
+    entries = {section: {str(name).lower(): hardware.entry_of(
+        section, hardware.lookup(section, name))} for section, name in named.items()}
+    path.write_text(json.dumps({"description": "presets copied by zfbench.predict",
+                                **entries}, indent=1))
+    return {**knobs, "hardware": str(path)}
+
+
+def write_hardware(path: Path, base: SimSettings, scales: Scales, how: dict[str, str]
+                   ) -> tuple[SimSettings, dict]:
+    """The preset parts of `base` scaled by `scales`, written as a hardware file; returns
+    the settings that simulate on it and the entries written."""
+    gpu, link, host, _ = base.parts()
+    g = hardware.entry_of("gpus", gpu)
+    g["default_mfu"] = {"value": scales.mfu, "source": how["mfu"]}
+    ln = hardware.entry_of("host_links", link)
+    for d in ("d2h", "h2d"):
+        factor = getattr(scales, d)
+        rate = getattr(link, f"{d}_bytes_per_s") * factor
+        ln[f"{d}_bytes_per_s"] = {"value": rate, "source": how[d]}
+        theo = f"{d}_theoretical_bytes_per_s"
+        if rate > ln[theo]["value"]:
+            ln[theo] = {"value": rate, "source": f"raised to the inferred {d} rate (the "
+                        f"measurement is faster than {link.name}'s theoretical rate)"}
+    h = hardware.entry_of("hosts", host)
+    h["adam_params_per_s_per_core"] = {
+        "value": host.adam_params_per_s_per_core * scales.host, "source": how["host"]}
+    h["dram_theoretical_bytes_per_s_per_socket"] = {
+        "value": h["dram_theoretical_bytes_per_s_per_socket"]["value"] * scales.host,
+        "source": f"{host.name}'s, times the inferred host factor {scales.host:.4g}"}
+    entries = {"gpus": {NAMES["gpus"]: g}, "host_links": {NAMES["host_links"]: ln},
+               "hosts": {NAMES["hosts"]: h}}
+    text = json.dumps({"description": "inferred by python -m zfbench.predict", **entries},
+                      indent=1)
+    path.write_text(text)
+    return base.with_(hardware=str(path), gpu=NAMES["gpus"], pcie=NAMES["host_links"],
+                      host=NAMES["hosts"], mfu=None), entries
+
+
+def _how(measured: Breakdown, case: str, scales: Scales, base: SimSettings) -> dict:
+    src = measured.source or "a measured breakdown"
+    io = ("measured d2h {d2h_s:.4g} s and h2d {h2d_s:.4g} s".format(**measured.as_dict())
+          if measured.split else f"measured io {measured.io_s:.4g} s")
+    link = {"nominal": "both directions scaled alike", "d2h-only": "only d2h scaled",
+            "h2d-only": "only h2d scaled", "split": "each direction on its own"}[case]
+    return {"mfu": f"inferred from {src}: measured compute {measured.compute_s:.4g} s "
+                   f"per step",
+            "d2h": f"inferred from {src}: {io} ({link}); x{scales.d2h:.4g} of {base.pcie}",
+            "h2d": f"inferred from {src}: {io} ({link}); x{scales.h2d:.4g} of {base.pcie}",
+            "host": f"inferred from {src}: measured stall {measured.stall_s:.4g} s; "
+                    f"x{scales.host:.4g} of {base.host}"}
+
+
+# Which scale each measured part moves, per case; scales in one tuple move together.
+_MOVES = {"nominal": {"io_s": ("d2h", "h2d")}, "d2h-only": {"io_s": ("d2h",)},
+          "h2d-only": {"io_s": ("h2d",)}, "split": {"d2h_s": ("d2h",), "h2d_s": ("h2d",)}}
+
+
+def fit(base: SimSettings, measured: Breakdown, case: str, workdir: Path,
+        tol: float = 0.005, max_iter: int = 40) -> Fit:
+    """Scale the node of `base` until its simulated ZeRO-Offload parts match `measured`.
+    `case`: which link directions the exposed transfer scales (see the module doc).
+
+    Compute is exactly FLOPs / (peak x MFU), so MFU takes one multiplicative step. An
+    exposed part (stall, transfer) is a resource's busy time less what other lanes hide,
+    so it moves with that busy time at a slope of at most one: each round changes the
+    busy time by the part's miss over the slope (one at first, then the secant of the
+    last two rounds) and rescales the rate to match, and a bracket of rates known too
+    fast and too slow (bisected when a step would leave it, and forgotten when another
+    rate moved) keeps the steps from overshooting where the hidden share changes."""
+    gpu = base.parts()[0]
+    scales = Scales(mfu=base.mfu if base.mfu is not None else gpu.default_mfu)
+    path = workdir / f"inferred_hardware.{case}.json"
+    moves = {"stall_s": ("host",), **_MOVES[case]}
+    brackets = {names: [SCALE_LIMITS[0], SCALE_LIMITS[1]] for names in moves.values()}
+    last: dict[tuple, tuple[float, float]] = {}  # (busy, part) of the previous round
+    previous = scales
+    sim, settings, entries = {}, base, {}
+    for it in range(1, max_iter + 1):
+        settings, entries = write_hardware(path, base, scales,
+                                           _how(measured, case, scales, base))
+        sim = baseline_parts(settings)
+        misses = {p: sim[p] - getattr(measured, p) for p in _targets(measured)}
+        if all(abs(m) <= _allowed(measured, p, tol) for p, m in misses.items()):
+            return Fit(case, scales, settings, sim, it, True, entries=entries)
+        mfu = scales.mfu * sim["compute_s"] / measured.compute_s
+        if mfu > 1:
+            raise SimSettingsError(
+                f"measured compute {measured.compute_s:.4g} s per step is faster than "
+                f"{gpu.name}'s peak allows for {base.model} at micro-batch {base.micro_batch} "
+                f"x seq {base.seq} (MFU would be {mfu:.2f}); check --gpu, --model, "
+                f"--micro-batch, --seq and --gpus")
+        changes = {"mfu": mfu}
+        stuck = True
+        for part, names in moves.items():
+            now = getattr(scales, names[0])
+            bracket = brackets[names]
+            if any(abs(getattr(scales, k) / getattr(previous, k) - 1) > 1e-3
+                   for k in ("mfu", "d2h", "h2d", "host") if k not in names):
+                bracket[:] = SCALE_LIMITS  # the others moved: what it hides has changed
+            if misses[part] > 0:  # too slow: the rate must rise
+                bracket[0] = max(bracket[0], now)
+            else:
+                bracket[1] = min(bracket[1], now)
+            busy = sum(sim[f"{n}_busy_s"] for n in names)
+            slope = 1.0  # d part / d busy: one for one, or measured by the last round
+            if names in last and abs(busy - last[names][0]) > 1e-9 * busy:
+                measured_slope = (sim[part] - last[names][1]) / (busy - last[names][0])
+                if measured_slope > 1e-3:
+                    slope = min(measured_slope, 1.0)
+            last[names] = (busy, sim[part])
+            wanted = busy - misses[part] / slope
+            proposal = now * busy / wanted if busy > 0 and wanted > 0 else math.nan
+            if not bracket[0] < proposal < bracket[1]:
+                proposal = math.sqrt(bracket[0] * bracket[1])
+            stuck &= math.isclose(bracket[0], bracket[1], rel_tol=1e-9)
+            changes.update(dict.fromkeys(names, proposal))
+        if stuck:
+            break  # every bracket closed without reaching: this case cannot reach it
+        previous, scales = scales, dataclasses.replace(scales, **changes)
+    off = {p: f"{sim[p]:.4g} s vs {getattr(measured, p):.4g} s" for p in _targets(measured)
+           if abs(sim[p] - getattr(measured, p)) > _allowed(measured, p, tol)}
+    return Fit(case, scales, settings, sim, it, False,
+               note=f"not reachable in this case: {', '.join(f'{k} {v}' for k, v in off.items())}",
+               entries=entries)
+
+
+def _allowed(measured: Breakdown, part: str, tol: float) -> float:
+    """How far a simulated part may miss: `tol` of the part, or `tol` of the whole step
+    for parts too small to matter (a fixed per-transfer latency floors them)."""
+    return tol * max(getattr(measured, part), measured.step_s)
+
+
+def infer(base: SimSettings, measured: Breakdown, workdir: Path) -> list[Fit]:
+    """Every case the measurement leaves open (one when the io split is measured); the
+    first is the nominal fit, and it must reach the measurement."""
+    cases = ("split",) if measured.split else ("nominal", "d2h-only", "h2d-only")
+    fits = [fit(base, measured, case, workdir) for case in cases]
+    if not fits[0].reached:
+        raise SimSettingsError(f"the simulator cannot reproduce this ZeRO-Offload step on "
+                               f"{base.gpus} x {base.gpu} / {base.pcie} / {base.host}: "
+                               f"{fits[0].note}")
+    return fits

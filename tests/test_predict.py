@@ -1,0 +1,205 @@
+"""`python -m zfbench.predict`: inference round trips, the baselines' readers, refusals."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings as hsettings, strategies as st
+
+from sims.costs import SimSettings
+from sims.infer import Breakdown, Scales, baseline_parts, infer, write_hardware
+from zfbench import predict_inputs
+from zfbench.predict import main
+
+A100 = ["--model", "llama2-7b", "--gpus", "4", "--gpu", "a100-80g"]
+
+
+def measured_from(settings: SimSettings, scales: Scales, tmp_path, split: bool) -> Breakdown:
+    """A ZeRO-Offload breakdown simulated on a node with known rates."""
+    truth, _ = write_hardware(tmp_path / "truth.json", settings, scales,
+                              dict.fromkeys(("mfu", "d2h", "h2d", "host"), "test truth"))
+    p = baseline_parts(truth)
+    return Breakdown(p["compute_s"], p["d2h_s"] + p["h2d_s"] if split else p["io_s"],
+                     p["stall_s"], p["d2h_s"] if split else None,
+                     p["h2d_s"] if split else None)
+
+
+# no shrinking: each example runs dozens of simulations, and a failure prints its inputs
+@hsettings(max_examples=8, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
+           suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(model=st.sampled_from(["qwen2.5-0.5b", "tinyllama-1.1b", "llama2-7b"]),
+       gpus=st.sampled_from([1, 2, 4]), seq=st.sampled_from([256, 1024]),
+       mfu=st.floats(0.05, 0.6), link=st.floats(0.2, 2.0), host=st.floats(0.1, 3.0))
+def test_inference_recovers_the_rates_it_was_simulated_with(tmp_path_factory, model, gpus,
+                                                             seq, mfu, link, host):
+    tmp = tmp_path_factory.mktemp("rt")
+    base = SimSettings(model=model, gpus=gpus, seq=seq, steps=12)
+    truth = Scales(mfu=mfu, d2h=link, h2d=link, host=host)
+    measured = measured_from(base, truth, tmp, split=False)
+    fitted = infer(base, measured, tmp)[0]
+    assert fitted.reached and fitted.case == "nominal"
+    assert fitted.scales.mfu == pytest.approx(mfu, rel=0.01)
+    # a part is matched within 0.5 % of itself or of the step, so a rate is pinned as
+    # well as its part's share of the step allows
+    for part, scale, truth_scale in (("stall_s", fitted.scales.host, host),
+                                     ("io_s", fitted.scales.d2h, link)):
+        if getattr(measured, part) > 0.1 * measured.step_s:
+            assert scale == pytest.approx(truth_scale, rel=0.05), part
+    for part in ("compute_s", "io_s", "stall_s"):
+        miss = fitted.simulated[part] - getattr(measured, part)
+        assert abs(miss) <= 0.005 * max(getattr(measured, part), measured.step_s), part
+
+
+def test_a_measured_split_recovers_each_direction(tmp_path):
+    base = SimSettings(model="llama2-7b", gpus=4, steps=12)
+    truth = Scales(mfu=0.3, d2h=0.25, h2d=0.6, host=0.4)
+    measured = measured_from(base, truth, tmp_path, split=True)
+    fits = infer(base, measured, tmp_path)
+    assert [f.case for f in fits] == ["split"]
+    s = fits[0].scales
+    assert (s.mfu, s.d2h, s.h2d, s.host) == pytest.approx((0.3, 0.25, 0.6, 0.4), rel=0.03)
+
+
+def test_breakdown_text_and_its_refusals():
+    b = predict_inputs.parse_breakdown("compute=0.66,io=0.53,stall=5.61,step=6.81")
+    assert (b.compute_s, b.io_s, b.stall_s) == (0.66, 0.53, 5.61)
+    b = predict_inputs.parse_breakdown("compute=1,d2h=0.25,h2d=0.5,stall=2")
+    assert b.split and b.io_s == 0.75 and b.step_s == 3.75
+    for text, words in [("compute=1,io=0.5", "missing stall"),
+                        ("compute=1,io=-0.5,stall=2", ">= 0"),
+                        ("compute=1,io=1,stall=1,step=2", "add up to 3"),
+                        ("compute=1,io=1,stall=1,step=4", "add up to 3"),
+                        ("compute=1,io=x,stall=2", "not a number"),
+                        ("compute=1,io=1,stall=2,gpu=3", "cannot read"),
+                        ("compute=0,io=1,stall=2", "compute must be > 0"),
+                        ("compute=1,io=1,stall=2,io=3", "io given twice")]:
+        with pytest.raises(ValueError, match=words):
+            predict_inputs.parse_breakdown(text)
+
+
+DS_LOG = """\
+[2026-11-23 10:00:00,000] [INFO] [logging.py:107:log_dist] [Rank 0] time (ms) | optimizer_allgather: 0.05 | optimizer_gradients: 1.50 | optimizer_step: {opt}
+[2026-11-23 10:00:00,001] [INFO] [logging.py:107:log_dist] [Rank 0] time (ms) | fwd_microstep: {fwd} | bwd_microstep: 99.0 | bwd_inner_microstep: {inner} | bwd_allreduce_microstep: {red} | step_microstep: {step}
+[2026-11-23 10:00:00,002] [INFO] [logging.py:107:log_dist] [Rank 0] time (ms) | fwd: {fwd} | bwd: 99.0 | bwd_inner: {inner} | bwd_allreduce: {red} | step: {step}
+"""
+
+
+def write_log(path, steps) -> None:
+    path.write_text("some other line\n" + "".join(
+        DS_LOG.format(opt=o, fwd=f, inner=i, red=r, step=s) for o, f, i, r, s in steps))
+
+
+def test_deepspeed_log_is_averaged_over_steady_steps(tmp_path):
+    log = tmp_path / "ds.log"
+    write_log(log, [(90.0, 50.0, 50.0, 50.0, 95.0),  # warm-up step, left out
+                    (10.0, 4.0, 20.0, 30.0, 14.0), (12.0, 6.0, 22.0, 34.0, 16.0)])
+    b = predict_inputs.read_deepspeed_log(log, skip=1)
+    assert b.compute_s == pytest.approx((4 + 20 + 6 + 22) / 2 / 1e3)
+    assert b.d2h_s == pytest.approx(32e-3)
+    assert b.h2d_s == pytest.approx(4e-3)  # step - optimizer_step
+    assert b.stall_s == pytest.approx(11e-3)
+    assert b.io_s == pytest.approx(36e-3)
+    assert "2 steps" in b.source
+
+
+def test_deepspeed_log_refusals(tmp_path):
+    empty = tmp_path / "empty.log"
+    empty.write_text("nothing here\n")
+    with pytest.raises(ValueError, match="wall_clock_breakdown"):
+        predict_inputs.read_deepspeed_log(empty)
+    short = tmp_path / "short.log"
+    write_log(short, [(1.0, 1.0, 1.0, 1.0, 2.0)])
+    with pytest.raises(ValueError, match="log more steps"):
+        predict_inputs.read_deepspeed_log(short, skip=1)
+    no_opt = tmp_path / "noopt.log"
+    no_opt.write_text("[Rank 0] time (ms) | fwd: 1 | bwd_inner: 2 | bwd_allreduce: 1 | step: 3\n"
+                      * 3)
+    with pytest.raises(ValueError, match="optimizer_step"):
+        predict_inputs.read_deepspeed_log(no_opt)
+    with pytest.raises(ValueError, match="missing.log"):
+        predict_inputs.read_deepspeed_log(tmp_path / "missing.log")
+
+
+def test_the_issue_command_predicts_four_strategies_and_writes_files(tmp_path, capsys):
+    out = tmp_path / "pred"
+    assert main(A100 + ["--from-breakdown", "compute=0.66,io=0.53,stall=5.61",
+                        "--steps", "16", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "MFU" in printed and "not separable" in printed
+    summary = pd.read_csv(out / "summary.csv").set_index("strategy")
+    assert set(summary.index) == {"device", "zero-offload", "zero-offload-dpu", "zenflow"}
+    zo = summary.loc["zero-offload"]
+    # the fitted node reproduces the measured baseline
+    assert zo["compute_s"] == pytest.approx(0.66, rel=0.01)
+    assert zo["exposed_io_s"] == pytest.approx(0.53, rel=0.01)
+    assert zo["host_wait_s"] == pytest.approx(5.61, rel=0.01)
+    zf = summary.loc["zenflow"]
+    assert zf["step_time_low_s"] <= zf["step_time_s"] <= zf["step_time_high_s"]
+    assert zf["step_time_s"] < zo["step_time_s"]
+    cases = set(pd.read_csv(out / "range.csv")["case"])
+    assert cases == {"nominal", "d2h-only", "h2d-only"}
+    inferred = json.loads((out / "inferred.json").read_text())
+    assert [f["case"] for f in inferred["fits"]] == ["nominal", "d2h-only", "h2d-only"]
+    assert (out / "trace.json").exists()
+
+
+def test_the_inferred_hardware_file_replays_in_simulate(tmp_path, capsys):
+    from zfbench.simulate import main as simulate_main
+
+    out = tmp_path / "pred"
+    assert main(A100 + ["--from-breakdown", "compute=0.66,io=0.53,stall=5.61",
+                        "--steps", "16", "--out", str(out), "--quiet"]) == 0
+    predicted = pd.read_csv(out / "summary.csv").set_index("strategy")
+    again = tmp_path / "sim"
+    assert simulate_main(["--model", "llama2-7b", "--gpus", "4", "--steps", "16",
+                          "--hardware", str(out / "inferred_hardware.json"),
+                          "--gpu", "inferred-gpu", "--pcie", "inferred-link",
+                          "--host", "inferred-host", "--out", str(again), "--quiet"]) == 0
+    replay = pd.read_csv(again / "summary.csv").set_index("strategy")
+    for strategy in predicted.index:
+        assert replay.loc[strategy, "step_time_s"] == pytest.approx(
+            predicted.loc[strategy, "step_time_s"], rel=1e-9)
+
+
+@pytest.mark.parametrize("argv,words", [
+    (A100 + ["--from-breakdown", "compute=0.66,io=0.53"], "missing stall"),
+    (A100 + ["--from-breakdown", "compute=0.66,io=0.53,stall=5.61", "--mfu", "0.3"],
+     "unrecognized arguments"),
+    (A100 + ["--from-breakdown", "compute=0.001,io=0.53,stall=5.61"], "faster than"),
+    (A100, "one of the arguments"),
+    (["--model", "nope", "--from-breakdown", "compute=1,io=1,stall=1"], "nope"),
+    (A100 + ["--deepspeed-log", "/nonexistent/ds.log"], "nonexistent"),
+    (A100 + ["--from-run", "/nonexistent"], "summary.json"),
+])
+def test_bad_input_is_one_line(argv, words, capsys):
+    assert main(argv + ["--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err, err
+
+
+def test_paper_bars_carry_their_source_and_add_up():
+    data = predict_inputs.paper_bars()
+    assert "ZenFlow blog" in data["source"] and len(data["bars"]) == 8
+    for bar in data["bars"]:
+        parts = bar["compute_s"] + bar["io_s"] + bar["stall_s"]
+        assert math.isclose(parts, bar["step_s"], abs_tol=0.015), bar
+
+
+def test_predict_from_a_zfbench_run_reports_the_measured_zenflow(tmp_path, capsys):
+    from zfbench.run import main as run_main
+
+    run_dir = tmp_path / "run"
+    assert run_main(["--model", "tiny", "--steps", "12", "--batch", "2", "--seq", "16",
+                     "--device-threads", "1", "--host-threads", "1", "--quiet",
+                     "--out", str(run_dir)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "pred"
+    assert main(["--from-run", str(run_dir), "--steps", "16", "--out", str(out),
+                 "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "measured zenflow in that run" in printed
+    measured = json.loads((out / "inferred.json").read_text())["measured"]
+    run_row = pd.read_csv(run_dir / "summary.csv").set_index("strategy").loc["zero-offload"]
+    assert measured["compute_s"] == pytest.approx(run_row["compute_s"])
+    assert measured["stall_s"] == pytest.approx(run_row["host_wait_s"])

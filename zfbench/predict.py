@@ -1,0 +1,305 @@
+"""`python -m zfbench.predict`: predict ZenFlow from a ZeRO-Offload run you already have.
+
+Method. A ZeRO-Offload step measured on your cluster (GPU compute, exposed PCIe transfer,
+and the stall: the GPU waiting for the host AdamW) pins three unknowns of the simulator on
+your node: the GPU's model FLOPs utilization, the effective PCIe rates, and the host's
+AdamW rate. They are found by simulating ZeRO-Offload with your shape on the named node
+(--gpu, --pcie, --host, --gpus) and scaling each rate until the simulated parts equal the
+measured ones (sims.infer). The fitted node is written as a hardware file, every number
+with how it was inferred, and every strategy, ZenFlow included, is then simulated on it.
+What one measurement cannot separate is said and bounded: a single exposed-transfer time
+does not say how it divides between gradients down and parameters up, so the prediction
+is also made with only one direction slower and the range is printed (a DeepSpeed log or a
+zfbench run measures the split, and then there is no range). Rates the ZeRO-Offload
+baseline never exercises (the device-side top-k update, selection) come from the --gpu
+preset. Steps of the host's gradient accumulation follow the inferred host AdamW factor.
+
+Baselines (one of):
+  --from-breakdown compute=S,io=S,stall=S   seconds per ZeRO-Offload step
+  --deepspeed-log FILE   DeepSpeed's "wall_clock_breakdown": true timer lines
+  --from-run DIR         a python -m zfbench.run --out DIR with a zero-offload row
+  --paper                the ZenFlow paper's eight ZeRO-Offload bars (4 GPUs)
+
+Files written to --out: summary.csv / summary.json (as simulate's, every strategy predicted
+on the nominal fit, with step_time_low_s / step_time_high_s over the cases the data leaves
+open), range.csv (every case's rows), inferred.json (each unknown, its value, how it was
+inferred and the fit's residuals), inferred_hardware.json (replay it: python -m
+zfbench.simulate --hardware FILE --gpu inferred-gpu --pcie inferred-link --host
+inferred-host), steps.csv, spans and trace.json; with --paper, paper.csv and paper.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from sims.costs import STRATEGIES, SimSettings, SimSettingsError
+from sims.infer import Breakdown, Fit, infer, on_hardware_file
+from sims.simulator import steps_needed
+from zfbench import predict_inputs
+from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, fail
+from zfbench.simulate import KNOBS, build_cases, parse_value, run
+from zfbench.simulate_report import json_ready, write_outputs
+from zfbench.trace import write_csv_atomic, write_json_atomic
+
+PROG = "python -m zfbench.predict"
+INFERRED = ("mfu", "bandwidth_scale", "profile", "hardware")  # found, not given
+
+
+def build_parser() -> OneLineParser:
+    p = OneLineParser(prog=PROG, description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-breakdown", metavar="compute=S,io=S,stall=S")
+    src.add_argument("--deepspeed-log", type=Path, metavar="FILE")
+    src.add_argument("--from-run", type=Path, metavar="DIR")
+    src.add_argument("--paper", action="store_true")
+    p.add_argument("--skip-steps", type=int, default=1,
+                   help="steps of a DeepSpeed log left out as warm-up (default 1)")
+    defaults = SimSettings()
+    for name in KNOBS:
+        if name not in INFERRED:
+            p.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                           metavar="V", help=f"default: {getattr(defaults, name)}")
+    p.add_argument("--batch", dest="micro_batch", help="alias of --micro-batch")
+    p.add_argument("--out", type=Path, help="directory for the files")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def given_knobs(args) -> dict:
+    return {k: parse_value(k, getattr(args, k)) for k in KNOBS
+            if k not in INFERRED and getattr(args, k) is not None}
+
+
+def run_knobs(settings: dict) -> dict:
+    """A zfbench run's shape as simulator knobs (one rank per GPU; the engine's data
+    path moves the whole gradient and the whole parameters)."""
+    out = {"model": settings["model"], "micro_batch": int(settings["micro_batch"]),
+           "seq": int(settings["seq"]), "gpus": int(settings.get("ranks") or 1),
+           "gpus_per_switch": 1, "transfers": "full"}
+    if settings.get("layers"):
+        out["layers"] = int(settings["layers"])
+    if settings.get("precision"):
+        out["precision"] = settings["precision"]
+    return out
+
+
+def predict(base: SimSettings, measured: Breakdown, workdir: Path, quiet: bool = True):
+    """(fits, nominal rows with their ranges, nominal results, every case's rows)."""
+    fit_base = base.with_(steps=min(base.steps, max(steps_needed(base), 12)))
+    fits = infer(fit_base, measured, workdir)
+    reached = [f for f in fits if f.reached]
+    cases = [({}, reached[0].settings.with_(steps=base.steps))]
+    cases += [({"case": f.case}, f.settings.with_(steps=base.steps)) for f in reached[1:]]
+    rows, results = [], {}
+    for labels, case in cases:
+        case_rows, case_results = run([(labels, case)], list(STRATEGIES), quiet)
+        for r in case_rows:
+            r["case"] = labels.get("case", fits[0].case)
+        rows.extend(case_rows)
+        if not labels:
+            nominal, nominal_results = case_rows, case_results
+    for r in nominal:
+        same = [x for x in rows if x["strategy"] == r["strategy"]]
+        for key, name in (("step_time_s", "step_time"), ("speedup_vs_zero_offload",
+                                                         "speedup")):
+            r[f"{name}_low{'_s' if key.endswith('_s') else ''}"] = min(x[key] for x in same)
+            r[f"{name}_high{'_s' if key.endswith('_s') else ''}"] = max(x[key] for x in same)
+    return fits, nominal, nominal_results, rows
+
+
+def describe_fit(f: Fit, base: SimSettings, measured: Breakdown) -> list[str]:
+    gpu, link, host, _ = f.settings.parts()
+    b_gpu, b_link, b_host, _ = base.parts()
+    s = f.scales
+    return [
+        f"  compute: MFU {100 * s.mfu:.3g}% of {b_gpu.name}'s "
+        f"{'fp16' if base.precision == 'fp16' else 'bf16'} peak (measured compute "
+        f"{measured.compute_s:.4g} s per step)",
+        f"  PCIe: d2h {link.d2h_bytes_per_s / 1e9:.2f} GB/s (x{s.d2h:.3g} of {b_link.name}), "
+        f"h2d {link.h2d_bytes_per_s / 1e9:.2f} GB/s (x{s.h2d:.3g})",
+        f"  host AdamW: {host.adam_params_per_s(host.cores) / 1e9:.3f} G params/s on "
+        f"{host.cores} cores (x{s.host:.3g} of {b_host.name}; measured stall "
+        f"{measured.stall_s:.4g} s per step)"]
+
+
+def format_rows(rows: list[dict], ranged: bool) -> str:
+    head = ["strategy", "step_s"] + (["range_s"] if ranged else []) + [
+        "speedup"] + (["range"] if ranged else []) + [
+        "compute_s", "exp_io_s", "stall_s", "stall%", "fits"]
+    lines = []
+    for r in rows:
+        cells = [r["strategy"], f"{r['step_time_s']:.4g}"]
+        if ranged:
+            cells.append(f"{r['step_time_low_s']:.4g}-{r['step_time_high_s']:.4g}")
+        cells.append(f"{r['speedup_vs_zero_offload']:.2f}x")
+        if ranged:
+            cells.append(f"{r['speedup_low']:.2f}-{r['speedup_high']:.2f}x")
+        cells += [f"{r['compute_s']:.4g}", f"{r['exposed_io_s']:.4g}",
+                  f"{r['host_wait_s']:.4g}", f"{100 * r['stall_fraction']:.1f}",
+                  "yes" if r["fits"] else "NO"]
+        lines.append(cells)
+    widths = [max(len(h), *(len(x[i]) for x in lines)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
+    return "\n".join([fmt.format(*head)] + [fmt.format(*x) for x in lines])
+
+
+def fit_record(f: Fit, measured: Breakdown) -> dict:
+    return {"case": f.case, "reached": f.reached, "iterations": f.iterations,
+            "note": f.note, "scales": vars(f.scales), "simulated_zero_offload": f.simulated,
+            "residuals": f.residuals(measured), "hardware": f.entries}
+
+
+def report(base: SimSettings, measured: Breakdown, fits: list[Fit], rows: list[dict]) -> str:
+    lines = [f"measured ZeRO-Offload ({measured.source}): compute {measured.compute_s:.4g} s"
+             f", io {measured.io_s:.4g} s"
+             + (f" (d2h {measured.d2h_s:.4g} + h2d {measured.h2d_s:.4g})" if measured.split
+                else "") + f", stall {measured.stall_s:.4g} s, step {measured.step_s:.4g} s",
+             f"inferred on {base.gpus} x {base.gpu}, PCIe {base.pcie}, host {base.host} "
+             f"({fits[0].case}, {fits[0].iterations} rounds):"]
+    lines += describe_fit(fits[0], base, measured)
+    if len(fits) > 1:
+        ends = ", ".join(f"{f.case}" + ("" if f.reached else f" ({f.note})") for f in fits[1:])
+        lines.append(f"not separable from one io time: how it divides between d2h and h2d;"
+                     f" predicted also with {ends} (range columns)")
+    lines.append(format_rows(rows, ranged=len([f for f in fits if f.reached]) > 1))
+    return "\n".join(lines)
+
+
+def paper(given: dict, workdir: Path, quiet: bool) -> tuple[list[dict], list[dict]]:
+    """Predict ZenFlow's bar for each of the paper's ZeRO-Offload bars."""
+    data = predict_inputs.paper_bars()
+    out, records = [], []
+    for bar in data["bars"]:
+        node = data["nodes"][bar["gpu"]]
+        knobs = {"model": bar["model"], "gpus": data["gpus"],
+                 **{k: node[k] for k in ("gpu", "pcie", "host", "net")}, **given}
+        base = SimSettings(**knobs)
+        measured = Breakdown(bar["compute_s"], bar["io_s"], bar["stall_s"],
+                             source="paper Figure 1")
+        sub = workdir / f"{bar['gpu']}-{bar['model']}"
+        sub.mkdir()
+        fits, rows, _, _ = predict(base, measured, sub, quiet)
+        zf = next(r for r in rows if r["strategy"] == "zenflow")
+        zo = next(r for r in rows if r["strategy"] == "zero-offload")
+        out.append({"gpu": bar["gpu"], "model": bar["model"],
+                    "zero_offload_compute_s": bar["compute_s"], "zero_offload_io_s":
+                    bar["io_s"], "zero_offload_stall_s": bar["stall_s"],
+                    "zero_offload_step_s": bar["step_s"],
+                    "zero_offload_simulated_step_s": zo["step_time_s"],
+                    "zenflow_compute_s": zf["compute_s"], "zenflow_io_s": zf["exposed_io_s"],
+                    "zenflow_stall_s": zf["host_wait_s"], "zenflow_step_s": zf["step_time_s"],
+                    "zenflow_step_low_s": zf["step_time_low_s"],
+                    "zenflow_step_high_s": zf["step_time_high_s"],
+                    "speedup": bar["step_s"] / zf["step_time_s"],
+                    "speedup_low": bar["step_s"] / zf["step_time_high_s"],
+                    "speedup_high": bar["step_s"] / zf["step_time_low_s"]})
+        records.append({"bar": bar, "settings": base.as_dict(),
+                        "fits": [fit_record(f, measured) for f in fits]})
+    return out, records
+
+
+def format_paper(rows: list[dict]) -> str:
+    head = ["gpu", "model", "ZeRO-Offload_s (c/io/stall)", "ZenFlow_s (c/io/stall)",
+            "range_s", "speedup"]
+    lines = [[r["gpu"], r["model"],
+              f"{r['zero_offload_step_s']:.2f} ({r['zero_offload_compute_s']:.2f}/"
+              f"{r['zero_offload_io_s']:.2f}/{r['zero_offload_stall_s']:.2f})",
+              f"{r['zenflow_step_s']:.2f} ({r['zenflow_compute_s']:.2f}/"
+              f"{r['zenflow_io_s']:.2f}/{r['zenflow_stall_s']:.2f})",
+              f"{r['zenflow_step_low_s']:.2f}-{r['zenflow_step_high_s']:.2f}",
+              f"{r['speedup']:.2f}x ({r['speedup_low']:.2f}-{r['speedup_high']:.2f})"]
+             for r in rows]
+    widths = [max(len(h), *(len(x[i]) for x in lines)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
+    return "\n".join([fmt.format(*head)] + [fmt.format(*x) for x in lines])
+
+
+def main(argv: list[str] | None = None) -> int:
+    workdir = tempfile.TemporaryDirectory()
+    try:
+        return _main(argv, workdir)
+    finally:
+        workdir.cleanup()
+
+
+def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
+    from zfbench.provenance import provenance
+
+    try:
+        args = build_parser().parse_args(argv)
+        check_out_dir(args.out)
+        if args.skip_steps < 0:
+            raise CliError("--skip-steps must be >= 0")
+        given = given_knobs(args)
+        measured_zenflow = None
+        if args.paper:
+            build_cases(given, [])  # the flags' values checked before any work
+        elif args.from_run is not None:
+            measured, settings, measured_zenflow = predict_inputs.read_run(args.from_run)
+            knobs = {**run_knobs(settings), **given}
+            if knobs.get("precision") == "fp32":
+                knobs = on_hardware_file(knobs, Path(workdir.name) / "presets.json")
+            base = SimSettings(**knobs)
+        else:
+            measured = (predict_inputs.parse_breakdown(args.from_breakdown)
+                        if args.from_breakdown is not None else
+                        predict_inputs.read_deepspeed_log(args.deepspeed_log, args.skip_steps))
+            base = build_cases(given, [])[0][1]
+    except (CliError, SimSettingsError, ValueError) as err:
+        return fail(err)
+    head = {"provenance": provenance(argv, PROG)}
+    tmp = workdir.name
+    try:
+        if args.paper:
+            rows, records = paper(given, Path(tmp), args.quiet)
+            print(format_paper(rows))
+            if args.out:
+                args.out.mkdir(parents=True, exist_ok=True)
+                write_csv_atomic(pd.DataFrame(rows), args.out / "paper.csv")
+                write_json_atomic(args.out / "paper.json", json_ready(
+                    {**head, "source": predict_inputs.paper_bars()["source"],
+                     "rows": rows, "bars": records}))
+                print(f"wrote {args.out}/paper.csv, paper.json")
+            return 0
+        fits, rows, results, all_rows = predict(base, measured, Path(tmp), args.quiet)
+    except SimSettingsError as err:
+        return fail(err)
+    print(report(base, measured, fits, rows))
+    if args.from_run is not None and settings["emulated"]:
+        print("note: that run's accelerator was the CPU-emulated lane, whose compute and host "
+              "share cores; the prediction treats them as a GPU and a host that do not "
+              "(python -m zfbench.validate checks the emulated engine against the simulator)")
+    if measured_zenflow is not None:
+        zf = next(r for r in rows if r["strategy"] == "zenflow")
+        error = zf["step_time_s"] / measured_zenflow["step_time_s"] - 1
+        print(f"measured zenflow in that run: {measured_zenflow['step_time_s']:.4g} s per "
+              f"step; predicted {zf['step_time_s']:.4g} s ({100 * error:+.1f}%)")
+        head["measured_zenflow_step_s"] = measured_zenflow["step_time_s"]
+    if args.out:
+        head.update({"settings": base.as_dict(), "measured": measured.as_dict(),
+                     "fits": [fit_record(f, measured) for f in fits]})
+        extras = {"range.csv": pd.DataFrame(all_rows).to_csv(index=False),
+                  "inferred.json": json.dumps(json_ready(head), indent=1)}
+        for f in fits:
+            if f.reached:
+                name = "inferred_hardware.json" if f is fits[0] else \
+                    f"inferred_hardware.{f.case}.json"
+                extras[name] = Path(f.settings.hardware).read_text()
+        try:
+            write_outputs(args.out, json_ready(head), rows, results, extras)
+        except OSError as err:
+            return fail(f"writing {args.out}: {err}")
+        print(f"wrote {args.out}/summary.csv, summary.json, range.csv, inferred.json, "
+              f"inferred_hardware.json, steps.csv, spans, trace.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The measured ZeRO-Offload baselines `python -m zfbench.predict` reads, as `Breakdown`s.
+
+- `parse_breakdown("compute=S,io=S,stall=S")` (or `d2h=S,h2d=S` in place of `io`);
+- `read_deepspeed_log(path)`: the timer lines DeepSpeed prints with
+  `"wall_clock_breakdown": true` (`[Rank 0] time (ms) | fwd: ... | bwd_inner: ... |
+  bwd_allreduce: ... | step: ...` and `optimizer_step` on the line before), averaged over
+  the steady steps. Under ZeRO-Offload, forward + `bwd_inner` is GPU compute,
+  `bwd_allreduce` holds the gradient reduction and its copy to the host (d2h),
+  `optimizer_step` is the host AdamW (the stall), and the rest of `step` is the parameter
+  copy back (h2d);
+- `read_run(dir)`: a `python -m zfbench.run --out DIR` with a zero-offload row (its
+  timeline gives the exposed transfer per direction), and that run's shape;
+- `paper_bars()`: the ZenFlow paper's eight ZeRO-Offload bars (zfbench/data, with source).
+Every reader refuses bad input in one line that names the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from importlib import resources
+from pathlib import Path
+
+from sims.infer import Breakdown
+
+BREAKDOWN_KEYS = ("compute", "io", "stall", "d2h", "h2d", "step")
+# a stated step may differ from the sum of its parts by this much (values read off a figure)
+STEP_TOLERANCE = 0.02
+DEEPSPEED_NEEDED = ("fwd", "bwd_inner", "bwd_allreduce", "step", "optimizer_step")
+_TIMER_LINE = re.compile(r"(?:\[Rank (\d+)\])?\s*time \(ms\)\s*\|(.*)$")
+
+
+def parse_breakdown(text: str) -> Breakdown:
+    """`compute=0.66,io=0.53,stall=5.61` (seconds per step); `d2h=..,h2d=..` may stand for
+    `io` when the transfer is measured per direction; `step=S`, if given, must be the sum
+    of the parts (within 2 %)."""
+    parts: dict[str, float] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in BREAKDOWN_KEYS:
+            raise ValueError(f"--from-breakdown: cannot read {item!r}; write "
+                             f"compute=S,io=S,stall=S (seconds per step)")
+        if key in parts:
+            raise ValueError(f"--from-breakdown: {key} given twice")
+        try:
+            parts[key] = float(value)
+        except ValueError:
+            raise ValueError(f"--from-breakdown: {key}={value!r} is not a number of "
+                             f"seconds") from None
+    if "io" not in parts and "d2h" in parts and "h2d" in parts:
+        parts["io"] = parts["d2h"] + parts["h2d"]
+    missing = [k for k in ("compute", "io", "stall") if k not in parts]
+    if missing:
+        raise ValueError(f"--from-breakdown: missing {', '.join(missing)}; write "
+                         f"compute=S,io=S,stall=S (seconds per step of a ZeRO-Offload run)")
+    try:
+        out = Breakdown(parts["compute"], parts["io"], parts["stall"], parts.get("d2h"),
+                        parts.get("h2d"), source=f"breakdown {text}")
+    except ValueError as err:
+        raise ValueError(f"--from-breakdown: {err}") from None
+    step = parts.get("step")
+    if step is not None and not abs(out.step_s - step) <= STEP_TOLERANCE * step:
+        raise ValueError(f"--from-breakdown: the parts add up to {out.step_s:.4g} s but step "
+                         f"is {step:.4g} s; compute + io + stall must make the step (count "
+                         f"the rest of the step as stall)")
+    return out
+
+
+def deepspeed_steps(text: str) -> list[dict[str, float]]:
+    """One dict of timers (ms) per optimizer step per rank, in log order. A step's line is
+    the one with `step` (not `step_microstep`); `optimizer_*` timers printed just before
+    it belong to it."""
+    pending: dict[tuple, dict] = {}
+    steps = []
+    for line in text.splitlines():
+        match = _TIMER_LINE.search(line)
+        if not match:
+            continue
+        rank = match.group(1) or "0"
+        timers = {}
+        for field in match.group(2).split("|"):
+            name, sep, value = field.partition(":")
+            if not sep:
+                continue
+            try:
+                timers[name.strip()] = float(value)
+            except ValueError:
+                raise ValueError(f"DeepSpeed log: cannot read timer {field.strip()!r} in "
+                                 f"{line.strip()!r}") from None
+        mine = pending.setdefault(rank, {})
+        mine.update({k: v for k, v in timers.items() if not k.endswith("_microstep")})
+        if "step" in timers:
+            steps.append({"rank": int(rank), **mine})
+            pending[rank] = {}
+    return steps
+
+
+def read_deepspeed_log(path: str | Path, skip: int = 1) -> Breakdown:
+    """The mean ZeRO-Offload breakdown of the log's steps after the first `skip` (per
+    rank; averaged over ranks)."""
+    path = Path(path)
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as err:
+        raise ValueError(f"--deepspeed-log {path}: {err.strerror or err}") from None
+    steps = deepspeed_steps(text)
+    if not steps:
+        raise ValueError(f"--deepspeed-log {path}: no DeepSpeed timer lines ('time (ms) | "
+                         f"fwd: ...'); run DeepSpeed with \"wall_clock_breakdown\": true and "
+                         f"\"steps_per_print\": 1 and keep its INFO log")
+    ranks = sorted({s["rank"] for s in steps})
+    kept = []
+    for rank in ranks:
+        mine = [s for s in steps if s["rank"] == rank]
+        if len(mine) <= skip:
+            raise ValueError(f"--deepspeed-log {path}: rank {rank} has {len(mine)} step(s), "
+                             f"all left out as warm-up (--skip-steps {skip}); log more steps")
+        kept.extend(mine[skip:])
+    missing = sorted({k for s in kept for k in DEEPSPEED_NEEDED if k not in s})
+    if missing:
+        raise ValueError(f"--deepspeed-log {path}: timers {', '.join(missing)} are missing; "
+                         f"this needs a ZeRO-Offload run (offload_optimizer cpu) with "
+                         f"wall_clock_breakdown true")
+    mean = {k: sum(s[k] for s in kept) / len(kept) / 1e3 for k in DEEPSPEED_NEEDED}
+    h2d = max(mean["step"] - mean["optimizer_step"], 0.0)
+    return Breakdown(compute_s=mean["fwd"] + mean["bwd_inner"],
+                     io_s=mean["bwd_allreduce"] + h2d, stall_s=mean["optimizer_step"],
+                     d2h_s=mean["bwd_allreduce"], h2d_s=h2d,
+                     source=f"DeepSpeed log {path.name} ({len(kept)} steps of "
+                            f"{len(ranks)} rank(s) after {skip} left out)")
+
+
+def read_run(path: str | Path) -> tuple[Breakdown, dict, dict | None]:
+    """(the zero-offload breakdown, the run's settings plus `emulated`: whether its
+    accelerator was the CPU lane, its measured zenflow row or None) of a
+    `python -m zfbench.run --out DIR`."""
+    from analysis.breakdown import summarize
+    from zfbench.trace import Timeline
+
+    path = Path(path)
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"--from-run {path}: no readable summary.json ({err}); give the "
+                         f"--out directory of python -m zfbench.run") from None
+    rows = {r.get("strategy"): r for r in summary.get("rows", [])}
+    base = rows.get("zero-offload")
+    if base is None or "settings" not in summary:
+        raise ValueError(f"--from-run {path}: no zero-offload row; run python -m zfbench.run "
+                         f"with --strategy zero-offload (or all)")
+    parts = {}
+    try:
+        tl = Timeline.read_csv(path, prefix="zero-offload.")
+        spans, steps = tl.spans_frame(), tl.steps_frame()
+        skip = int(base.get("steps_left_out", 0))
+        for lane in ("d2h", "h2d"):
+            mine = spans[spans["lane"].isin(["compute", lane])]
+            parts[lane] = summarize(mine, steps, skip)["exposed_io_s"]
+    except (OSError, ValueError, KeyError):
+        parts = {}  # no timeline files: the exposed transfer stays one number
+    io = float(base["exposed_io_s"])
+    split = parts and math.isclose(parts["d2h"] + parts["h2d"], io, rel_tol=1e-6,
+                                   abs_tol=1e-9)
+    breakdown = Breakdown(float(base["compute_s"]), io, float(base["host_wait_s"]),
+                          parts["d2h"] if split else None, parts["h2d"] if split else None,
+                          source=f"zfbench run {path.name} (zero-offload)")
+    machine = summary.get("machine") or {}
+    emulated = summary["settings"].get("device") == "cpu" or not machine.get("cuda_device")
+    return breakdown, {**summary["settings"], "emulated": emulated}, rows.get("zenflow")
+
+
+def paper_bars() -> dict:
+    """The paper's ZeRO-Offload bars with their source (zfbench/data)."""
+    text = resources.files("zfbench").joinpath("data/paper_zero_offload_bars.json")
+    return json.loads(text.read_text("utf-8"))
