@@ -58,34 +58,64 @@ def breakdown_facts(df: pd.DataFrame) -> dict:
             "zo_stall_max_pct": t["zo_stall_pct"].max()}
 
 
+PAPER_PARTS = {"compute_s": "compute_s", "exposed_io_s": "io_s", "host_wait_s": "stall_s"}
+
+
+def paper_facts(paper: pd.DataFrame) -> dict:
+    """ZenFlow's speedup predicted from the paper's ZeRO-Offload bars (nominal, and the
+    widest range the data leaves open)."""
+    return {"bars": len(paper), "speedup_min": paper["speedup"].min(),
+            "speedup_max": paper["speedup"].max(),
+            "range_min": paper["speedup_low"].min(), "range_max": paper["speedup_high"].max()}
+
+
 @with_style
-def plot_step_breakdown(df: pd.DataFrame, caption: str = "") -> Figure:
-    """`df`: one row per (node, model, strategy) with the breakdown columns."""
+def plot_step_breakdown(df: pd.DataFrame, caption: str = "",
+                        paper: pd.DataFrame | None = None) -> Figure:
+    """`df`: one row per (node, model, strategy) with the breakdown columns; `paper`
+    (optional): per (node, model) the paper's ZeRO-Offload bar and the ZenFlow bar
+    predicted from it (`python -m zfbench.predict --paper` columns), drawn beside."""
     nodes = list(dict.fromkeys(df["node"]))
     models = list(dict.fromkeys(df["model"]))
     facts = breakdown_facts(df)["table"].set_index(["node", "model"])
-    fig, axes = new_figure(len(nodes), len(models), figsize=(7.4, 1.0 + 2.2 * len(nodes)))
-    order = ["zero-offload", "zenflow"]
+    fig, axes = new_figure(len(nodes), len(models), figsize=(7.4 if paper is None else 9.6,
+                                                             1.0 + 2.2 * len(nodes)))
+    paper = None if paper is None else paper.set_index(["node", "model"])
     for r, node in enumerate(nodes):
         for c, model in enumerate(models):
             ax = axes[r, c]
             g = df[(df["node"] == node) & (df["model"] == model)].set_index("strategy")
-            for x, strategy in enumerate(order):
+            bars = [(0, {p: g.loc["zero-offload", p] for p in PART_STYLE}),
+                    (1, {p: g.loc["zenflow", p] for p in PART_STYLE})]
+            ticks = ["ZeRO-\nOffload", "ZenFlow"]
+            top = g.loc["zero-offload", "step_time_s"]
+            f = facts.loc[(node, model)]
+            if paper is not None and (node, model) in paper.index:
+                row = paper.loc[(node, model)]
+                bars += [(x, {p: row[f"{who}_{q}"] for p, q in PAPER_PARTS.items()})
+                         for x, who in ((2.4, "zero_offload"), (3.4, "zenflow"))]
+                ticks += ["paper\nZeRO-Off.", "predicted\nZenFlow"]
+                top = max(top, row["zero_offload_step_s"])
+                ax.errorbar(3.4, row["zenflow_step_s"], color="#000000", linewidth=0.8,
+                            yerr=[[row["zenflow_step_s"] - row["zenflow_step_low_s"]],
+                                  [row["zenflow_step_high_s"] - row["zenflow_step_s"]]],
+                            capsize=2)
+                ax.text(3.4, row["zenflow_step_high_s"] + 0.03 * top,
+                        f"{row['speedup']:.2f}x", ha="center", va="bottom", fontsize=7)
+            for x, parts in bars:
                 bottom = 0.0
                 for part, st in PART_STYLE.items():
-                    ax.bar(x, g.loc[strategy, part], bottom=bottom, width=0.62, **bar_style(st))
-                    bottom += g.loc[strategy, part]
-            f = facts.loc[(node, model)]
-            top = g.loc["zero-offload", "step_time_s"]
+                    ax.bar(x, parts[part], bottom=bottom, width=0.62, **bar_style(st))
+                    bottom += parts[part]
             zf_top = g.loc["zenflow", "step_time_s"]
             ax.text(1, zf_top + 0.03 * top, f"{f['speedup']:.2f}x faster\n"
                     f"stall -{f['stall_reduction_pct']:.0f}%", ha="center",
                     va="bottom", fontsize=7)
-            ax.text(0, top * 1.02, f"{f['zo_stall_pct']:.0f}% stall", ha="center",
-                    va="bottom", fontsize=7)
+            ax.text(0, g.loc["zero-offload", "step_time_s"] + 0.02 * top,
+                    f"{f['zo_stall_pct']:.0f}% stall", ha="center", va="bottom", fontsize=7)
             ax.set_ylim(0, top * 1.32)
-            ax.set_xticks([0, 1], ["ZeRO-\nOffload", "ZenFlow"])
-            ax.set_xlim(-0.6, 1.6)
+            ax.set_xticks([x for x, _ in bars], ticks, fontsize=6.5 if paper is not None else None)
+            ax.set_xlim(-0.6, bars[-1][0] + 0.6)
             ax.grid(axis="x", visible=False)
             ax.set_title(model, fontsize=8.5)
             if c == 0:
@@ -94,7 +124,9 @@ def plot_step_breakdown(df: pd.DataFrame, caption: str = "") -> Figure:
     fig.legend(handles=handles, loc="outside lower center", ncols=3)
     fig.supylabel("average time per step (s)", fontsize=9)
     fig.suptitle(caption or "Where a step's time goes: ZeRO-Offload vs ZenFlow, 4-GPU nodes "
-                 "(simulated)", fontsize=9.5, fontweight="bold")
+                 "(simulated)" + ("" if paper is None else "\nright: the paper's ZeRO-Offload "
+                                  "bar, ZenFlow predicted from it (error bar: d2h/h2d split)"),
+                 fontsize=9.5, fontweight="bold")
     return fig
 
 

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 import zfbench.figures as figures
+import zfbench.figures_data as figures_data
 from analysis import plot_measured as pm
 from analysis import plots as pl
 from analysis.plot_index import FIGURES, FigureData, draw_one
@@ -85,7 +86,7 @@ def built(tmp_path_factory):
     figure saved is kept, to check its axes."""
     out = tmp_path_factory.mktemp("figs")
     saved = {}
-    original_save, original_simulate = pl.save_figure, figures.simulate
+    original_save, original_simulate = pl.save_figure, figures_data.simulate
 
     def keep(fig, out_dir, stem, png_dpi=None):
         saved[stem] = fig
@@ -102,11 +103,11 @@ def built(tmp_path_factory):
         pngs_missing = sorted(p.name for p in out.glob("*.png"))
         measured = out / "measured"
         numbers = write_measured(measured)
-        figures.simulate = no_simulation
+        figures_data.simulate = no_simulation
         rc = figures.main(["--quick", "--quiet", "--no-measure", "--out", str(out), "--measured",
                            str(measured), "--only", "2,10,11,12,13,14"])
     finally:
-        pl.save_figure, figures.simulate = original_save, original_simulate
+        pl.save_figure, figures_data.simulate = original_save, original_simulate
     return {"out": out, "measured": measured, "numbers": numbers, "rc": rc, "saved": saved,
             "rc_missing": rc_missing, "readme_missing": readme_missing,
             "pngs_missing": pngs_missing, "readme": (out / "README.md").read_text()}

@@ -203,3 +203,19 @@ def test_predict_from_a_zfbench_run_reports_the_measured_zenflow(tmp_path, capsy
     run_row = pd.read_csv(run_dir / "summary.csv").set_index("strategy").loc["zero-offload"]
     assert measured["compute_s"] == pytest.approx(run_row["compute_s"])
     assert measured["stall_s"] == pytest.approx(run_row["host_wait_s"])
+
+
+def test_paper_predicts_all_eight_bars(tmp_path, capsys):
+    out = tmp_path / "paper"
+    assert main(["--paper", "--steps", "12", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    rows = pd.read_csv(out / "paper.csv")
+    assert len(rows) == 8 and set(rows["gpu"]) == {"A100", "H100"}
+    assert len([ln for ln in printed.splitlines() if ln[:4] in ("A100", "H100")]) == 8
+    # the fit reproduces each ZeRO-Offload bar it was given
+    parts = rows["zero_offload_compute_s"] + rows["zero_offload_io_s"] + \
+        rows["zero_offload_stall_s"]
+    assert (abs(rows["zero_offload_simulated_step_s"] / parts - 1) < 0.01).all()
+    assert (rows["zenflow_step_low_s"] <= rows["zenflow_step_s"]).all()
+    assert (rows["zenflow_step_s"] <= rows["zenflow_step_high_s"]).all()
+    assert json.loads((out / "paper.json").read_text())["source"].startswith("DeepSpeed ZenFlow")

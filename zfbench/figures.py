@@ -14,7 +14,8 @@ and the index; a second run re-plots from the CSVs in seconds.
 Simulated data (`<out>/data/`, each with a `<name>.spec.json` holding the exact settings):
 `timeline_<strategy>.spans.csv` / `.steps.csv` (rank 0 of llama2-7b on a100-4x-gen4),
 `breakdown.csv`, `sweep_update_interval.csv`, `sweep_topk_ratio.csv`, `scaling.csv`
-(rows of `zfbench.simulate.summary_row` plus labels) and `selection_traffic.csv`.
+(rows of `zfbench.simulate.summary_row` plus labels), `selection_traffic.csv` and
+`paper_predict.csv` (ZenFlow predicted from the paper's ZeRO-Offload bars, figure 5).
 Measured data (`--measured DIR`, default `<out>/data/measured/`; any .csv may be a
 .parquet; columns in detail in `analysis/plot_measured.py`, repeated in the README):
 
@@ -43,10 +44,10 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 from tqdm import tqdm
@@ -55,8 +56,9 @@ from analysis import plot_measured as pm
 from analysis import plot_sweeps as ps
 from analysis.plot_index import FIGURES, FigureData, draw_one, merge_outcomes, render_readme
 from sims.costs import SimSettings
-from sims.simulator import default_skip_steps, simulate
-from zfbench import hardware
+from sims.simulator import default_skip_steps
+from zfbench import hardware, predict_inputs
+from zfbench.figures_data import TIMELINE_STRATEGIES, Dataset, generate, is_fresh
 from zfbench.figures_measure import measure_jobs, run_missing
 from zfbench.simulate import summary_row
 from zfbench.trace import SPAN_COLUMNS, STEP_COLUMNS
@@ -64,7 +66,6 @@ from zfbench.trace import SPAN_COLUMNS, STEP_COLUMNS
 NODES = ("a100-4x-gen4", "h100-4x-gen5")
 SCALING_NODES = ("a100-8x-gen4", "h100-8x-gen5")
 TIMELINE_NODE = "a100-4x-gen4"
-TIMELINE_STRATEGIES = ("zero-offload", "zero-offload-dpu", "zenflow")
 STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zenflow")
 
 
@@ -115,19 +116,6 @@ def steps_for_interval(plan: Plan, u: int) -> int:
 
 
 # -- datasets: jobs -> CSV files under <out>/data, reused while their spec matches -----
-@dataclass
-class Dataset:
-    name: str
-    jobs: list[tuple[dict, SimSettings, str]]
-    rows: Callable  # (labels, result) -> {file: DataFrame part}
-    direct: Callable | None = None  # () -> {file: DataFrame}, for data needing no sim
-    params: dict | None = None  # what `direct` depends on
-
-    def spec(self) -> dict:
-        return {"dataset": self.name, "params": self.params,
-                "jobs": [[lab, s.as_dict(), st] for lab, s, st in self.jobs]}
-
-
 def _summary_rows(file: str):
     def rows(labels: dict, result) -> dict:
         row = {**labels, **summary_row(result)}
@@ -169,6 +157,9 @@ def datasets(plan: Plan) -> dict[str, Dataset]:
             g, hardware.get_node(n).gpus_per_switch)), s)
         for n in SCALING_NODES for g in plan.gpus for s in STRATEGIES],
         _summary_rows("scaling.csv"))
+    d["paper_predict"] = Dataset("paper_predict", [], None, lambda: _paper_view(plan),
+                                 {"models": list(plan.models), "steps": plan.steps,
+                                  "bars": predict_inputs.paper_bars()["bars"]})
     gpus = hardware.get_node(NODES[0]).gpus
     d["selection_traffic"] = Dataset(
         "selection_traffic", [], None,
@@ -177,46 +168,16 @@ def datasets(plan: Plan) -> dict[str, Dataset]:
     return d
 
 
-def _files(data_dir: Path, ds: Dataset) -> list[Path]:
-    if ds.direct is not None:
-        return [data_dir / f"{ds.name}.csv"]
-    if ds.name == "timeline":
-        return [data_dir / f"timeline_{s}.{k}.csv" for s in TIMELINE_STRATEGIES
-                for k in ("spans", "steps")]
-    return [data_dir / f"{ds.name}.csv"]
+def _paper_view(plan: Plan) -> dict:
+    """ZenFlow predicted from each of the paper's ZeRO-Offload bars (zfbench.predict)."""
+    from zfbench.predict import paper
 
+    with tempfile.TemporaryDirectory() as tmp:
+        rows, _ = paper({"steps": plan.steps}, Path(tmp), True, plan.models)
+    frame = pd.DataFrame(rows)
+    frame["node"] = frame["node"].map(node_label)
+    return {"paper_predict.csv": frame}
 
-def is_fresh(data_dir: Path, ds: Dataset) -> bool:
-    spec = data_dir / f"{ds.name}.spec.json"
-    if not spec.exists() or not all(p.exists() for p in _files(data_dir, ds)):
-        return False
-    return json.loads(spec.read_text()) == json.loads(json.dumps(ds.spec()))
-
-
-def generate(data_dir: Path, stale: list[Dataset], quiet: bool) -> None:
-    """Run every job of the stale datasets under one progress bar, then write each
-    dataset's files (through a rename) and its spec last."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    total = sum(len(ds.jobs) for ds in stale)
-    bar = tqdm(total=total, desc="simulating", unit="run", disable=quiet or not total,
-               file=sys.stderr)
-    for ds in stale:
-        parts: dict[str, list[pd.DataFrame]] = {}
-        if ds.direct is not None:
-            parts = {k: [v] for k, v in ds.direct().items()}
-        for labels, settings, strategy in ds.jobs:
-            bar.set_postfix_str(f"{ds.name}: {settings.model} {strategy}")
-            for file, frame in ds.rows(labels, simulate(settings, strategy)).items():
-                parts.setdefault(file, []).append(frame)
-            bar.update()
-        for file, frames in parts.items():
-            tmp = data_dir / f".{file}.tmp"
-            pd.concat(frames, ignore_index=True).to_csv(tmp, index=False)
-            os.replace(tmp, data_dir / file)
-        tmp = data_dir / f".{ds.name}.spec.json.tmp"
-        tmp.write_text(json.dumps(ds.spec(), indent=1))
-        os.replace(tmp, data_dir / f"{ds.name}.spec.json")
-    bar.close()
 
 
 
@@ -256,6 +217,10 @@ def sources(plan: Plan) -> dict[str, str]:
                    f"{' and '.join(scaling_label(n) for n in SCALING_NODES)}, gpus="
                    f"{','.join(map(str, plan.gpus))}; like `{simulate_command(base)} "
                    f"--sweep gpus={','.join(map(str, plan.gpus))}`)",
+        "paper_predict": f"`data/paper_predict.csv` (the ZenFlow paper's ZeRO-Offload bars "
+                         f"of {models}, zfbench/data/paper_zero_offload_bars.json, each fitted "
+                         f"on its node and ZenFlow simulated there; like `python -m "
+                         f"zfbench.predict --paper --steps {plan.steps}`)",
         "selection_traffic": f"`data/selection_traffic.csv` (computed from the shapes in "
                              f"zfbench/models.py of {', '.join(FULL.models)}, "
                              f"{hardware.get_node(NODES[0]).gpus} GPUs; no simulation)",

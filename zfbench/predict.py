@@ -90,7 +90,8 @@ def run_knobs(settings: dict) -> dict:
     return out
 
 
-def predict(base: SimSettings, measured: Breakdown, workdir: Path, quiet: bool = True):
+def predict(base: SimSettings, measured: Breakdown, workdir: Path, quiet: bool = True,
+            strategies: tuple[str, ...] = STRATEGIES):
     """(fits, nominal rows with their ranges, nominal results, every case's rows)."""
     fit_base = base.with_(steps=min(base.steps, max(steps_needed(base), 12)))
     fits = infer(fit_base, measured, workdir)
@@ -99,7 +100,7 @@ def predict(base: SimSettings, measured: Breakdown, workdir: Path, quiet: bool =
     cases += [({"case": f.case}, f.settings.with_(steps=base.steps)) for f in reached[1:]]
     rows, results = [], {}
     for labels, case in cases:
-        case_rows, case_results = run([(labels, case)], list(STRATEGIES), quiet)
+        case_rows, case_results = run([(labels, case)], list(strategies), quiet)
         for r in case_rows:
             r["case"] = labels.get("case", fits[0].case)
         rows.extend(case_rows)
@@ -172,11 +173,14 @@ def report(base: SimSettings, measured: Breakdown, fits: list[Fit], rows: list[d
     return "\n".join(lines)
 
 
-def paper(given: dict, workdir: Path, quiet: bool) -> tuple[list[dict], list[dict]]:
-    """Predict ZenFlow's bar for each of the paper's ZeRO-Offload bars."""
+def paper(given: dict, workdir: Path, quiet: bool, models: tuple[str, ...] | None = None
+          ) -> tuple[list[dict], list[dict]]:
+    """Predict ZenFlow's bar for each of the paper's ZeRO-Offload bars (of `models`)."""
     data = predict_inputs.paper_bars()
     out, records = [], []
     for bar in data["bars"]:
+        if models is not None and bar["model"] not in models:
+            continue
         node = data["nodes"][bar["gpu"]]
         knobs = {"model": bar["model"], "gpus": data["gpus"],
                  **{k: node[k] for k in ("gpu", "pcie", "host", "net")}, **given}
@@ -185,10 +189,10 @@ def paper(given: dict, workdir: Path, quiet: bool) -> tuple[list[dict], list[dic
                              source="paper Figure 1")
         sub = workdir / f"{bar['gpu']}-{bar['model']}"
         sub.mkdir()
-        fits, rows, _, _ = predict(base, measured, sub, quiet)
+        fits, rows, _, _ = predict(base, measured, sub, quiet, ("zero-offload", "zenflow"))
         zf = next(r for r in rows if r["strategy"] == "zenflow")
         zo = next(r for r in rows if r["strategy"] == "zero-offload")
-        out.append({"gpu": bar["gpu"], "model": bar["model"],
+        out.append({"gpu": bar["gpu"], "node": node["node"], "model": bar["model"],
                     "zero_offload_compute_s": bar["compute_s"], "zero_offload_io_s":
                     bar["io_s"], "zero_offload_stall_s": bar["stall_s"],
                     "zero_offload_step_s": bar["step_s"],
