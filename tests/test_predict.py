@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings as hsettings, strategies as st
 
 from sims.costs import SimSettings
-from sims.infer import Breakdown, Scales, baseline_parts, infer, write_hardware
+from zfbench.predict_fit import Breakdown, Scales, baseline_parts, infer, write_hardware
 from zfbench import predict_inputs
 from zfbench.predict import main
 

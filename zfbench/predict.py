@@ -5,7 +5,7 @@ and the stall: the GPU waiting for the host AdamW) pins three unknowns of the si
 your node: the GPU's model FLOPs utilization, the effective PCIe rates, and the host's
 AdamW rate. They are found by simulating ZeRO-Offload with your shape on the named node
 (--gpu, --pcie, --host, --gpus) and scaling each rate until the simulated parts equal the
-measured ones (sims.infer). The fitted node is written as a hardware file, every number
+measured ones (zfbench.predict_fit). The fitted node is written as a hardware file, every number
 with how it was inferred, and every strategy, ZenFlow included, is then simulated on it.
 What one measurement cannot separate is said and bounded: a single exposed-transfer time
 does not say how it divides between gradients down and parameters up, so the prediction
@@ -39,7 +39,7 @@ from pathlib import Path
 import pandas as pd
 
 from sims.costs import STRATEGIES, SimSettings, SimSettingsError
-from sims.infer import Breakdown, Fit, infer, on_hardware_file
+from zfbench.predict_fit import Breakdown, Fit, infer, on_hardware_file
 from sims.simulator import steps_needed
 from zfbench import predict_inputs
 from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, fail
@@ -98,7 +98,7 @@ def predict(base: SimSettings, measured: Breakdown, workdir: Path, quiet: bool =
     reached = [f for f in fits if f.reached]
     cases = [({}, reached[0].settings.with_(steps=base.steps))]
     cases += [({"case": f.case}, f.settings.with_(steps=base.steps)) for f in reached[1:]]
-    rows, results = [], {}
+    rows = []
     for labels, case in cases:
         case_rows, case_results = run([(labels, case)], list(strategies), quiet)
         for r in case_rows:

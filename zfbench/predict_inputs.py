@@ -22,7 +22,7 @@ import re
 from importlib import resources
 from pathlib import Path
 
-from sims.infer import Breakdown
+from zfbench.predict_fit import Breakdown
 
 BREAKDOWN_KEYS = ("compute", "io", "stall", "d2h", "h2d", "step")
 # a stated step may differ from the sum of its parts by this much (values read off a figure)
