@@ -55,7 +55,7 @@ class NonFiniteGradientError(FloatingPointError):
 
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda asked for, but torch sees no CUDA device; "
                            "use --device cpu (the emulated accelerator) or auto")
@@ -84,6 +84,8 @@ class Engine:
         rank = self.dist.rank
         self.device = resolve_device(device)
         self.use_cuda = self.device.type == "cuda"
+        if self.use_cuda and self.device.index is None:  # this rank's GPU, by index
+            self.device = torch.device("cuda", torch.cuda.current_device())
         # ZenFlow's pt_reserved_cores_perc: the device (training) lane's share of the
         # rank's cores; the other strategies split them evenly
         reserved = config.zenflow.pt_reserved_cores_perc if config.zenflow else 0.5
@@ -101,7 +103,8 @@ class Engine:
         self.recorder = SpanRecorder(rank, use_cuda=self.use_cuda)
         self.d2h_stream = torch.cuda.Stream() if self.use_cuda else None
         self.h2d_stream = torch.cuda.Stream() if self.use_cuda else None
-        self.host_lane = HostLane(self.recorder, self.host_threads)
+        self.host_lane = HostLane(self.recorder, self.host_threads,
+                                  device=self.device if self.use_cuda else None)
         self.t = 0
         self.micro_step = 0  # micro-steps since the last optimizer step (accumulation)
         self._micro_losses: list[float] = []
@@ -136,6 +139,7 @@ class Engine:
         if not self.dist.active:
             self.shard_lo, self.shard_hi = 0, self.layout.total
         self.shard_grad_bytes = (self.shard_hi - self.shard_lo) * self.param_bytes
+        self._staging_buffers: dict[str, torch.Tensor] = {}
         # Gradients are views into one buffer: one d2h copy, one all-reduce, one zero,
         # and (InplaceGrads) weight gradients accumulated straight into it.
         self.flat_grads = torch.zeros_like(self.flat_params)
@@ -157,27 +161,48 @@ class Engine:
     def new_device_flat(self) -> torch.Tensor:
         return torch.zeros_like(self.flat_params)
 
+    def _staging(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """A pinned host buffer of the shard's size in the device's dtype (CUDA only), so
+        bf16/fp16 cross the link in their own dtype and are converted on the host: a
+        copy between dtypes with non_blocking converts on the GPU first, into a
+        temporary, and ships 4 B per element."""
+        buf = self._staging_buffers.get(name)
+        if buf is None:
+            buf = torch.empty(self.shard_hi - self.shard_lo, dtype=dtype, pin_memory=True)
+            self._staging_buffers[name] = buf
+        return buf
+
     def copy_grads_to(self, dst: torch.Tensor) -> None:
         """d2h: this rank's shard of the gradients into the flat host buffer `dst` (every
         gradient, into its slot, with one rank)."""
         stream = self.d2h_stream
-        if stream is not None:
-            stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream) if stream is not None else _nullcontext():
-            dst.copy_(self.flat_grads[self.shard_lo:self.shard_hi],
-                      non_blocking=stream is not None)
-        if stream is not None:
-            stream.synchronize()
+        src = self.flat_grads[self.shard_lo:self.shard_hi]
+        if stream is None:
+            dst.copy_(src)
+            return
+        stream.wait_stream(torch.cuda.current_stream())
+        wire = dst if dst.dtype == src.dtype else self._staging("d2h", src.dtype)
+        with torch.cuda.stream(stream):
+            wire.copy_(src, non_blocking=True)
+        stream.synchronize()
+        if wire is not dst:
+            dst.copy_(wire)  # converted on the host
 
     def upload_range(self, target: torch.Tensor, master: torch.Tensor, a: int, b: int) -> None:
         """h2d (from the host worker): master[a:b] (shard-relative indices) into the
-        device buffer `target` at this rank's shard offset."""
+        device buffer `target` at this rank's shard offset, in the device's dtype."""
         stream = self.h2d_stream
         lo = self.shard_lo
-        with torch.cuda.stream(stream) if stream is not None else _nullcontext():
-            target[lo + a:lo + b].copy_(master[a:b], non_blocking=stream is not None)
-        if stream is not None:
-            stream.synchronize()
+        if stream is None:
+            target[lo + a:lo + b].copy_(master[a:b])
+            return
+        wire = master
+        if target.dtype != master.dtype:  # convert on the host, ship 2 B per element
+            wire = self._staging("h2d", target.dtype)
+            wire[a:b].copy_(master[a:b])
+        with torch.cuda.stream(stream):
+            target[lo + a:lo + b].copy_(wire[a:b], non_blocking=True)
+        stream.synchronize()
 
     # -- data parallel collectives ----------------------------------------------------
     def reduce_grads(self, t: int) -> None:
@@ -266,9 +291,9 @@ class Engine:
                 self.strategy.step(self.t)
         with self.recorder.span("compute", "device_optim", self.t):
             self._zero_grads()
-        end = self.recorder.now()
-        if self.use_cuda:
+        if self.use_cuda:  # the step ends when its device work has: sync, then read
             self.recorder.resolve_cuda()
+        end = self.recorder.now()
         record.update({"t_start_s": start, "t_end_s": end, "wall_s": end - start})
         self.step_log.append(record)
         if not record["skipped"]:
@@ -360,14 +385,6 @@ class Engine:
         self.named_params = []
         self.flat_params = self.flat_grads = None
         self.inplace_grads = None
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def initialize(model: torch.nn.Module, config: dict | str | os.PathLike | EngineConfig |

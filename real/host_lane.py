@@ -34,8 +34,10 @@ class _Job:
 
 
 class HostLane:
-    def __init__(self, recorder: SpanRecorder, threads: int, name: str = "host-lane") -> None:
+    def __init__(self, recorder: SpanRecorder, threads: int, name: str = "host-lane",
+                 device=None) -> None:
         self.recorder = recorder
+        self.device = device  # a CUDA device: the worker's uploads go to this rank's GPU
         self.threads = max(1, int(threads))
         self.error: BaseException | None = None
         self._urgent: deque[_Job] = deque()
@@ -71,6 +73,8 @@ class HostLane:
 
     def _loop(self) -> None:
         torch.set_num_threads(self.threads)
+        if self.device is not None:  # the current device is per thread: not GPU 0
+            torch.cuda.set_device(self.device)
         while True:
             job = self._next()
             if job is None:

@@ -87,13 +87,16 @@ def available_host_bytes() -> float:
     return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-def available_device_bytes(use_cuda: bool) -> float | None:
+def available_device_bytes(use_cuda: bool, ranks: int = 1) -> float | None:
+    """Free memory of the emptiest of the GPUs `ranks` ranks will use (devices 0 ..
+    ranks - 1, one per rank, each asked by index: the current device of a process that
+    has not called set_device is GPU 0 whatever its rank)."""
     if not use_cuda:
         return None
     import torch
 
-    free, _total = torch.cuda.mem_get_info()
-    return float(free)
+    count = max(1, min(ranks, torch.cuda.device_count()))
+    return float(min(torch.cuda.mem_get_info(i)[0] for i in range(count)))
 
 
 def process_baseline_bytes() -> float:
@@ -125,7 +128,8 @@ def check_fits(shape: ModelShape, strategies: list[str], batch: int, seq: int,
     """Raise `InsufficientMemoryError` unless every strategy fits (they run one by one)
     with `ranks` processes on this machine."""
     host_avail = available_host_bytes() if host_bytes is None else host_bytes
-    dev_avail = available_device_bytes(use_cuda) if device_bytes is None else device_bytes
+    dev_avail = available_device_bytes(use_cuda, ranks) if device_bytes is None \
+        else device_bytes
     if baseline is None:
         baseline = process_baseline_bytes() if ranks > 1 else 0.0
 

@@ -357,14 +357,16 @@ class ZenFlowStrategy(Strategy):
     def load_state_dict(self, state: dict) -> None:
         self.host.load_state_dict(state["host"])
         self.upload.copy_(state["upload"])
-        self.selected = dict(state["selected"])
+        device = self.e.flat_params.device  # saved with map_location="cpu"
+        self.selected = {n: idx.to(device) for n, idx in state["selected"].items()}
         self.selected_values = {}
         for name, values in (state.get("fp32_selected") or {}).items():
             p = dict(self.matrices)[name]
             self._work(name, p, self.selected[name], from_device=False).values.copy_(values)
         for name, values in (state.get("fp32_vectors") or {}).items():
             self.vector_values[name].copy_(values)
-        self.dm, self.dv = dict(state["dm"]), dict(state["dv"])
+        self.dm = {n: m.to(device) for n, m in state["dm"].items()}
+        self.dv = {n: v.to(device) for n, v in state["dv"].items()}
         self.device_count, self.parity = state["device_count"], state["parity"]
         self.window_len = state["window_len"]
         self.pending, self.pending_ready = None, bool(state["pending"])
