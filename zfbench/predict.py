@@ -245,17 +245,19 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
         measured_zenflow = None
         if args.paper:
             build_cases(given, [])  # the flags' values checked before any work
-        elif args.from_run is not None:
-            measured, settings, measured_zenflow = predict_inputs.read_run(args.from_run)
-            knobs = {**run_knobs(settings), **given}
-            if knobs.get("precision") == "fp32":
+        else:
+            if args.from_run is not None:
+                measured, settings, measured_zenflow = predict_inputs.read_run(args.from_run)
+                knobs = {**run_knobs(settings), **given}
+            else:
+                measured = (predict_inputs.parse_breakdown(args.from_breakdown)
+                            if args.from_breakdown is not None else
+                            predict_inputs.read_deepspeed_log(args.deepspeed_log,
+                                                              args.skip_steps))
+                knobs = given
+            if knobs.get("precision") == "fp32":  # the fit finds compute: no peak needed
                 knobs = on_hardware_file(knobs, Path(workdir.name) / "presets.json")
             base = SimSettings(**knobs)
-        else:
-            measured = (predict_inputs.parse_breakdown(args.from_breakdown)
-                        if args.from_breakdown is not None else
-                        predict_inputs.read_deepspeed_log(args.deepspeed_log, args.skip_steps))
-            base = build_cases(given, [])[0][1]
     except (CliError, SimSettingsError, ValueError) as err:
         return fail(err)
     head = {"provenance": provenance(argv, PROG)}

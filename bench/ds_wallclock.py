@@ -1,0 +1,416 @@
+"""DeepSpeed's own step times on this CPU, for validating `python -m zfbench.predict`.
+
+    /work/dsvenv/bin/python bench/ds_wallclock.py    # -> bench/results/predict_deepspeed/
+    python bench/ds_wallclock.py --shapes "opt-350m[2L]:1:128" --windows 4 --repeats 2 --echo
+
+Owns one measurement: per shape (`NAME:BATCH:SEQ`, NAME from zfbench.models), in ONE
+process, on the same model init and seeded batches, three DeepSpeed 0.19.5 engines one after
+another (engine order rotating per `--repeats`), all ZeRO-2 with offload_optimizer cpu and
+`"wall_clock_breakdown": true, "steps_per_print": 1`:
+`zero_offload` (no zenflow: the baseline predict reads), `zenflow_seq` (plus
+`zero_optimization.zenflow`, overlap_step false) and `zenflow_overlap` (overlap_step true).
+
+DeepSpeed prints its timer lines (`[Rank 0] time (ms) | fwd: ...`) with print() and its
+progress with its logger: both go, as printed, to `<out>/<shape>__<engine>.log` (warm-up
+included: give predict `--skip-steps <warmup_steps>` from summary.json). Each step is also
+timed from outside (perf_counter around forward + backward + step) into steps.csv /
+steps.jsonl, with `foreign_cpu_s` (CPU seconds other processes took meanwhile) and
+`runq_wait_s` (seconds our threads waited for a core): on a shared machine run it under
+`nice -n -10` and read `quiet_step_s_mean` (windows that waited < 5 %). summary.json:
+machine (CPU model, ISA flags, cores, torch, deepspeed), every run's settings and steady
+means, and `pooled` over repeats (logs then end in `__rN`).
+
+Warm-up and windows as in bench/vs_deepspeed.py: full_warm_up_rounds 0, one selection at
+step 0 (select_strategy step, select_interval 0) unless changed; the first
+`--warmup-windows` update windows (U steps) are warm-up, the next `--windows` steady; a
+run's step time is the mean over its steady steps (whole windows: one host-Adam boundary
+each). Thread budgets as there: zero_offload and zenflow_seq get all cores; zenflow_overlap
+gets cores//2 torch threads and DeepSpeed pins training to half the cores and its optimizer
+process to the rest (restored after). Engines and the DeepSpeed import: bench/ds_engines.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import gc
+import io
+import json
+import logging
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
+for p in (str(ROOT), str(BENCH)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+ENGINES = ("zero_offload", "zenflow_seq", "zenflow_overlap")
+DEFAULT_SHAPES = "opt-350m[1L]:1:32,opt-350m[2L]:1:128,opt-350m[4L]:1:64,tinyllama-1.1b[1L]:1:32"
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+             "amx_tile", "amx_bf16", "amx_int8")
+TIMER_LINE = re.compile(r"time \(ms\)\s*\|(.*)$")
+CSV_FIELDS = ("shape", "engine", "mode", "repeat", "dtype", "batch", "seq", "step", "steady",
+              "update", "step_s", "fwd_s", "bwd_s", "opt_s", "foreign_cpu_s", "own_cpu_s",
+              "runq_wait_s")
+
+
+# ------------------------------------------------------------------ machine
+def machine() -> dict:
+    import torch
+
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        text = ""
+    info = {k.strip(): v.strip() for k, _, v in
+            (line.partition(":") for line in text.splitlines()) if v}
+    flags = set(info.get("Flags", "").split())
+    return {"cpu_model": info.get("Model name"), "sockets": info.get("Socket(s)"),
+            "cores_per_socket": info.get("Core(s) per socket"),
+            "threads_per_core": info.get("Thread(s) per core"), "cpus": os.cpu_count(),
+            "cores": len(os.sched_getaffinity(0)),
+            "l3": info.get("L3 cache"), "hypervisor": info.get("Hypervisor vendor"),
+            "isa": {f: f in flags for f in ISA_FLAGS}, "torch_threads": torch.get_num_threads(),
+            "torch_config_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "mem_total_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+                                   / 2**30, 1)}
+
+
+def cpu_sample(pids=()) -> tuple[float, float, float]:
+    """(busy CPU s of the machine, CPU s of our threads, s our threads sat runnable on a
+    run queue): over a step, busy - own is what other processes took meanwhile, and the
+    run-queue wait of this process and `pids` (/proc/PID/task/*/schedstat) what they cost us."""
+    with open("/proc/stat") as f:
+        user, nice, system, _, _, irq, softirq = (int(x) for x in f.readline().split()[1:8])
+    own = wait = 0
+    for pid in (os.getpid(), *pids):
+        for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            with contextlib.suppress(OSError, ValueError):
+                run_ns, wait_ns, _ = stat.read_text().split()
+                own, wait = own + int(run_ns), wait + int(wait_ns)
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"), own / 1e9, wait / 1e9
+
+
+# ------------------------------------------------------------------ capture
+class Capture(io.TextIOBase):
+    """stdout replacement: every line DeepSpeed prints goes to the log file as printed,
+    and is also kept in `pending` for the step being run (and echoed if asked)."""
+
+    def __init__(self, path: Path, echo: bool):
+        self.file, self.echo, self.buf, self.pending = open(path, "w"), echo, "", []
+
+    def write(self, s: str) -> int:
+        self.file.write(s)
+        if self.echo:
+            sys.__stdout__.write(s)
+        self.buf += s
+        *lines, self.buf = self.buf.split("\n")
+        self.pending += lines
+        return len(s)
+
+    def take(self) -> list[str]:
+        self.file.flush()
+        out, self.pending = self.pending, []
+        return out
+
+
+@contextlib.contextmanager
+def capture_deepspeed(path: Path, echo: bool):
+    """DeepSpeed's prints and its logger's INFO records into `path`; its own stdout
+    handler is muted meanwhile (restored after)."""
+    from deepspeed.utils import logger
+
+    cap = Capture(path, echo)
+    handler = logging.StreamHandler(cap)
+    handler.setFormatter(logger.handlers[0].formatter if logger.handlers else None)
+    saved = (logger.level, [(h, h.level) for h in logger.handlers])
+    for h in logger.handlers:
+        h.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with contextlib.redirect_stdout(cap):
+            yield cap
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        for h, level in saved[1]:
+            h.setLevel(level)
+        cap.file.close()
+
+
+def parse_timers(lines: list[str]) -> dict:
+    """All `time (ms) | name: value | ...` fields of these lines, in seconds."""
+    fields = [f.partition(":") for m in map(TIMER_LINE.search, lines) if m
+              for f in m.group(1).split("|")]
+    return {k.strip(): float(v) / 1e3 for k, sep, v in fields if sep}
+
+
+# ------------------------------------------------------------------ one run
+def engine_config(args, batch: int, engine: str) -> dict:
+    from ds_engines import ds_config
+
+    zenflow = {"topk_ratio": args.topk_ratio, "update_interval": args.update_interval,
+               "select_strategy": "step", "select_interval": args.select_interval,
+               "overlap_step": engine == "zenflow_overlap",
+               "full_warm_up_rounds": 0}
+    cfg = ds_config(batch, zenflow, args.lr, args.weight_decay, args.clip)
+    if engine == "zero_offload":
+        del cfg["zero_optimization"]["zenflow"]
+    cfg.update(wall_clock_breakdown=True, steps_per_print=1)
+    if args.dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    return cfg
+
+
+def run_one(ds, args, spec: tuple, engine: str, rep: int, data: list, bar) -> tuple[list, dict]:
+    import torch
+
+    from ds_engines import make_ds
+    from real.model import build_model
+    from zfbench.models import get_model
+
+    name, batch, seq = spec
+    shape = get_model(name)
+    U, overlap = args.update_interval, engine == "zenflow_overlap"
+    cores = len(os.sched_getaffinity(0))
+    threads = max(1, cores // 2) if overlap else cores
+    full_aff, omp = os.sched_getaffinity(0), os.environ.get("OMP_NUM_THREADS")
+    cfg = engine_config(args, batch, engine)
+    warm = args.warmup_windows * U
+    tag = f"{name.replace('[', '-').replace(']', '')}_b{batch}_s{seq}__{engine}"
+    log_path = args.out / f"{tag}{f'__r{rep}' if args.repeats > 1 else ''}.log"
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    model = build_model(shape, dtype=dtype, seed=0)
+    n_params = sum(p.numel() for p in model.parameters())
+    dse = make_ds(ds, model, cfg)
+    init_s = time.perf_counter() - t0
+    rows = []
+    mode = "overlap" if overlap else "sequential"
+    t_run = time.perf_counter()
+    try:
+        with capture_deepspeed(log_path, args.echo) as cap:
+            for t, b in enumerate(data):
+                update = dse.is_gradient_accumulation_boundary()
+                busy0, own0, wait0 = cpu_sample(_pids(dse))
+                t1 = time.perf_counter()
+                loss = dse(b["input_ids"], b["labels"])
+                t2 = time.perf_counter()
+                dse.backward(loss)
+                t3 = time.perf_counter()
+                dse.step()
+                t4 = time.perf_counter()
+                busy1, own1, wait1 = cpu_sample(_pids(dse))  # its optimizer process is ours
+                rows.append({"shape": name, "engine": engine, "mode": mode, "repeat": rep,
+                             "dtype": args.dtype, "batch": batch, "seq": seq, "step": t,
+                             "steady": t >= warm, "update": bool(update), "step_s": t4 - t1,
+                             "fwd_s": t2 - t1, "bwd_s": t3 - t2, "opt_s": t4 - t3,
+                             "foreign_cpu_s": max(0.0, (busy1 - busy0) - (own1 - own0)),
+                             "own_cpu_s": own1 - own0, "runq_wait_s": max(0.0, wait1 - wait0),
+                             "loss": float(loss.detach()),
+                             "timers": parse_timers(cap.take())})
+                bar.set_postfix_str(f"{name} b{batch} s{seq} {engine} {t4 - t1:.3f}s")
+                bar.update()
+        run_s = time.perf_counter() - t_run
+        ds_affinity = sorted(os.sched_getaffinity(0))
+        opt_affinity = [sorted(os.sched_getaffinity(pid)) for pid in _pids(dse)]
+    finally:  # give back what DeepSpeed took: its optimizer process, the pinning, threads
+        proc = getattr(getattr(dse, "optimizer", None), "process", None)
+        with contextlib.suppress(Exception):
+            dse.destroy()
+        if proc is not None and proc.is_alive():
+            proc.terminate()
+            proc.join(10)
+        os.sched_setaffinity(0, full_aff)
+        os.environ.pop("OMP_NUM_THREADS", None)
+        os.environ.update({} if omp is None else {"OMP_NUM_THREADS": omp})
+        torch.set_num_threads(cores)
+        del dse, model
+        gc.collect()
+    summary = summarize(rows, U, cores)
+    if engine != "zero_offload":
+        summary["timers_note"] = (f"fwd/bwd/bwd_inner/bwd_allreduce/step (no _microstep) are "
+                                  f"printed once per window and sum its {U} micro-steps")
+    summary.update(shape=name, batch=batch, seq=seq, engine=engine, mode=mode, repeat=rep,
+                   n_params=n_params, dtype=args.dtype, log=log_path.name, init_s=init_s,
+                   run_s=run_s, warmup_steps=warm, update_interval=U,
+                   loadavg_after=list(os.getloadavg()), deepspeed_config=cfg,
+                   threads={"torch_threads": threads, "cores": cores,
+                            "training_affinity_during_run": ds_affinity,
+                            "optimizer_process_affinity": opt_affinity})
+    return rows, summary
+
+
+def _pids(engine) -> tuple:
+    proc = getattr(engine.optimizer, "process", None)  # zenflow_overlap's optimizer process
+    return (proc.pid,) if proc is not None and proc.is_alive() else ()
+
+
+def summarize(rows: list, U: int, cores: int) -> dict:
+    steady = [r for r in rows if r["steady"]]
+    if not steady:
+        return {"steady_steps": 0}
+    times = [r["step_s"] for r in steady]
+    wins = [steady[i:i + U] for i in range(0, len(steady) - U + 1, U)]
+    windows = [sum(r["step_s"] for r in w) / U for w in wins]
+    quiet = [m for m, w in zip(windows, wins)  # our threads waited < 5 % of the window
+             if sum(r["runq_wait_s"] for r in w) < 0.05 * U * m]
+    timers = {k: {"mean_s": _mean(r["timers"][k] for r in steady if k in r["timers"]),
+                  "n": sum(k in r["timers"] for r in steady)}
+              for k in sorted({k for r in steady for k in r["timers"]})}
+    foreign = sum(r["foreign_cpu_s"] for r in steady)
+    return {"steady_steps": len(steady), "step_s_mean": statistics.fmean(times),
+            "step_s_median": statistics.median(times),
+            "window_means_s": [round(w, 5) for w in windows],
+            "update_step_s_mean": _mean(r["step_s"] for r in steady if r["update"]),
+            "other_step_s_mean": _mean(r["step_s"] for r in steady if not r["update"]),
+            "phase_mean_s": {k: statistics.fmean(r[k] for r in steady)
+                             for k in ("fwd_s", "bwd_s", "opt_s")},
+            "foreign_cpu_share": foreign / (sum(times) * cores),
+            "runq_wait_share": sum(r["runq_wait_s"] for r in steady) / sum(times),
+            "quiet_windows": len(quiet), "quiet_step_s_mean": _mean(quiet),
+            "timers_mean_over_steady_steps_printing_them": timers}
+
+
+def _mean(xs):
+    xs = list(xs)
+    return statistics.fmean(xs) if xs else None
+
+
+# ------------------------------------------------------------------ main
+def parse_shapes(text: str) -> list[tuple]:
+    from zfbench.models import get_model
+
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, batch, seq = (item.split(":") + ["1", "128"])[:3]
+        get_model(name)  # refuses unknown names with the list of known ones
+        out.append((name, int(batch), int(seq)))
+    return out
+
+
+def pool(summaries: list) -> list[dict]:
+    """Per (shape, engine): the repeats' steady means averaged (equal step counts)."""
+    groups: dict[tuple, list] = {}
+    for s in summaries:
+        groups.setdefault((s["shape"], s["batch"], s["seq"], s["engine"]), []).append(s)
+    out = []
+    for (name, batch, seq, engine), runs in groups.items():
+        tm = [r["timers_mean_over_steady_steps_printing_them"] for r in runs]
+        quiet = [r["quiet_step_s_mean"] for r in runs if r["quiet_step_s_mean"] is not None]
+        out.append({"shape": name, "batch": batch, "seq": seq, "engine": engine,
+                    "n_params": runs[0]["n_params"], "repeats": len(runs),
+                    "step_s_mean": _mean(r["step_s_mean"] for r in runs),
+                    "step_s_mean_per_repeat": [r["step_s_mean"] for r in runs],
+                    "step_s_median_of_repeat_medians": statistics.median(
+                        r["step_s_median"] for r in runs),
+                    "quiet_step_s_mean_of_repeats": _mean(quiet),
+                    "foreign_cpu_share": _mean(r["foreign_cpu_share"] for r in runs),
+                    "runq_wait_share": _mean(r["runq_wait_share"] for r in runs),
+                    "timers_mean_s": {k: _mean(t[k]["mean_s"] for t in tm if k in t)
+                                      for k in sorted({k for t in tm for k in t})}})
+    return out
+
+
+def report(pooled: list) -> None:
+    print("\n== steady step time, s (mean over steady steps and repeats); ZeRO-Offload timers ==")
+    hdr = ("params", "zero_off", "fwd", "bwd_inner", "bwd_allred", "step", "opt_step",
+           "zf_seq", "zf_overlap", "runq_wait")
+    print(f"{'shape':<28}" + "".join(f"{h:>11}" for h in hdr))
+    by: dict[tuple, dict] = {}
+    for p in pooled:
+        by.setdefault((p["shape"], p["batch"], p["seq"]), {})[p["engine"]] = p
+    for (name, b, q), runs in by.items():
+        z = runs.get("zero_offload", {})
+        cells = [z.get("step_s_mean")] + [z.get("timers_mean_s", {}).get(k) for k in
+                                          ("fwd", "bwd_inner", "bwd_allreduce", "step",
+                                           "optimizer_step")]
+        cells += [runs.get(e, {}).get("step_s_mean") for e in ("zenflow_seq", "zenflow_overlap")]
+        wait = 100 * max(r["runq_wait_share"] for r in runs.values())  # worst engine
+        print(f"{f'{name} b{b} s{q}':<28}{next(iter(runs.values()))['n_params'] / 1e6:>10.1f}M"
+              + "".join(f"{c:>11.4f}" if c is not None else f"{'n/a':>11}" for c in cells)
+              + f"{wait:>10.0f}%")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES,
+                    help="comma list of NAME:BATCH:SEQ (NAME from zfbench.models)")
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--topk-ratio", type=float, default=0.1)
+    ap.add_argument("--update-interval", type=int, default=4)
+    ap.add_argument("--select-interval", type=int, default=0)
+    ap.add_argument("--warmup-windows", type=int, default=2)
+    ap.add_argument("--windows", type=int, default=6, help="steady windows of U steps")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--clip", type=float, default=0.0, help="gradient_clipping")
+    ap.add_argument("--repeats", type=int, default=1, help="run each engine this often "
+                    "per shape, the engine order rotating (logs get __rN)")
+    ap.add_argument("--echo", action="store_true", help="also print DeepSpeed's lines")
+    ap.add_argument("--any-version", action="store_true")
+    ap.add_argument("--out", type=Path, default=BENCH / "results" / "predict_deepspeed")
+    args = ap.parse_args(argv)
+    engines = [e for e in args.engines.split(",") if e]
+    if args.windows < 1 or args.repeats < 1:
+        ap.error("--windows and --repeats must be >= 1")
+    if set(engines) - set(ENGINES):
+        ap.error(f"--engines {args.engines!r}: choose from {', '.join(ENGINES)}")
+    specs = parse_shapes(args.shapes)
+    from tqdm import tqdm
+
+    from ds_engines import import_deepspeed, seeded_batches
+    from vs_deepspeed import environment
+    from zfbench.models import get_model
+
+    ds = import_deepspeed(args.any_version)  # exits with the install hint if missing
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # cleanup runs on kill too
+    args.out.mkdir(parents=True, exist_ok=True)
+    n_steps = (args.warmup_windows + args.windows) * args.update_interval
+    result = {"benchmark": "ds_wallclock", "machine": machine(), "environment": environment(ds),
+              "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+              "steps_per_run": n_steps, "nice": os.getpriority(os.PRIO_PROCESS, 0), "runs": []}
+    t_all = time.perf_counter()
+    total = len(specs) * len(engines) * n_steps * args.repeats
+    with open(args.out / "steps.jsonl", "w") as fj, \
+            open(args.out / "steps.csv", "w", newline="") as fc, tqdm(total=total) as bar:
+        w = csv.DictWriter(fc, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for spec in specs:
+            data = seeded_batches(get_model(spec[0]).vocab, spec[1], spec[2], n_steps, 0)
+            runs = [(r, e) for r in range(1, args.repeats + 1)  # order rotates per repeat
+                    for e in engines[(r - 1) % len(engines):] + engines[:(r - 1) % len(engines)]]
+            for rep, engine in runs:
+                rows, summary = run_one(ds, args, spec, engine, rep, data, bar)
+                fj.writelines(json.dumps(r) + "\n" for r in rows)
+                w.writerows(rows)
+                result["runs"].append(summary)
+                tqdm.write(f"{spec[0]} b{spec[1]} s{spec[2]} {engine} r{rep}: "
+                           f"{summary.get('step_s_mean', float('nan')):.4f} s/step steady mean "
+                           f"(init {summary['init_s']:.1f} s, run-queue wait "
+                           f"{100 * summary.get('runq_wait_share', 0):.0f}%)")
+                (args.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    result["total_s"] = time.perf_counter() - t_all
+    result["environment"]["loadavg_end"] = list(os.getloadavg())
+    result["pooled"] = pool(result["runs"])
+    (args.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    report(result["pooled"])
+    print(f"\nwrote {args.out}/summary.json, steps.csv, steps.jsonl and {len(result['runs'])} "
+          f"logs in {result['total_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
