@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test figures bench clean
+.PHONY: setup demo test figures bench clean gpu-check wheels
 
 setup: $(STAMP)
 
@@ -63,3 +63,19 @@ real-model: real-model-setup
 	  --random-steps 72 --max-d 64 --last-blocks 0 --out runs
 	HF_HUB_OFFLINE=1 $(PY) -m zfbench.accuracy --seeds 0 1 2 --steps 200 --last-blocks 0 \
 	  --out runs
+
+# On an NVIDIA GPU machine, on a fresh clone: the CUDA tests, the default run, a run at a
+# real size, a profile and a prediction, all under bench/results/gpu/<gpu-name>/
+# (bench/gpu_check.sh says what each file is). It uses the python that already holds a
+# CUDA torch (GPU_PY, default python3) and needs no venv; pure-Python dependencies it lacks
+# come from ./wheels when there (`make wheels`), else from the package index.
+gpu-check:
+	bash bench/gpu_check.sh
+
+# On a machine with a package index: the pure-Python dependencies (py3-none-any wheels,
+# any Python 3) that a GPU machine without one may lack, into ./wheels.
+wheels:
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --platform any \
+	  --python-version 3.10 --implementation py -d wheels \
+	  'simpy>=4.1,<5' 'tqdm>=4.60' 'hypothesis>=6.80' sortedcontainers attrs \
+	  'pytest>=7' iniconfig pluggy packaging

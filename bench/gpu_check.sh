@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# `make gpu-check`: everything zfbench can check on an NVIDIA GPU, in one command, on a
+# fresh clone (issue 14, item 5). Uses the python that already holds a CUDA torch
+# (GPU_PY, default python3; no venv, nothing of torch installed), the pure-Python
+# dependencies it lacks from ./wheels (`make wheels` on a machine with a package index)
+# or else from the index, and the sources of this checkout (PYTHONPATH, no install).
+# Writes bench/results/gpu/<gpu-name>/: machine.txt (nvidia-smi, torch, CPU), and per
+# step its log and files:
+#   cuda_tests.log             tests/test_cuda.py (CUDA against the CPU engine, resume,
+#                              step accounting, bf16 staging)
+#   run_default/               python -m zfbench.run --device cuda (all four strategies)
+#   run_<model>/               the same at a real size: MODEL (default qwen2.5-1.5b) full
+#                              depth, bf16, seq SEQ (default 1024), STEPS steps
+#   profile/                   python -m zfbench.run --profile at that size
+#   predict/                   python -m zfbench.predict --from-run run_<model>: ZenFlow
+#                              predicted from the ZeRO-Offload row, beside the measured one
+#   status.txt                 each step's exit code (a failed step does not stop the rest)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${GPU_PY:-python3}
+MODEL=${MODEL:-qwen2.5-1.5b}
+SEQ=${SEQ:-1024}
+STEPS=${STEPS:-24}
+GPU_PRESET=${GPU_PRESET:-h100-sxm}
+
+if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "gpu-check: $PY's torch sees no CUDA device; run this where one is (GPU_PY=... to pick the python)" >&2
+  exit 2
+fi
+missing=$($PY - <<'PYEOF'
+import importlib.util
+need = {"numpy": "numpy", "pandas": "pandas", "matplotlib": "matplotlib", "simpy": "simpy",
+        "tqdm": "tqdm", "pytest": "pytest", "hypothesis": "hypothesis"}
+print(" ".join(pkg for mod, pkg in need.items() if importlib.util.find_spec(mod) is None))
+PYEOF
+)
+SITE=""
+if [ -n "$missing" ]; then
+  SITE="$PWD/.gpu-site"
+  if [ -d wheels ]; then
+    echo "gpu-check: installing $missing from ./wheels into $SITE"
+    $PY -m pip install -q --no-index --find-links wheels --target "$SITE" $missing || exit 2
+  else
+    echo "gpu-check: installing $missing from the package index into $SITE"
+    $PY -m pip install -q --target "$SITE" $missing || {
+      echo "gpu-check: no package index here: run 'make wheels' on a machine with one and copy ./wheels" >&2; exit 2; }
+  fi
+fi
+export PYTHONPATH="$PWD${SITE:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+NAME=$($PY -c "import torch, re; print(re.sub(r'[^A-Za-z0-9._-]+', '-', torch.cuda.get_device_name()))")
+OUT="bench/results/gpu/$NAME"
+mkdir -p "$OUT"
+: > "$OUT/status.txt"
+{ nvidia-smi 2>&1 || true
+  $PY -c "import torch, platform; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', platform.python_version())"
+  lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)' || true; } > "$OUT/machine.txt"
+
+step() {  # step NAME COMMAND...: run, log, record the exit code, go on
+  local name=$1; shift
+  echo "== gpu-check: $name: $*"
+  "$@" 2>&1 | tee "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
+  echo "$name $rc" >> "$OUT/status.txt"
+}
+step cuda_tests $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py
+step run_default $PY -m zfbench.run --device cuda --quiet --out "$OUT/run_default"
+step "run_$MODEL" $PY -m zfbench.run --device cuda --model "$MODEL" --seq "$SEQ" \
+  --precision bf16 --steps "$STEPS" --quiet --out "$OUT/run_$MODEL"
+step profile $PY -m zfbench.run --device cuda --model "$MODEL" --seq "$SEQ" \
+  --precision bf16 --profile --quiet --out "$OUT/profile"
+step predict $PY -m zfbench.predict --from-run "$OUT/run_$MODEL" --gpu "$GPU_PRESET" \
+  --quiet --out "$OUT/predict"
+echo "== gpu-check: wrote $OUT (exit codes in status.txt)"
+cat "$OUT/status.txt"
+! grep -qv ' 0$' "$OUT/status.txt"
