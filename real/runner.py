@@ -29,6 +29,7 @@ from tqdm import tqdm
 from real.data import synthetic_batches, text_batches
 from real.distributed import DistContext, gather_timeline
 from real.engine import Engine, initialize
+from real.flat import device_dtype
 from real.model import build_model
 from zfbench.config import AutoValues, EngineConfig, load_config, read_config
 from zfbench.models import ModelShape, get_model
@@ -143,8 +144,7 @@ def train(spec: RunSpec, strategy: str, model: torch.nn.Module | None = None,
     config = spec.engine_config(strategy, world=dist.world if dist is not None else 1)
     torch.manual_seed(spec.seed)
     if model is None:
-        dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
-        model = build_model(shape, dtype=dtype, seed=spec.seed)
+        model = build_model(shape, dtype=device_dtype(config.precision), seed=spec.seed)
     engine = initialize(model, config, device=spec.device, dist=dist,
                         device_threads=spec.device_threads, host_threads=spec.host_threads)
     world = engine.dist.world
