@@ -81,10 +81,13 @@ def summarize(spans: pd.DataFrame, steps: pd.DataFrame, skip_steps: int = 0,
               model_bytes: float | None = None,
               host_optim_params_per_step: float | None = None,
               flops_per_step: float | None = None,
-              peak_flops_per_s: float | None = None) -> dict:
+              peak_flops_per_s: float | None = None,
+              table: pd.DataFrame | None = None) -> dict:
     """Mean per-step figures over steps >= `skip_steps`, averaged over ranks, plus the
-    achieved rates (link GB/s per direction, host Adam parameters/s, compute utilization)."""
-    table = step_breakdown(spans, steps)
+    achieved rates (link GB/s per direction, host Adam parameters/s, compute utilization).
+    `table`: `step_breakdown(spans, steps)` when the caller already has it."""
+    if table is None:
+        table = step_breakdown(spans, steps)
     kept = table[table["step"] >= skip_steps]
     if kept.empty:
         raise ValueError(f"no steps left after skipping {skip_steps}; run more steps")

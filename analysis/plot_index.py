@@ -129,12 +129,16 @@ def fig_pipeline(c: FigureData):
 def fig_breakdown(c: FigureData):
     df, paper = c.table("breakdown.csv"), c.table("paper_predict.csv")
     f, p = ps.breakdown_facts(df), ps.paper_facts(paper)
+    zi = "" if f["zi_speedup_min"] != f["zi_speedup_min"] else (  # NaN: no such rows
+        f" ({f['zi_speedup_min']:.2f}-{f['zi_speedup_max']:.2f}x faster than ZeRO-Infinity "
+        f"with parameters on cpu)")
     fig = ps.plot_step_breakdown(df, paper=paper)
     return fig, (f"Across {df['model'].nunique()} models and {df['node'].nunique()} nodes "
                  f"ZenFlow's step is {f['speedup_min']:.2f}x ({f['speedup_min_case']}) to "
                  f"{f['speedup_max']:.2f}x ({f['speedup_max_case']}) faster than "
-                 f"ZeRO-Offload and its stall {f['stall_reduction_min_pct']:.0f}-"
-                 f"{f['stall_reduction_max_pct']:.0f}% shorter; ZeRO-Offload stalls "
+                 f"ZeRO-Offload{zi} and its stall "
+                 f"{f['stall_reduction_min_pct']:.0f}-{f['stall_reduction_max_pct']:.0f}% "
+                 f"shorter; ZeRO-Offload stalls "
                  f"{f['zo_stall_min_pct']:.0f}-{f['zo_stall_max_pct']:.0f}% of each step. "
                  f"Predicted from the paper's {p['bars']} ZeRO-Offload bars (each fitted on "
                  f"its node, then ZenFlow simulated there), ZenFlow is {p['speedup_min']:.2f}-"
@@ -171,7 +175,9 @@ def fig_scaling(c: FigureData):
     fig = ps.plot_scaling(df, f"Scaling from {min(c.meta['gpus'])} to {max(c.meta['gpus'])} "
                           f"GPUs, {c.meta['model']} (simulated)")
     parts = [f"on {n['node']} ZenFlow reaches {n['zf_tokens_per_s']:,.0f} tokens/s at "
-             f"{n['gpus_max']} GPUs, {n['zf_over_zo']:.2f}x ZeRO-Offload, and going from "
+             f"{n['gpus_max']} GPUs, {n['zf_over_zo']:.2f}x ZeRO-Offload"
+             + (f" and {n['zf_over_zi']:.2f}x ZeRO-Infinity" if n["zf_over_zi"] ==
+                n["zf_over_zi"] else "") + ", and going from "
              f"{n['gpus_min']} to {n['gpus_max']} GPUs multiplies its throughput by "
              f"{n['zf_scaling']:.1f}x (ZeRO-Offload {n['zo_scaling']:.1f}x)" for n in f["nodes"]]
     return fig, "; ".join(p if i else p[0].upper() + p[1:] for i, p in enumerate(parts)) + "."
@@ -282,7 +288,8 @@ FIGURES = (
                ("timeline",)),
     FigureSpec(5, "step_breakdown", "Step-time breakdown across models and nodes",
                "How much of a step is compute, exposed I/O and host wait, for four models on "
-               "A100 (gen4) and H100 (gen5) nodes, and how much does ZenFlow remove?",
+               "A100 (gen4) and H100 (gen5) nodes, under ZeRO-Infinity, ZeRO-Offload and "
+               "ZenFlow, and how much does ZenFlow remove?",
                fig_breakdown, ("breakdown", "paper_predict")),
     FigureSpec(6, "pcie_traffic", "PCIe bytes per step",
                "How many bytes cross PCIe per step, as a multiple of the model size, against "

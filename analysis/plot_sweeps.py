@@ -21,8 +21,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import EngFormatter, FixedLocator, FuncFormatter, NullLocator
 
-from analysis.plots import (PART_STYLE, SHIPPED_STYLE, STRATEGY_STYLE, bar_style,
-                            new_figure, with_style)
+from analysis.plots import (PART_STYLE, SHIPPED_STYLE, SHORT_LABEL, STRATEGY_STYLE,
+                            bar_style, new_figure, with_style)
 from zfbench.models import get_model
 
 # Series of the sweep tables: ZenFlow with each data path, and the references.
@@ -37,13 +37,16 @@ KNOB_LABEL = {"update_interval": "update interval U (steps)",
 
 # -- figure 5: step-time breakdown ----------------------------------------------------
 def breakdown_facts(df: pd.DataFrame) -> dict:
-    """Speedup and stall reduction of ZenFlow over ZeRO-Offload per (node, model)."""
+    """Speedup and stall reduction of ZenFlow over ZeRO-Offload per (node, model), and
+    its speedup over ZeRO-Infinity where the table has that strategy (NaN otherwise)."""
     rows = []
     for (node, model), g in df.groupby(["node", "model"], sort=False):
         by = g.set_index("strategy")
         zo, zf = by.loc["zero-offload"], by.loc["zenflow"]
+        zi = by["step_time_s"].get("zero-infinity", np.nan)
         rows.append({"node": node, "model": model,
                      "speedup": zo["step_time_s"] / zf["step_time_s"],
+                     "speedup_vs_zero_infinity": zi / zf["step_time_s"],
                      "stall_reduction_pct": 100 * (1 - zf["stall_s"] / zo["stall_s"]),
                      "zo_stall_pct": 100 * zo["stall_s"] / zo["step_time_s"],
                      "zf_stall_pct": 100 * zf["stall_s"] / zf["step_time_s"]})
@@ -55,7 +58,9 @@ def breakdown_facts(df: pd.DataFrame) -> dict:
             "stall_reduction_min_pct": t["stall_reduction_pct"].min(),
             "stall_reduction_max_pct": t["stall_reduction_pct"].max(),
             "zo_stall_min_pct": t["zo_stall_pct"].min(),
-            "zo_stall_max_pct": t["zo_stall_pct"].max()}
+            "zo_stall_max_pct": t["zo_stall_pct"].max(),
+            "zi_speedup_min": t["speedup_vs_zero_infinity"].min(),
+            "zi_speedup_max": t["speedup_vs_zero_infinity"].max()}
 
 
 PAPER_PARTS = {"compute_s": "compute_s", "exposed_io_s": "io_s", "host_wait_s": "stall_s"}
@@ -78,29 +83,33 @@ def plot_step_breakdown(df: pd.DataFrame, caption: str = "",
     nodes = list(dict.fromkeys(df["node"]))
     models = list(dict.fromkeys(df["model"]))
     facts = breakdown_facts(df)["table"].set_index(["node", "model"])
-    fig, axes = new_figure(len(nodes), len(models), figsize=(7.4 if paper is None else 9.6,
-                                                             1.0 + 2.2 * len(nodes)))
+    infinity = "zero-infinity" in set(df["strategy"])
+    width = (7.4 if paper is None else 9.6) + (1.6 if infinity else 0.0)
+    fig, axes = new_figure(len(nodes), len(models), figsize=(
+        width, 1.0 + 2.2 * len(nodes) + (0.3 if infinity else 0.0)))
     paper = None if paper is None else paper.set_index(["node", "model"])
+    ours = (["zero-infinity"] if infinity else []) + ["zero-offload", "zenflow"]
+    x_of = {s: x for x, s in enumerate(ours)}
     for r, node in enumerate(nodes):
         for c, model in enumerate(models):
             ax = axes[r, c]
             g = df[(df["node"] == node) & (df["model"] == model)].set_index("strategy")
-            bars = [(0, {p: g.loc["zero-offload", p] for p in PART_STYLE}),
-                    (1, {p: g.loc["zenflow", p] for p in PART_STYLE})]
-            ticks = ["ZeRO-\nOffload", "ZenFlow"]
-            top = g.loc["zero-offload", "step_time_s"]
+            bars = [(x_of[s], {p: g.loc[s, p] for p in PART_STYLE}) for s in ours]
+            ticks = [SHORT_LABEL[s] for s in ours]
+            top = max(g.loc[s, "step_time_s"] for s in ours)
             f = facts.loc[(node, model)]
             if paper is not None and (node, model) in paper.index:
                 row = paper.loc[(node, model)]
+                x0 = len(ours) + 0.4
                 bars += [(x, {p: row[f"{who}_{q}"] for p, q in PAPER_PARTS.items()})
-                         for x, who in ((2.4, "zero_offload"), (3.4, "zenflow"))]
+                         for x, who in ((x0, "zero_offload"), (x0 + 1, "zenflow"))]
                 ticks += ["paper\nZeRO-Off.", "predicted\nZenFlow"]
                 top = max(top, row["zero_offload_step_s"])
-                ax.errorbar(3.4, row["zenflow_step_s"], color="#000000", linewidth=0.8,
+                ax.errorbar(x0 + 1, row["zenflow_step_s"], color="#000000", linewidth=0.8,
                             yerr=[[row["zenflow_step_s"] - row["zenflow_step_low_s"]],
                                   [row["zenflow_step_high_s"] - row["zenflow_step_s"]]],
                             capsize=2)
-                ax.text(3.4, row["zenflow_step_high_s"] + 0.03 * top,
+                ax.text(x0 + 1, row["zenflow_step_high_s"] + 0.03 * top,
                         f"{row['speedup']:.2f}x", ha="center", va="bottom", fontsize=7)
             for x, parts in bars:
                 bottom = 0.0
@@ -108,12 +117,22 @@ def plot_step_breakdown(df: pd.DataFrame, caption: str = "",
                     ax.bar(x, parts[part], bottom=bottom, width=0.62, **bar_style(st))
                     bottom += parts[part]
             zf_top = g.loc["zenflow", "step_time_s"]
-            ax.text(1, zf_top + 0.03 * top, f"{f['speedup']:.2f}x faster\n"
-                    f"stall -{f['stall_reduction_pct']:.0f}%", ha="center",
-                    va="bottom", fontsize=7)
-            ax.text(0, g.loc["zero-offload", "step_time_s"] + 0.02 * top,
-                    f"{f['zo_stall_pct']:.0f}% stall", ha="center", va="bottom", fontsize=7)
-            ax.set_ylim(0, top * 1.32)
+            if infinity:  # three bars side by side: short labels that fit a bar's slot,
+                # each bar's stall and (baselines) ZenFlow's speedup over it
+                for s in ours:
+                    stall = 100 * g.loc[s, "stall_s"] / g.loc[s, "step_time_s"]
+                    over = g.loc[s, "step_time_s"] / zf_top
+                    ax.text(x_of[s], g.loc[s, "step_time_s"] + 0.02 * top, f"{stall:.0f}%"
+                            + (f"\n{over:.2f}x" if s != "zenflow" else ""), ha="center",
+                            va="bottom", fontsize=7)
+            else:
+                ax.text(x_of["zenflow"], zf_top + 0.03 * top, f"{f['speedup']:.2f}x faster\n"
+                        f"stall -{f['stall_reduction_pct']:.0f}%", ha="center",
+                        va="bottom", fontsize=7)
+                ax.text(0, g.loc["zero-offload", "step_time_s"] + 0.02 * top,
+                        f"{f['zo_stall_pct']:.0f}% stall", ha="center", va="bottom",
+                        fontsize=7)
+            ax.set_ylim(0, top * (1.32 if not infinity else 1.38))
             ax.set_xticks([x for x, _ in bars], ticks, fontsize=6.5 if paper is not None else None)
             ax.set_xlim(-0.6, bars[-1][0] + 0.6)
             ax.grid(axis="x", visible=False)
@@ -123,8 +142,10 @@ def plot_step_breakdown(df: pd.DataFrame, caption: str = "",
     handles = [Patch(label=st["label"], **bar_style(st)) for st in PART_STYLE.values()]
     fig.legend(handles=handles, loc="outside lower center", ncols=3)
     fig.supylabel("average time per step (s)", fontsize=9)
-    fig.suptitle(caption or "Where a step's time goes: ZeRO-Offload vs ZenFlow, 4-GPU nodes "
-                 "(simulated)" + ("" if paper is None else "\nright: the paper's ZeRO-Offload "
+    who = "ZeRO-Infinity (parameters on cpu), ZeRO-Offload" if infinity else "ZeRO-Offload"
+    fig.suptitle(caption or f"Where a step's time goes: {who} vs ZenFlow, 4-GPU nodes "
+                 "(simulated)" + ("\nabove each bar: its stall (% of the step) and ZenFlow's "
+                                  "speedup over it" if infinity else "") + ("" if paper is None else "\nright: the paper's ZeRO-Offload "
                                   "bar, ZenFlow predicted from it (error bar: d2h/h2d split)"),
                  fontsize=9.5, fontweight="bold")
     return fig
@@ -309,6 +330,7 @@ def scaling_facts(df: pd.DataFrame) -> dict:
                              "zf_tokens_per_s": at["zenflow"],
                              "zo_tokens_per_s": at["zero-offload"],
                              "zf_over_zo": at["zenflow"] / at["zero-offload"],
+                             "zf_over_zi": at["zenflow"] / at.get("zero-infinity", np.nan),
                              "zf_scaling": at["zenflow"] / one["zenflow"],
                              "zo_scaling": at["zero-offload"] / one["zero-offload"]})
     return out

@@ -39,6 +39,8 @@ STRATEGY_STYLE = {
                          label="ZeRO-Offload"),
     "zero-offload-dpu": dict(color="#DDAA33", marker="^", linestyle="-.", hatch="..",
                              label="ZeRO-Offload + DPU"),
+    "zero-infinity": dict(color="#44AA99", marker="X", linestyle=(0, (3, 1, 1, 1, 1, 1)),
+                          hatch="||", label="ZeRO-Infinity"),  # Tol's muted teal
     "zenflow": dict(color="#004488", marker="D", linestyle="-", hatch="",
                     label="ZenFlow"),
 }
@@ -63,7 +65,8 @@ PART_STYLE = {
     "host_wait_s": dict(color="#BB5566", hatch="xxx", label="host wait (stall)"),
 }
 SHORT_LABEL = {"device": "device\n(no offload)", "zero-offload": "ZeRO-\nOffload",
-               "zero-offload-dpu": "ZeRO-Offload\n+ DPU", "zenflow": "ZenFlow"}
+               "zero-offload-dpu": "ZeRO-Offload\n+ DPU", "zero-infinity": "ZeRO-\nInfinity",
+               "zenflow": "ZenFlow"}
 LANE_LABEL = {"compute": "GPU compute", "d2h": "PCIe d2h", "h2d": "PCIe h2d",
               "host": "CPU (host)", "net": "GPU-GPU net"}
 GANTT_LANES = ("compute", "d2h", "host", "h2d")

@@ -1,8 +1,7 @@
-"""The simulator's knobs and its cost model: what each op costs on the chosen hardware.
+"""The simulator's cost model: what each op costs on the chosen hardware.
 
-`SimSettings` holds every knob of a simulation (model, node, batch, precision, ZenFlow
-parameters, steps) and validates them with messages that name the knob and the valid
-values. `CostModel` turns settings into per-rank costs, per bucket of layers in forward
+`SimSettings` (in `sims.settings`, re-exported here) holds every knob of a simulation.
+`CostModel` turns settings into per-rank costs, per bucket of layers in forward
 order: compute seconds (FLOPs over peak times MFU), bytes each direction moves, host work
 in elements, and the memory each strategy needs per rank. The SimPy processes in
 `strategies.py` only schedule these costs; all arithmetic about the hardware is here.
@@ -10,19 +9,19 @@ in elements, and the memory each strategy needs per rank. The SimPy processes in
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 
+from sims import zero3
+from sims.settings import (OFFLOAD_PARAMS, PRECISIONS, STRATEGIES, TRANSFER_MODES,
+                           SimSettings, SimSettingsError, load_calibration)
 from zfbench import hardware, models
-from zfbench.config import ConfigError, zenflow_from_dict
-from sims.update_windows import WindowPlan, window_plan
 from zfbench.schedule import topk_count
 
-STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zenflow")
-# design: the paper's data path (unselected share down, unselected parameters up);
-# shipped: DeepSpeed's shipped path (zenflow.md "Data moved per step"); full: the whole
-# gradient down every step and whole parameters up at a boundary (zfbench's engine).
-TRANSFER_MODES = ("design", "shipped", "full")
-PRECISIONS = ("bf16", "fp16", "fp32")
+__all__ = ["STRATEGIES", "TRANSFER_MODES", "PRECISIONS", "OFFLOAD_PARAMS", "SimSettings",
+           "SimSettingsError", "load_calibration", "Bucket", "CostModel",
+           "ADAM_BYTES_PER_PARAM", "ACCUM_BYTES_PER_ELEMENT",
+           "ACCUM_SPEEDUP_OVER_ADAM_PER_CORE", "DEVICE_OPTIM_HBM_EFFICIENCY",
+           "ACTIVATION_BYTES_PER_TOKEN_HIDDEN"]
 
 # Bytes per parameter of a memory-bound Adam step with fp32 master weights and moments:
 # read+write master, m, v (24 B), read a 16-bit gradient (2 B), write a 16-bit copy (2 B).
@@ -44,142 +43,6 @@ DEVICE_OPTIM_HBM_EFFICIENCY = 0.8
 # (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 # Models", eq. 1); with full recomputation 2*s*b*h per layer is kept (the layer input).
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34.0
-
-
-class SimSettingsError(ValueError):
-    """A knob has an invalid value; the message names the knob and the valid values."""
-
-
-@dataclass(frozen=True)
-class SimSettings:
-    model: str = "llama2-7b"
-    layers: int | None = None
-    gpus: int = 4
-    gpu: str = "a100-80g"
-    pcie: str = "gen4"
-    host: str = "epyc-7763-milan"
-    host_cores: int | None = None
-    net: str = "nvlink3"
-    gpus_per_switch: int = 2
-    micro_batch: int = 1
-    seq: int = 1024
-    precision: str = "bf16"
-    mfu: float | None = None
-    activation_checkpointing: bool = True
-    topk_ratio: float = 0.1
-    update_interval: int | str = 4  # steps, or "auto" (resolved by sims.update_windows)
-    auto_windows: str | None = None  # what "auto" resolves to: N, N1,N2,... or a windows.csv
-    select_interval: int = 0
-    overlap_step: bool = True
-    full_warm_up_rounds: int = 0
-    steps: int = 40
-    transfers: str = "design"
-    bandwidth_scale: float = 1.0
-    profile: str | None = None  # a measured hardware profile (python -m zfbench.run --profile)
-    hardware: str | None = None  # a hardware JSON whose entries join the presets by name
-
-    def __post_init__(self) -> None:
-        _check_int(self, "gpus", 1)
-        _check_int(self, "gpus_per_switch", 1)
-        _check_int(self, "micro_batch", 1)
-        _check_int(self, "seq", 1)
-        _check_int(self, "steps", 1)
-        if self.layers is not None:
-            _check_int(self, "layers", 1)
-        if self.host_cores is not None:
-            _check_int(self, "host_cores", 1)
-        if self.precision not in PRECISIONS:
-            raise SimSettingsError(f"precision {self.precision!r} is not supported; "
-                                   f"choose one of: {', '.join(PRECISIONS)}")
-        if self.transfers not in TRANSFER_MODES:
-            raise SimSettingsError(f"transfers {self.transfers!r} is not known; "
-                                   f"choose one of: {', '.join(TRANSFER_MODES)}")
-        if self.mfu is not None and not 0 < self.mfu <= 1:
-            raise SimSettingsError(f"mfu must be in (0, 1], got {self.mfu}")
-        if not self.bandwidth_scale > 0:
-            raise SimSettingsError(f"bandwidth_scale must be > 0, got {self.bandwidth_scale}")
-        try:  # one set of ZenFlow rules, shared with the engine's config
-            zenflow_from_dict({
-                "topk_ratio": self.topk_ratio, "update_interval": self.update_interval,
-                "select_interval": self.select_interval, "select_strategy": "step",
-                "overlap_step": self.overlap_step,
-                "full_warm_up_rounds": self.full_warm_up_rounds}, prefix="zenflow")
-        except ConfigError as err:
-            raise SimSettingsError(str(err)) from None
-        try:
-            self.window_plan()
-        except ValueError as err:
-            raise SimSettingsError(str(err)) from None
-        try:
-            shape = models.get_model(self.model)
-            if self.layers is not None:
-                shape.with_layers(self.layers)
-            if self.profile is not None:
-                load_calibration(self.profile, shape)
-            else:
-                self.parts()
-        except (ValueError, OSError) as err:
-            raise SimSettingsError(str(err)) from None
-        except (KeyError, TypeError, AttributeError) as err:  # a JSON file of another kind
-            raise SimSettingsError(f"profile {self.profile}: not a zfbench profile "
-                                   f"(missing or malformed {err}); make one with python -m "
-                                   f"zfbench.run --profile --out DIR") from None
-        if self.profile is not None and self.hardware is not None:
-            raise SimSettingsError("give --profile or --hardware, not both: a profile "
-                                   "already names the machine it was measured on")
-        if self.precision == "fp32" and self.profile is None and self.hardware is None:
-            raise SimSettingsError("precision fp32 needs a measured --profile or an "
-                                   "inferred --hardware file (the GPU presets give 16-bit "
-                                   "tensor-core peaks only)")
-
-    def parts(self) -> tuple:
-        """The (gpu, host link, host, net) named by the knobs: presets, or entries of
-        the `hardware` file (python -m zfbench.predict writes one)."""
-        return tuple(hardware.lookup(section, name, self.hardware) for section, name in
-                     (("gpus", self.gpu), ("host_links", self.pcie), ("hosts", self.host),
-                      ("net_links", self.net)))
-
-    def window_plan(self) -> WindowPlan:
-        """The host windows: every `update_interval` steps, or what "auto" resolves to."""
-        return window_plan(self.update_interval, self.auto_windows)
-
-    def with_(self, **changes) -> "SimSettings":
-        unknown = sorted(set(changes) - set(asdict(self)))
-        if unknown:
-            raise SimSettingsError(f"unknown knob(s) {unknown}; knobs are: "
-                                   f"{', '.join(asdict(self))}")
-        return replace(self, **changes)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def _check_int(settings: SimSettings, name: str, minimum: int) -> None:
-    value = getattr(settings, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise SimSettingsError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _base(name: str) -> str:
-    return name.split("[")[0]
-
-
-def load_calibration(path: str, shape: models.ModelShape) -> tuple[hardware.Node, dict]:
-    """The node and per-block calibration of a measured profile; its per-block times hold
-    for the width they were measured at, so the model's base shape must match."""
-    import json
-
-    node = hardware.load_profile(path)["nodes"]["measured"]
-    with open(path) as handle:
-        cal = json.load(handle).get("calibration")
-    if cal is None:
-        raise SimSettingsError(f"{path}: no 'calibration' section; make one with "
-                               f"python -m zfbench.run --profile --out DIR")
-    if _base(cal["model"]) != _base(shape.name):
-        raise SimSettingsError(f"{path} was measured on {cal['model']}; simulate the same "
-                               f"model (any --layers), not {shape.name}: per-block times do "
-                               f"not carry across widths")
-    return node, cal
 
 
 @dataclass(frozen=True)
@@ -378,7 +241,10 @@ class CostModel:
         return self.shape.layers * per_layer_full
 
     def memory_per_rank(self, strategy: str) -> dict[str, float]:
-        """Device bytes per rank and host bytes for the whole node, by strategy."""
+        """Device bytes per rank, host bytes and NVMe bytes for the whole node, by
+        strategy (zero-infinity: sims.zero3.memory)."""
+        if strategy == "zero-infinity":
+            return zero3.memory(self)
         p, b = self.params, self.elem_bytes
         part = self.share(p)
         act = self.activation_bytes()
@@ -392,11 +258,15 @@ class CostModel:
             sel = self.selected_params
             device = p * b + p * b + sel * 12 + act
             host = p * (12 + 2 * 4)
-        return {"device_bytes_per_rank": device, "host_bytes": host}
+        return {"device_bytes_per_rank": device, "host_bytes": host, "nvme_bytes": 0.0}
 
     def fits(self, strategy: str) -> dict[str, float | bool]:
         mem = self.memory_per_rank(strategy)
         dev_cap = float(self.node.gpu.memory_bytes)
         host_cap = float(self.node.host.memory_bytes)
+        s = self.settings
+        nvme_cap = float(s.nvme_drive().capacity_bytes * s.nvme_drives)
         return {**mem, "device_capacity_bytes": dev_cap, "host_capacity_bytes": host_cap,
-                "fits": mem["device_bytes_per_rank"] <= dev_cap and mem["host_bytes"] <= host_cap}
+                "nvme_capacity_bytes": nvme_cap,
+                "fits": mem["device_bytes_per_rank"] <= dev_cap and mem["host_bytes"] <= host_cap
+                and mem["nvme_bytes"] <= nvme_cap}

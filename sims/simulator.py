@@ -88,7 +88,9 @@ def simulate(settings: SimSettings, strategy: str) -> SimResult:
                                f"{', '.join(STRATEGIES)}")
     started = time.perf_counter()
     costs = CostModel(settings)
-    env = simpy.Environment()
+    # Time starts at 0.0, not SimPy's int 0, so every span's times are floats (the same
+    # values: 0 + x == 0.0 + x) and a timeline's files hold one type per column.
+    env = simpy.Environment(initial_time=0.0)
     timeline = Timeline("simulated", meta={"strategy": strategy, **settings.as_dict()})
     rate_fn = node_rates(capacities(costs))
     if costs.emulated:

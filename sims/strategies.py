@@ -1,4 +1,4 @@
-"""The four strategies as SimPy processes, one per rank, each emitting a span for every op.
+"""The strategies as SimPy processes, one per rank, each emitting a span for every op.
 
 Each rank's process is its compute stream: it runs forward, backward (bucket by bucket, in
 reverse) and device optimizer ops itself and submits transfers, host work and collectives
@@ -11,6 +11,9 @@ to its lanes with the dependencies the real engine has:
 - `zero-offload-dpu`: the same ops, but forward t+1 waits only for the update of step
   t-1 (one step stale), and a bucket's gradient waits for the host to have consumed the
   previous step's gradient of that bucket.
+- `zero-infinity`: ZeRO-3 with parameters (and optimizer state) offloaded: every bucket
+  fetched before its forward and again before its backward, gradients reduce-scattered
+  and sent down, host Adam, no upload (`sims/zero_infinity.py`).
 - `zenflow`: warm-up steps are zero-offload steps; then every step sends the unselected
   share of each gradient down and accumulates it on the host while the device updates
   the selected columns; at each update boundary the host Adam runs over the window and its
@@ -28,6 +31,7 @@ import simpy
 from sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel
 from sims.fluid import FluidPool, Job
 from sims.lanes import Lane, all_done, run_compute
+from sims.zero_infinity import zero_infinity_step
 from zfbench.schedule import is_selection_step, is_warmup
 from zfbench.trace import Timeline
 
@@ -110,7 +114,8 @@ class RankSim:
     # -- strategies -------------------------------------------------------------------
     def run(self, strategy: str, steps: int):
         step_fn = {"device": self.device_step, "zero-offload": self.offload_step,
-                   "zero-offload-dpu": self.dpu_step, "zenflow": self.zenflow_step}[strategy]
+                   "zero-offload-dpu": self.dpu_step, "zenflow": self.zenflow_step,
+                   "zero-infinity": lambda t: zero_infinity_step(self, t)}[strategy]
         self.state: dict = {}
         for t in range(steps):
             start = self.env.now

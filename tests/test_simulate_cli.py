@@ -10,22 +10,24 @@ import pandas as pd
 import pytest
 
 from zfbench.simulate import main
+from zfbench.trace_files import columnar_format
 
 GOLDEN = Path(__file__).parent / "golden" / "simulate_default.csv"
 GOLDEN_COLUMNS = ["strategy", "step_time_s", "compute_s", "exposed_io_s", "host_wait_s",
                   "stall_fraction", "d2h_bytes_per_step", "h2d_bytes_per_step",
                   "pcie_bytes_per_step_over_model_bytes", "speedup_vs_zero_offload"]
 SMALL = ["--model", "qwen2.5-1.5b", "--layers", "2", "--steps", "12", "--quiet"]
+FMT = columnar_format()  # where the spans go: parquet with pyarrow, else csv
 
 
-def test_default_run_prints_four_strategies_and_writes_files(tmp_path, capsys):
+def test_default_run_prints_every_strategy_and_writes_files(tmp_path, capsys):
     assert main(SMALL + ["--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
-    for name in ("device", "zero-offload", "zero-offload-dpu", "zenflow"):
+    for name in ("device", "zero-offload", "zero-offload-dpu", "zero-infinity", "zenflow"):
         assert name in printed
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert list(summary["strategy"]) == ["device", "zero-offload", "zero-offload-dpu",
-                                         "zenflow"]
+                                         "zero-infinity", "zenflow"]
     for col in ("step_time_s", "compute_s", "exposed_io_s", "stall_s", "stall_fraction",
                 "d2h_bytes_per_step", "h2d_bytes_per_step",
                 "pcie_bytes_per_step_over_model_bytes", "host_busy_fraction",
@@ -37,17 +39,17 @@ def test_default_run_prints_four_strategies_and_writes_files(tmp_path, capsys):
     assert any(e["ph"] == "X" for e in trace["traceEvents"])
     steps = pd.read_csv(tmp_path / "steps.csv")
     assert set(steps["strategy"]) == set(summary["strategy"])
-    assert (tmp_path / "zenflow.spans.csv").exists()
+    assert (tmp_path / f"zenflow.spans.{FMT}").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".staging")]
 
 
 def test_sweep_writes_one_table(tmp_path):
     assert main(SMALL + ["--sweep", "pcie=gen3,gen4,gen5", "--out", str(tmp_path)]) == 0
     table = pd.read_csv(tmp_path / "summary.csv")
-    assert len(table) == 12 and list(table.columns[:2]) == ["pcie", "strategy"]
+    assert len(table) == 15 and list(table.columns[:2]) == ["pcie", "strategy"]
     offload = table[table["strategy"] == "zero-offload"].set_index("pcie")["step_time_s"]
     assert offload["gen3"] >= offload["gen4"] >= offload["gen5"]
-    assert (tmp_path / "pcie=gen5.zenflow.spans.csv").exists()
+    assert (tmp_path / f"pcie=gen5.zenflow.spans.{FMT}").exists()
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -150,7 +152,7 @@ def test_several_sweeps_make_a_grid(tmp_path, capsys):
     assert sorted(zip(table["pcie"], table["update_interval"])) == [
         ("gen3", 2), ("gen3", 4), ("gen5", 2), ("gen5", 4)]
     for pcie, u in (("gen3", 2), ("gen5", 4)):
-        assert (tmp_path / "grid" / f"pcie={pcie},update_interval={u}.zenflow.spans.csv").exists()
+        assert (tmp_path / "grid" / f"pcie={pcie},update_interval={u}.zenflow.spans.{FMT}").exists()
         # each grid cell is the run with those flags
         assert main(argv + ["--pcie", pcie, "--update-interval", str(u), "--out",
                             str(tmp_path / f"{pcie}{u}")]) == 0

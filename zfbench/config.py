@@ -34,6 +34,8 @@ import os
 import pathlib
 from dataclasses import asdict, dataclass, field, fields
 
+# The engine's strategies. The simulator also has zero-infinity (sims/settings.py), which
+# the engine does not implement (no ZeRO-3 path in real/): not a valid zfbench.strategy.
 STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zenflow")
 _OFFLOAD_STRATEGIES = ("zero-offload", "zero-offload-dpu", "zenflow")
 

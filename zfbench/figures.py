@@ -66,7 +66,10 @@ from zfbench.trace import SPAN_COLUMNS, STEP_COLUMNS
 NODES = ("a100-4x-gen4", "h100-4x-gen5")
 SCALING_NODES = ("a100-8x-gen4", "h100-8x-gen5")
 TIMELINE_NODE = "a100-4x-gen4"
-STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zenflow")
+STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zero-infinity", "zenflow")
+# Figure 5's bars: the two baselines ZenFlow's claims name (DeepSpeed's ZenFlow blog: "up
+# to 5x over ZeRO-Offload and 6.3x over ZeRO-Infinity") and ZenFlow.
+BREAKDOWN_STRATEGIES = ("zero-infinity", "zero-offload", "zenflow")
 
 
 @dataclass(frozen=True)
@@ -94,9 +97,10 @@ QUICK = Plan("quick", ("qwen2.5-1.5b", "llama2-7b"), 2, 12, 20, (1, 2, 4), (0.1,
 
 def node_settings(node: str, plan: Plan, model: str | None = None, **knobs) -> SimSettings:
     n = hardware.get_node(node)
+    drives = {"nvme": n.nvme.name, "nvme_drives": n.nvme_drives} if n.nvme else {}
     base = SimSettings(model=model or plan.model, layers=plan.layers, gpus=n.gpus,
                        gpu=n.gpu.name, pcie=n.link.name, host=n.host.name, net=n.net.name,
-                       gpus_per_switch=n.gpus_per_switch, steps=plan.steps)
+                       gpus_per_switch=n.gpus_per_switch, steps=plan.steps, **drives)
     return base.with_(**knobs)
 
 
@@ -139,7 +143,7 @@ def datasets(plan: Plan) -> dict[str, Dataset]:
     d["timeline"] = Dataset("timeline", [({}, tl, s) for s in TIMELINE_STRATEGIES], _timeline_rows)
     d["breakdown"] = Dataset("breakdown", [
         ({"node": node_label(n), "model": m}, node_settings(n, plan, m), s)
-        for n in NODES for m in plan.models for s in ("zero-offload", "zenflow")],
+        for n in NODES for m in plan.models for s in BREAKDOWN_STRATEGIES],
         _summary_rows("breakdown.csv"))
     for knob, values in (("update_interval", plan.update_intervals),
                          ("topk_ratio", plan.topk_ratios)):
@@ -201,7 +205,8 @@ def sources(plan: Plan) -> dict[str, str]:
     return {
         "timeline": "`data/timeline_<strategy>.spans.csv` and `.steps.csv` (rank 0 of "
                     f"{', '.join(TIMELINE_STRATEGIES)}; like `{simulate_command(tl)} --out DIR`)",
-        "breakdown": f"`data/breakdown.csv` (zero-offload and zenflow, {models} on "
+        "breakdown": f"`data/breakdown.csv` (zero-infinity with parameters on cpu, "
+                     f"zero-offload and zenflow, {models} on "
                      f"{' and '.join(node_label(n) for n in NODES)} nodes, {plan.steps} steps "
                      f"each; like `{simulate_command(base)}` with each node's --gpu/--pcie/"
                      f"--host/--net)",
@@ -213,7 +218,7 @@ def sources(plan: Plan) -> dict[str, str]:
         "sweep_topk_ratio": f"`data/sweep_topk_ratio.csv` (the same for top-k {k_vals}; like "
                             f"`{simulate_command(base)} --strategy zenflow --sweep "
                             f"topk_ratio={k_vals}`)",
-        "scaling": f"`data/scaling.csv` (all four strategies on "
+        "scaling": f"`data/scaling.csv` (every strategy, {', '.join(STRATEGIES)}, on "
                    f"{' and '.join(scaling_label(n) for n in SCALING_NODES)}, gpus="
                    f"{','.join(map(str, plan.gpus))}; like `{simulate_command(base)} "
                    f"--sweep gpus={','.join(map(str, plan.gpus))}`)",

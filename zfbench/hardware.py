@@ -1,6 +1,8 @@
-"""Named hardware for zfbench: GPUs, PCIe host links, host CPUs, GPU-to-GPU links, nodes.
+"""Named hardware for zfbench: GPUs, PCIe host links, host CPUs, GPU-to-GPU links, NVMe
+drives, nodes.
 
-This module owns the hardware vocabulary. The numbers live in ``zfbench/data/hardware.json``
+This module owns the hardware vocabulary (the dataclasses are in `hardware_types`,
+re-exported here). The numbers live in ``zfbench/data/hardware.json``
 (package data), where every numeric field is ``{"value": ..., "source": "..."}``; this module
 reads that file once, refuses any number without a source, and turns the entries into frozen
 dataclasses (each carrying its ``sources``). It also reads user profiles in the same layout
@@ -9,15 +11,21 @@ No torch here: the simulator and the analysis code use it without a GPU stack.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
+
+from zfbench.hardware_types import (GPU, HostCPU, HostLink, NetLink, Node, NvmeDrive,
+                                    _ro)
+
+__all__ = ["GPU", "HostCPU", "HostLink", "NetLink", "Node", "NvmeDrive",
+           "UnknownHardwareError", "HardwareProfileError", "load_profile", "lookup",
+           "get_gpu", "get_link", "get_host", "get_net", "get_nvme", "get_node",
+           "gpu_names", "link_names", "host_names", "net_names", "nvme_names",
+           "node_names", "entry_of"]
 
 
 class UnknownHardwareError(ValueError):
@@ -28,9 +36,9 @@ class HardwareProfileError(ValueError):
     """A hardware JSON that breaks the layout: names the section, entry and field."""
 
 
-_SECTIONS = ("gpus", "host_links", "hosts", "net_links", "nodes")
+_SECTIONS = ("gpus", "host_links", "hosts", "net_links", "nvme_drives", "nodes")
 _KIND = {"gpus": "gpu", "host_links": "host link", "hosts": "host",
-         "net_links": "net link", "nodes": "node"}
+         "net_links": "net link", "nvme_drives": "NVMe drive", "nodes": "node"}
 # section -> (numeric fields, string fields); every entry may also carry a "note" string.
 _SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gpus": (("bf16_flops_per_s", "fp16_flops_per_s", "memory_bytes", "hbm_bytes_per_s",
@@ -42,178 +50,16 @@ _SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                "dram_triad_fraction", "adam_params_per_s_per_core", "adam_bytes_per_param",
                "memory_bytes"), ()),
     "net_links": (("bytes_per_s", "latency_s", "efficiency"), ()),
-    "nodes": (("gpus", "gpus_per_switch"), ("gpu", "link", "host", "net")),
+    "nvme_drives": (("read_bytes_per_s", "write_bytes_per_s", "capacity_bytes"), ()),
+    "nodes": (("gpus", "gpus_per_switch", "nvme_drives"), ("gpu", "link", "host", "net",
+                                                          "nvme")),
 }
+# Fields an entry may leave out: a node without NVMe (e.g. a measured profile's node).
+_OPTIONAL = {"nodes": frozenset({"nvme", "nvme_drives"})}
 _FRACTIONS = {"default_mfu", "h2d_factor_when_d2h_busy", "d2h_factor_when_h2d_busy",
               "dram_triad_fraction", "efficiency"}
-_INTEGERS = {"cores_per_socket", "sockets", "gpus", "gpus_per_switch"}
+_INTEGERS = {"cores_per_socket", "sockets", "gpus", "gpus_per_switch", "nvme_drives"}
 _ZERO_OK = {"setup_latency_s", "latency_s"}
-_PRECISIONS = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16",
-               "half": "fp16"}
-_DIRECTIONS = ("h2d", "d2h")
-
-
-def _ro(sources: Mapping[str, str]) -> Mapping[str, str]:
-    return MappingProxyType(dict(sources))
-
-
-def _sources_field() -> Any:
-    # Excluded from ==/hash so the frozen dataclasses stay hashable and compare by numbers.
-    return field(default_factory=dict, compare=False, repr=False)
-
-
-@dataclass(frozen=True)
-class GPU:
-    name: str
-    bf16_flops_per_s: float
-    fp16_flops_per_s: float
-    memory_bytes: float
-    hbm_bytes_per_s: float
-    default_mfu: float
-    native_pcie: str
-    sources: Mapping[str, str] = _sources_field()
-
-    def peak_flops_per_s(self, precision: str) -> float:
-        """Dense tensor-core peak for ``"bf16"`` or ``"fp16"`` (torch-style aliases accepted)."""
-        key = _PRECISIONS.get(str(precision).lower())
-        if key is None:
-            raise ValueError(f"unknown precision {precision!r}; choose one of: bf16, fp16")
-        return self.bf16_flops_per_s if key == "bf16" else self.fp16_flops_per_s
-
-
-@dataclass(frozen=True)
-class HostLink:
-    """One x16 host link; h2d and d2h are separate resources that interfere when both run."""
-    name: str
-    h2d_theoretical_bytes_per_s: float
-    d2h_theoretical_bytes_per_s: float
-    h2d_bytes_per_s: float
-    d2h_bytes_per_s: float
-    h2d_factor_when_d2h_busy: float
-    d2h_factor_when_h2d_busy: float
-    setup_latency_s: float
-    sources: Mapping[str, str] = _sources_field()
-
-    def __post_init__(self) -> None:
-        for d in _DIRECTIONS:
-            if getattr(self, f"{d}_bytes_per_s") > getattr(self, f"{d}_theoretical_bytes_per_s"):
-                raise ValueError(f"host link {self.name!r}: measured {d}_bytes_per_s exceeds "
-                                 f"{d}_theoretical_bytes_per_s")
-
-    def bytes_per_s(self, direction: str, other_busy: bool = False) -> float:
-        """Measured rate of one direction, reduced by its factor while the other one runs."""
-        d = str(direction).lower()
-        if d not in _DIRECTIONS:
-            raise ValueError(f"unknown direction {direction!r}; choose one of: h2d, d2h")
-        if d == "h2d":
-            return self.h2d_bytes_per_s * (self.h2d_factor_when_d2h_busy if other_busy else 1.0)
-        return self.d2h_bytes_per_s * (self.d2h_factor_when_h2d_busy if other_busy else 1.0)
-
-    def scaled(self, factor: float) -> HostLink:
-        """All four bandwidths times ``factor`` (> 0); factors and latency unchanged."""
-        if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
-            raise ValueError(f"scale factor must be a positive finite number, got {factor!r}")
-        names = ("h2d_theoretical_bytes_per_s", "d2h_theoretical_bytes_per_s",
-                 "h2d_bytes_per_s", "d2h_bytes_per_s")
-        sources = {**self.sources, **{n: f"{self.sources.get(n, '')}; scaled x{factor:g}"
-                                      for n in names}}
-        return dataclasses.replace(
-            self, name=f"{self.name}x{factor:g}", sources=_ro(sources),
-            **{n: getattr(self, n) * factor for n in names})
-
-
-@dataclass(frozen=True)
-class HostCPU:
-    """A whole host (all sockets). ``cores`` and the DRAM rates are node totals."""
-    name: str
-    cores: int
-    sockets: int
-    dram_bytes_per_s: float              # achievable: theoretical total * STREAM triad fraction
-    dram_theoretical_bytes_per_s: float  # node total
-    adam_params_per_s_per_core: float
-    adam_bytes_per_param: float
-    memory_bytes: float
-    sources: Mapping[str, str] = _sources_field()
-
-    @property
-    def cores_per_socket(self) -> int:
-        return self.cores // self.sockets
-
-    def adam_params_per_s(self, cores: int) -> float:
-        """Host Adam rate on ``cores`` cores (clamped to the host's), capped by DRAM bandwidth."""
-        if cores < 0:
-            raise ValueError(f"cores must be >= 0, got {cores}")
-        used = min(cores, self.cores)
-        return min(used * self.adam_params_per_s_per_core,
-                   self.dram_bytes_per_s / self.adam_bytes_per_param)
-
-    def with_cores(self, cores: int) -> HostCPU:
-        """The same host with ``cores`` cores in total; DRAM (a node resource) is unchanged."""
-        if int(cores) != cores or cores < 1:
-            raise ValueError(f"cores must be a positive integer, got {cores!r}")
-        return dataclasses.replace(self, cores=int(cores), sockets=min(self.sockets, int(cores)))
-
-
-@dataclass(frozen=True)
-class NetLink:
-    """GPU-to-GPU link for collectives: per direction per GPU, and ring busbw efficiency."""
-    name: str
-    bytes_per_s: float
-    latency_s: float
-    efficiency: float
-    sources: Mapping[str, str] = _sources_field()
-
-    @property
-    def achieved_bytes_per_s(self) -> float:
-        """Bus bandwidth a ring collective reaches (nccl-tests busbw convention)."""
-        return self.bytes_per_s * self.efficiency
-
-
-@dataclass(frozen=True)
-class Node:
-    name: str
-    gpu: GPU
-    gpus: int
-    link: HostLink
-    gpus_per_switch: int
-    host: HostCPU
-    net: NetLink
-    note: str = field(default="", compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        for n in ("gpus", "gpus_per_switch"):
-            v = getattr(self, n)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"node {self.name!r}: {n} must be a positive int, got {v!r}")
-        if self.gpus_per_switch > self.gpus:
-            raise ValueError(f"node {self.name!r}: gpus_per_switch {self.gpus_per_switch} "
-                             f"> gpus {self.gpus}")
-
-    def upstream_bytes_per_s(self, direction: str) -> float:
-        """One switch's upstream: a single x16 link of the node's generation (measured rate),
-        shared by the ``gpus_per_switch`` GPUs behind it."""
-        return self.link.bytes_per_s(direction)
-
-    def per_gpu_upstream_bytes_per_s(self, direction: str) -> float:
-        """Each GPU's share of its switch's upstream when all GPUs behind it transfer at once."""
-        return self.upstream_bytes_per_s(direction) / self.gpus_per_switch
-
-    def with_(self, **changes: Any) -> Node:
-        """``dataclasses.replace`` that resolves names for gpu/link/host/net and clamps
-        gpus_per_switch to gpus."""
-        getters = {"gpu": get_gpu, "link": get_link, "host": get_host, "net": get_net}
-        for key, getter in getters.items():
-            if isinstance(changes.get(key), str):
-                changes[key] = getter(changes[key])
-        for key in ("gpus", "gpus_per_switch"):
-            v = changes.get(key, getattr(self, key))
-            if isinstance(v, bool) or int(v) != v:
-                raise ValueError(f"{key} must be an int, got {v!r}")
-            changes[key] = int(v)
-        changes["gpus_per_switch"] = min(changes["gpus_per_switch"], changes["gpus"])
-        return dataclasses.replace(self, **changes)
-
-
 # ---------------------------------------------------------------- validation and building
 
 def _validate(raw: Any, origin: str, require_all: bool) -> dict[str, dict[str, dict]]:
@@ -247,9 +93,13 @@ def _validate(raw: Any, origin: str, require_all: bool) -> dict[str, dict[str, d
                 raise HardwareProfileError(f"{where}: unknown field(s) {sorted(extra)}; "
                                            f"expected {list(numeric) + list(strings)}")
             parsed: dict[str, Any] = {}
+            optional = _OPTIONAL.get(section, frozenset())
             for f in numeric:
-                parsed[f] = _number(entry, f, where)
+                if f not in optional or f in entry:
+                    parsed[f] = _number(entry, f, where)
             for f in strings:
+                if f in optional and f not in entry:
+                    continue
                 v = entry.get(f)
                 if not isinstance(v, str) or not v.strip():
                     raise HardwareProfileError(f"{where}: field {f!r} must be a non-empty string")
@@ -286,7 +136,8 @@ def _vals(parsed: dict, fields: tuple[str, ...]) -> tuple[dict[str, Any], dict[s
 
 
 def _simple(cls: type) -> Any:
-    section = {GPU: "gpus", HostLink: "host_links", NetLink: "net_links"}[cls]
+    section = {GPU: "gpus", HostLink: "host_links", NetLink: "net_links",
+               NvmeDrive: "nvme_drives"}[cls]
 
     def build(name: str, p: dict) -> Any:
         vals, src = _vals(p, _SCHEMA[section][0])
@@ -310,8 +161,9 @@ def _build_host(name: str, p: dict) -> HostCPU:
 
 
 _BUILDERS = {"gpus": _simple(GPU), "host_links": _simple(HostLink), "hosts": _build_host,
-             "net_links": _simple(NetLink)}
-_NODE_PARTS = {"gpu": "gpus", "link": "host_links", "host": "hosts", "net": "net_links"}
+             "net_links": _simple(NetLink), "nvme_drives": _simple(NvmeDrive)}
+_NODE_PARTS = {"gpu": "gpus", "link": "host_links", "host": "hosts", "net": "net_links",
+               "nvme": "nvme_drives"}
 
 
 def _build(validated: dict, fallback: dict | None, origin: str) -> dict[str, dict[str, Any]]:
@@ -325,14 +177,18 @@ def _build(validated: dict, fallback: dict | None, origin: str) -> dict[str, dic
         for name, p in validated.get("nodes", {}).items():
             parts = {}
             for key, section in _NODE_PARTS.items():
+                if key not in p:  # an optional part left out
+                    continue
                 pool = {**(fallback or {}).get(section, {}), **objs.get(section, {})}
                 if p[key].lower() not in pool:
                     raise UnknownHardwareError(
                         f"{origin}: node {name!r} names unknown {_KIND[section]} {p[key]!r}; "
                         f"choose one of: {', '.join(sorted(pool))}")
                 parts[key] = pool[p[key].lower()]
+            drives = p.get("nvme_drives", (0,))[0]
             objs["nodes"][name] = Node(name=name, gpus=p["gpus"][0], note=p["note"],
-                                       gpus_per_switch=p["gpus_per_switch"][0], **parts)
+                                       gpus_per_switch=p["gpus_per_switch"][0],
+                                       nvme_drives=drives, **parts)
     except (HardwareProfileError, UnknownHardwareError):
         raise
     except ValueError as e:
@@ -391,6 +247,9 @@ def get_host(name: str) -> HostCPU:
 def get_net(name: str) -> NetLink:
     return _get("net_links", name)
 
+def get_nvme(name: str) -> NvmeDrive:
+    return _get("nvme_drives", name)
+
 def get_node(name: str) -> Node:
     return _get("nodes", name)
 
@@ -405,6 +264,9 @@ def host_names() -> list[str]:
 
 def net_names() -> list[str]:
     return sorted(_presets()["net_links"])
+
+def nvme_names() -> list[str]:
+    return sorted(_presets()["nvme_drives"])
 
 def node_names() -> list[str]:
     return sorted(_presets()["nodes"])

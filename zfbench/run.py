@@ -54,8 +54,13 @@ from zfbench.run_report import (add_speedups, describe_config, format_projection
                                 format_table, measurement_window, project, summary_row,
                                 write_outputs)
 from zfbench.trace import write_json_atomic
+from sims.settings import STRATEGIES as SIM_STRATEGIES
 
 from zfbench.run_defaults import DEFAULT_SEQ
+
+# Strategies the simulator has and the engine does not (zero-infinity: no ZeRO-3 path in
+# real/); asking the engine for one is a one-line error pointing to the simulator.
+SIMULATED_ONLY = tuple(s for s in SIM_STRATEGIES if s not in STRATEGIES)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=None,
                    help=f"depth slice at full width (default {d.layers} for the default "
                         f"model, all layers otherwise)")
-    p.add_argument("--strategy", choices=STRATEGIES + ("all",), default="all")
+    p.add_argument("--strategy", choices=STRATEGIES + SIMULATED_ONLY + ("all",),
+                   default="all", help="one strategy or all (the simulator's "
+                   f"{', '.join(SIMULATED_ONLY)} is refused: the engine does not implement it)")
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps per "
                    f"strategy (default {d.steps})")
     p.add_argument("--batch", type=int, default=None, help="micro-batch per GPU "
@@ -185,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as err:
         return fail(err)
     args.argv = argv
+    if args.strategy in SIMULATED_ONLY:
+        return fail(f"the engine does not implement {args.strategy} (ZeRO-3 with offloaded "
+                    f"parameters); simulate it: python -m zfbench.simulate --strategy "
+                    f"{args.strategy}")
     try:
         world, launched = resolve_world(args)
         strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]

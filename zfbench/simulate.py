@@ -1,4 +1,4 @@
-"""`python -m zfbench.simulate`: simulate the four strategies on a node and print the table.
+"""`python -m zfbench.simulate`: simulate every strategy on a node and print the table.
 
 Covers: every knob of `sims.costs.SimSettings` as a flag, `--strategy` to pick one,
 `--sweep KNOB=v1,v2,...` for one summary table over a knob (several `--sweep` flags: the
@@ -12,6 +12,10 @@ simulator has no gradients, so "auto" resolves to window lengths by a stated rul
 `python -m zfbench.accuracy`; without it an assumed constant 4-step window, named as an
 assumption in the header and in summary.json.
 
+`--strategy zero-infinity` (DeepSpeed's ZeRO-3 with offloaded parameters, simulated only)
+takes `--offload-params cpu|nvme`, `--prefetch-buckets N` and, with nvme, `--nvme DRIVE`
+and `--nvme-drives N` (presets in zfbench/data/hardware.json, per drive).
+
 `--profile FILE` (from `python -m zfbench.run --profile`) simulates the profile's machine
 and shape on one rank, in the profile's precision unless `--precision` says otherwise.
 
@@ -21,14 +25,26 @@ and every row `steps_needed`. Bad flags, values and paths (an `--out` that is a 
 cannot be written, a missing or malformed `--profile`) are one line `error: ...` on stderr,
 exit code 2, before anything is simulated or written.
 
+`--jobs N|auto` runs the (case, strategy) runs in N worker processes (auto: one per usable
+CPU, at most one per run, and none for runs too short to pay for a process); the numbers
+are the same either way.
+
 Files written to `--out` (all complete or none: everything is validated before the first
-write, and each file lands through a rename): `summary.csv` and `summary.json` (one row
-per strategy, or per swept case and strategy; summary.json also holds the effective
-settings, the sweep, what "auto" resolved to, and the provenance: versions, machine,
-command line), `steps.csv` (the per-step breakdown), `<strategy>.spans.csv` /
-`<strategy>.steps.csv` (the timelines; with a sweep prefixed `knob=value,...`) and
-`trace.json` (a Chrome trace with every strategy, open it at https://ui.perfetto.dev or
-chrome://tracing; not with a sweep).
+write, and each file lands through a rename out of a staging directory): `summary.csv` and
+`summary.json` (one row per strategy, or per swept case and strategy; summary.json also
+holds the effective settings, the sweep, what "auto" resolved to, the trace rule and the
+steps drawn, and the provenance: versions, machine, command line), `steps.csv` (the
+per-step breakdown), `<strategy>.spans.parquet` / `<strategy>.steps.parquet` (every span
+and step interval, where pyarrow imports; else, or with `--timeline-format csv`,
+`<strategy>.spans.csv` / `<strategy>.steps.csv`; with a sweep prefixed `knob=value,...`;
+`zfbench.trace.Timeline.read_parquet` / `read_csv` read them back equal) and
+`trace.json` (a Chrome trace of every strategy, open it at https://ui.perfetto.dev or
+chrome://tracing; not with a sweep). trace.json draws a window of steps,
+`--trace-steps`: by default `left-out+10`, the steps left out of the averages (warm-up
+and two update windows) plus the last 10 steps of each strategy and rank; `N` the last N;
+`all` every step (a 1000-step run then makes a trace of hundreds of MB). Files are
+written as they are produced (rows and trace events in chunks), never built whole in
+memory.
 """
 
 from __future__ import annotations
@@ -40,15 +56,17 @@ import math
 import sys
 from pathlib import Path
 
-from tqdm import tqdm
-
 from sims.costs import STRATEGIES, SimSettings, SimSettingsError
-from sims.simulator import simulate, steps_needed
+from sims.simulator import steps_needed
 from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, check_profile, fail
-from zfbench.simulate_report import (add_speedups, case_label, format_table, summary_row,
+from zfbench.provenance import machine
+from zfbench.simulate_report import (TRACE_STEPS_DEFAULT, FilePlan, TraceRule, case_label,
+                                     format_table, staging_dir, summary_row,
                                      too_short_warning, write_outputs)
+from zfbench.simulate_runs import auto_jobs, run
+from zfbench.trace_files import columnar_format
 
-__all__ = ["main", "summary_row", "format_table", "parse_value", "parse_sweep"]
+__all__ = ["main", "run", "summary_row", "format_table", "parse_value", "parse_sweep"]
 
 DEFAULTS = SimSettings()
 KNOBS = {f.name: f.type for f in dataclasses.fields(SimSettings)}
@@ -127,6 +145,17 @@ def build_parser() -> OneLineParser:
     p.add_argument("--sweep", action="append", default=[],
                    help="KNOB=v1,v2,... e.g. pcie=gen3,gen4,gen5; repeat for a grid")
     p.add_argument("--out", type=Path, help="directory for the summary, spans and trace")
+    p.add_argument("--trace-steps", default=TRACE_STEPS_DEFAULT, metavar="RULE",
+                   help=f"steps trace.json draws of each strategy and rank: left-out+N "
+                        f"(the steps left out of the averages, i.e. warm-up and two update "
+                        f"windows, plus the last N), N (the last N) or all (default: "
+                        f"{TRACE_STEPS_DEFAULT}); spans files always hold every step")
+    p.add_argument("--timeline-format", choices=("auto", "csv", "parquet"), default="auto",
+                   help="spans/steps files: parquet needs pyarrow; auto: parquet where "
+                        "pyarrow imports, else csv")
+    p.add_argument("--jobs", default="auto", metavar="N",
+                   help="worker processes for the runs (default auto: one per usable CPU "
+                        "for long runs)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -202,29 +231,6 @@ def check_fits(settings: SimSettings, strategies: list[str]) -> None:
                            f"--activation-checkpointing true, or an offload strategy.")
 
 
-def run(cases: list[tuple[dict, SimSettings]], strategies: list[str],
-        quiet: bool = False) -> tuple[list[dict], dict]:
-    """Simulate every case and strategy: summary rows (each with its case's labels,
-    `steps_needed` and `too_short`) and the results by (labels, strategy)."""
-    rows, results = [], {}
-    progress = tqdm(total=len(cases) * len(strategies), disable=quiet, desc="simulating",
-                    unit="run", file=sys.stderr)
-    for labels, case in cases:
-        need, case_rows = steps_needed(case), []
-        for strategy in strategies:
-            progress.set_postfix_str(" ".join([strategy, case_label(labels)]).strip())
-            result = simulate(case, strategy)
-            row = {**labels, **summary_row(result), "steps_needed": need,
-                   "too_short": case.steps < need}
-            case_rows.append(row)
-            results[(tuple(labels.items()), strategy)] = result
-            progress.update()
-        add_speedups(case_rows)
-        rows.extend(case_rows)
-    progress.close()
-    return rows, results
-
-
 def auto_resolution(case: SimSettings) -> dict | None:
     """What update_interval "auto" resolved to in this case (None with a fixed one)."""
     plan = case.window_plan()
@@ -242,16 +248,16 @@ def header(case: SimSettings, flags: set, sweeps) -> str:
     interval = s.window_plan().rule if s.update_interval == "auto" else s.update_interval
     line = (f"{s.model}{'' if s.layers is None else f'[{s.layers}L]'} on {where}; "
             f"micro-batch {s.micro_batch} x seq {s.seq}, {precision}; zenflow topk "
-            f"{s.topk_ratio}, U={interval}, overlap={s.overlap_step}; {s.steps} steps "
-            f"(simulated)")
+            f"{s.topk_ratio}, U={interval}, overlap={s.overlap_step}; zero-infinity "
+            f"parameters on {s.offload_params}"
+            + (f" ({s.nvme_drives} x {s.nvme})" if s.offload_params == "nvme" else "")
+            + f", prefetch {s.prefetch_buckets}; {s.steps} steps (simulated)")
     if sweeps:
         line += "\nsweep: " + " x ".join(f"{k}={','.join(map(str, v))}" for k, v in sweeps)
     return line
 
 
 def main(argv: list[str] | None = None) -> int:
-    from zfbench.provenance import provenance
-
     try:
         args = build_parser().parse_args(argv)
         check_out_dir(args.out)
@@ -261,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
         for _, case in cases:
             check_fits(case, strategies)
+        trace = TraceRule.parse(args.trace_steps)
+        fmt = timeline_format(args.timeline_format)
+        jobs = auto_jobs(cases, strategies) if args.jobs == "auto" else parse_jobs(args.jobs)
     except (CliError, SimSettingsError, ValueError) as err:
         return fail(err)
     flags = {k for k in KNOBS if getattr(args, k) is not None}
@@ -268,27 +277,62 @@ def main(argv: list[str] | None = None) -> int:
     warning = too_short_warning(cases)
     if warning:
         print(warning, file=sys.stderr)
-    rows, results = run(cases, strategies, args.quiet)
-    knobs = [k for k, _ in sweeps]
-    print(format_table(rows, knobs))
-    if args.out:
-        shared = {k: v for k, v in {**DEFAULTS.as_dict(), **given}.items() if k not in knobs}
-        head = {"settings": shared,  # every case's; the swept knobs are under "sweep"
-                "sweep": {k: v for k, v in sweeps},
-                "update_interval_auto": auto_resolution(cases[0][1]),
-                "cases": [{"labels": labels, "steps": case.steps,
-                           "steps_needed": steps_needed(case),
-                           "too_short": case.steps < steps_needed(case),
-                           "update_interval_auto": auto_resolution(case)}
-                          for labels, case in cases],
-                "provenance": provenance(argv, PROG)}
-        try:
-            write_outputs(args.out, head, rows, results)
-        except OSError as err:
-            return fail(f"writing {args.out}: {err}")
-        print(f"wrote {args.out}/summary.csv, summary.json, steps.csv, spans"
-              + ("" if sweeps else ", trace.json (open in https://ui.perfetto.dev)"))
+    if not args.out:
+        rows, _ = run(cases, strategies, args.quiet, jobs)
+        print(format_table(rows, [k for k, _ in sweeps]))
+        return 0
+    try:
+        with staging_dir(args.out) as stage:  # the runs write their timelines into it
+            plan = FilePlan(stage, trace, fmt, chrome_trace=not sweeps)
+            rows, results = run(cases, strategies, args.quiet, jobs, plan,
+                                meanwhile=machine)  # torch's import beside the runs
+            print(format_table(rows, [k for k, _ in sweeps]))
+            write_outputs(args.out, summary_head(argv, given, sweeps, cases), rows,
+                          results, trace=trace, fmt=fmt, staging=stage)
+    except OSError as err:
+        return fail(f"writing {args.out}: {err}")
+    print(f"wrote {args.out}/summary.csv, summary.json, steps.csv, spans ({fmt})"
+          + ("" if sweeps else f", trace.json ({trace.describe()}; open in "
+                               f"https://ui.perfetto.dev)"))
     return 0
+
+
+def summary_head(argv, given: dict, sweeps, cases) -> dict:
+    """summary.json's header: the settings every case shares, the sweep, what "auto"
+    resolved to per case, and the provenance."""
+    from zfbench.provenance import provenance
+
+    knobs = [k for k, _ in sweeps]
+    shared = {k: v for k, v in {**DEFAULTS.as_dict(), **given}.items() if k not in knobs}
+    return {"settings": shared,  # every case's; the swept knobs are under "sweep"
+            "sweep": {k: v for k, v in sweeps},
+            "update_interval_auto": auto_resolution(cases[0][1]),
+            "cases": [{"labels": labels, "steps": case.steps,
+                       "steps_needed": steps_needed(case),
+                       "too_short": case.steps < steps_needed(case),
+                       "update_interval_auto": auto_resolution(case)}
+                      for labels, case in cases],
+            "provenance": provenance(argv, PROG)}
+
+
+def timeline_format(name: str) -> str:
+    """The spans files' format: "auto" is parquet where pyarrow imports, else csv."""
+    if name == "auto":
+        return columnar_format()
+    if name == "parquet" and columnar_format() != "parquet":
+        raise ValueError("--timeline-format parquet needs pyarrow (pip install pyarrow, or "
+                         "the real-model extra); csv works without it")
+    return name
+
+
+def parse_jobs(text: str) -> int:
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise ValueError(f"--jobs wants a positive number of processes or auto (got {text!r})")
+    return jobs
 
 
 if __name__ == "__main__":

@@ -3,8 +3,12 @@
 `summary_row` turns one simulated run into the summary's columns (units in the names:
 `_s` seconds, `_bytes` bytes, `_per_s` per second, `_fraction` of the step, `_steps`
 steps), `too_short_warning` is the one line naming runs too short to contain a steady
-state, `format_table` prints the rows (speedup `-` when there is no zero-offload row),
-and `write_outputs` lands every file through a staging directory and renames.
+state, `format_table` prints the rows (speedup `-` when there is no zero-offload row).
+`finish_run` summarizes one run and, with a `FilePlan`, writes its timeline files into the
+staging directory and keeps the window of it the Chrome trace draws (`TraceRule`), so a
+worker process can do it all and hand back only small things; `write_outputs` writes the
+rest (summary, steps.csv, the streamed trace.json) and lands every file through a staging
+directory and renames.
 
 Part of the command `python -m zfbench.simulate` (split out of its main module for size):
 like the command, it imports real/, sims/ or analysis/ (docs/design.md's arrows).
@@ -14,8 +18,11 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import tempfile
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -23,16 +30,23 @@ import pandas as pd
 from analysis.breakdown import step_breakdown, summarize
 from sims.costs import SimSettings
 from sims.simulator import SimResult, steps_needed
-from zfbench.trace import merge_chrome_traces, write_json_atomic
+from zfbench.trace import Timeline, TraceSteps, write_json_atomic
+from zfbench.trace_files import columnar_format, write_chrome_trace, write_timeline
+
+TRACE_STEPS_DEFAULT = "left-out+10"
 
 
-def summary_row(result: SimResult) -> dict:
+def summary_row(result: SimResult, spans=None, steps=None, table=None) -> dict:
+    """The summary's columns for one run; `spans`, `steps` (the timeline's frames) and
+    `table` (their step breakdown) when the caller already has them."""
     tl, c = result.timeline, result.costs
+    spans = tl.spans_frame() if spans is None else spans
+    steps = tl.steps_frame() if steps is None else steps
     row = {"strategy": result.strategy}
-    row.update(summarize(tl.spans_frame(), tl.steps_frame(), result.skip_steps,
+    row.update(summarize(spans, steps, result.skip_steps,
                          c.model_bytes, result.host_optim_params_per_step(),
                          None if c.calibration else result.flops_per_step(),
-                         c.flops_per_s / c.mfu))
+                         c.flops_per_s / c.mfu, table=table))
     s = result.settings
     row["tokens_per_s"] = s.micro_batch * s.seq * s.gpus / row["step_time_s"]
     fit = c.fits(result.strategy)
@@ -110,34 +124,144 @@ def _prefix(labels: dict, strategy: str) -> str:
     return f"{label}.{strategy}." if label else f"{strategy}."
 
 
-def write_outputs(out: Path, head: dict, rows: list[dict], results: dict,
-                  extras: dict[str, str] | None = None) -> None:
-    """Write every file into a fresh temporary directory, then move them into `out`.
-    `results` maps (labels as a tuple of items, strategy) to a SimResult; `head` is the
-    summary.json's header (settings, sweep, provenance ...); `extras` more files by name
-    (their text)."""
+@dataclass(frozen=True)
+class TraceRule:
+    """`--trace-steps`: which steps trace.json draws of each strategy and rank. `all`:
+    every step; `N`: the last N; `left-out+N` (the default, N=10): the steps left out of
+    the averages (warm-up and two update windows) and the last N."""
+
+    left_out: bool = True
+    last: int | None = 10
+
+    @classmethod
+    def parse(cls, text: str) -> "TraceRule":
+        text = text.strip().lower()
+        if text == "all":
+            return cls(False, None)
+        match = re.fullmatch(r"(left-out\+)?(\d+)", text)
+        if not match or int(match.group(2)) < 1:
+            raise ValueError(f"--trace-steps wants all, N or left-out+N with N >= 1 (got "
+                             f"{text!r})")
+        return cls(bool(match.group(1)), int(match.group(2)))
+
+    @property
+    def spec(self) -> str:
+        return "all" if self.last is None else \
+            f"{'left-out+' if self.left_out else ''}{self.last}"
+
+    def steps(self, skip_steps: int) -> TraceSteps:
+        """The window for a run that leaves out its first `skip_steps` steps."""
+        return TraceSteps(skip_steps if self.left_out else 0, self.last)
+
+    def describe(self) -> str:
+        if self.last is None:
+            return "every step of each strategy and rank"
+        head = ("the steps left out of the averages (warm-up and two update windows) and "
+                if self.left_out else "")
+        return f"{head}the last {self.last} steps of each strategy and rank"
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    """Where and how a run's files go: the staging directory, trace.json's window rule,
+    the timeline format ("csv" or "parquet") and whether trace.json is written at all."""
+
+    staging: Path
+    trace: TraceRule = TraceRule()
+    fmt: str = "csv"
+    chrome_trace: bool = True
+
+
+@dataclass
+class RunFiles:
+    """One run once its timeline files are in the staging directory: its summary row, its
+    per-step breakdown (steps.csv's rows, labelled) and the window of its timeline that
+    trace.json draws (None without a trace)."""
+
+    strategy: str
+    labels: dict
+    row: dict
+    steps: pd.DataFrame
+    trace: Timeline | None
+    trace_steps: TraceSteps | None
+    files: list[str] = field(default_factory=list)
+
+
+def finish_run(result: SimResult, labels: dict, plan: FilePlan | None):
+    """(summary row, RunFiles or None): the run summarized from one breakdown of its
+    timeline; with a plan, its timeline files written into the staging directory."""
+    tl = result.timeline
+    spans, steps = tl.spans_frame(), tl.steps_frame()
+    table = step_breakdown(spans, steps)
+    row = summary_row(result, spans, steps, table)
+    if plan is None:
+        return row, None
+    del spans, steps
+    paths = write_timeline(tl, plan.staging, _prefix(labels, result.strategy), plan.fmt)
+    table.insert(0, "strategy", result.strategy)
+    for i, (knob, value) in enumerate(labels.items()):
+        table.insert(i, knob, value)
+    window = plan.trace.steps(result.skip_steps) if plan.chrome_trace else None
+    return row, RunFiles(result.strategy, labels, row, table,
+                         tl.window(window) if window else None, window,
+                         [p.name for p in paths])
+
+
+@contextmanager
+def staging_dir(out: Path):
+    """A fresh hidden directory inside `out` (made if missing), removed on the way out."""
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
     try:
-        for name, text in (extras or {}).items():
-            (staging / name).write_text(text)
-        pd.DataFrame(rows).to_csv(staging / "summary.csv", index=False)
-        write_json_atomic(staging / "summary.json", json_ready({**head, "rows": rows}))
-        per_step = []
-        for (items, strategy), result in results.items():
-            labels = dict(items)
-            tl = result.timeline
-            tl.write_csv(staging, prefix=_prefix(labels, strategy))
-            table = step_breakdown(tl.spans_frame(), tl.steps_frame())
-            table.insert(0, "strategy", strategy)
-            for i, (knob, value) in enumerate(labels.items()):
-                table.insert(i, knob, value)
-            per_step.append(table)
-        pd.concat(per_step, ignore_index=True).to_csv(staging / "steps.csv", index=False)
-        if all(not items for items, _ in results):
-            write_json_atomic(staging / "trace.json", merge_chrome_traces(
-                {strategy: r.timeline for (_, strategy), r in results.items()}))
-        for path in staging.iterdir():
-            os.replace(path, out / path.name)
+        yield staging
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_outputs(out: Path, head: dict, rows: list[dict], results: dict,
+                  extras: dict[str, str] | None = None, trace: TraceRule = TraceRule(),
+                  fmt: str | None = None, staging: Path | None = None) -> None:
+    """Write every file into a staging directory, then move them into `out`.
+    `results` maps (labels as a tuple of items, strategy) to a SimResult, or to the
+    RunFiles `finish_run` left in `staging`; `head` is the summary.json's header
+    (settings, sweep, provenance ...; the trace rule is added); `extras` more files by
+    name (their text). `trace`: the steps trace.json draws (no trace.json with a sweep);
+    `fmt`: the timeline format, by default Parquet where pyarrow imports, else CSV."""
+    chrome = all(not items for items, _ in results)
+    with nullcontext(staging) if staging is not None else staging_dir(out) as stage:
+        plan = FilePlan(stage, trace, fmt or columnar_format(), chrome)
+        done = {key: r if isinstance(r, RunFiles) else finish_run(r, dict(key[0]), plan)[1]
+                for key, r in results.items()}
+        for name, text in (extras or {}).items():
+            (stage / name).write_text(text)
+        head = {**head, "trace": {
+            "written": chrome, "trace_steps": trace.spec, "rule": trace.describe(),
+            "steps_drawn": {s: steps_drawn(r.trace) for (_, s), r in done.items()
+                            if chrome and r.trace is not None},
+            "timeline_format": plan.fmt}}
+        pd.DataFrame(rows).to_csv(stage / "summary.csv", index=False)
+        write_json_atomic(stage / "summary.json", json_ready({**head, "rows": rows}))
+        pd.concat([r.steps for r in done.values()], ignore_index=True).to_csv(
+            stage / "steps.csv", index=False)
+        if chrome:  # one case: every strategy has the same window
+            window = next(iter(done.values())).trace_steps
+            write_chrome_trace(stage / "trace.json",
+                               {s: r.trace for (_, s), r in done.items()}, window)
+        for path in stage.iterdir():
+            os.replace(path, out / path.name)
+
+
+def steps_drawn(timeline: Timeline) -> dict[str, str]:
+    """Per rank, the steps a (windowed) timeline holds as ranges, e.g. "0-11,990-999"."""
+    out = {}
+    for rank in timeline.ranks:
+        numbers = sorted({s[1] for s in timeline._steps if s[0] == rank})
+        ranges, start = [], None
+        for i, n in enumerate(numbers):
+            if start is None:
+                start = n
+            if i + 1 == len(numbers) or numbers[i + 1] != n + 1:
+                ranges.append(f"{start}-{n}" if n != start else f"{n}")
+                start = None
+        out[str(rank)] = ",".join(ranges)
+    return out

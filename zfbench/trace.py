@@ -4,8 +4,9 @@ A span is `(rank, lane, op, step, t_start_s, t_end_s, bytes)` exactly as docs/de
 it. Measured runs (real/) and simulated runs (sims/) both fill a `Timeline`, which also
 holds the wall-clock interval of every step per rank (a step's stall is its wall time
 minus the time its compute lane was busy). A timeline exports to Chrome-trace JSON
-(microseconds; one process per rank, one thread per lane) and to pandas / CSV, and reads
-back from the CSV pair it writes.
+(microseconds; one process per rank, one thread per lane), whole or a window of its steps
+(`TraceSteps`), and to pandas / CSV / Parquet; the files and their streamed writing are
+`zfbench.trace_files`'s, and `Timeline.read_csv` / `read_parquet` read them back.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 LANES = ("compute", "d2h", "h2d", "host", "net")
 OPS = (
@@ -125,79 +126,162 @@ class Timeline:
         frame["wall_s"] = frame["t_end_s"] - frame["t_start_s"]
         return frame
 
+    def window(self, steps: "TraceSteps | None") -> "Timeline":
+        """The spans and step intervals of the steps `steps` keeps (this timeline itself
+        when it keeps all)."""
+        if steps is None or steps.everything:
+            return self
+        out = Timeline(self.source, self.meta)
+        kept = steps.kept_by_rank(self)
+        out._spans = [s for s in self._spans if s[3] in kept.get(s[0], ())]
+        out._steps = [s for s in self._steps if s[1] in kept.get(s[0], ())]
+        return out
+
     # -- export ----------------------------------------------------------------------
-    def to_chrome_trace(self, label: str | None = None, pid_offset: int = 0) -> dict:
-        """Chrome-trace JSON (trace event format, microseconds): a process per rank,
-        a thread per lane, plus a `steps` thread marking each step's wall interval."""
+    def chrome_events(self, label: str | None = None, pid_offset: int = 0,
+                      steps: "TraceSteps | None" = None) -> Iterator[dict]:
+        """Chrome-trace events (trace event format, microseconds), one at a time: a
+        process per rank, a thread per lane, plus a `steps` thread marking each step's
+        wall interval; with `steps`, only the spans and intervals of the steps it keeps
+        (every rank keeps its process and threads)."""
         label = label or self.source
-        events: list[dict] = []
         step_tid = len(LANES)
         for rank in self.ranks:
             pid = pid_offset + rank
-            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                           "args": {"name": f"rank {rank} ({label})"}})
-            events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-                           "args": {"sort_index": pid}})
+            yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                   "args": {"name": f"rank {rank} ({label})"}}
+            yield {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                   "args": {"sort_index": pid}}
             for tid, lane in enumerate(LANES):
-                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                               "args": {"name": lane}})
-                events.append({"ph": "M", "name": "thread_sort_index", "pid": pid,
-                               "tid": tid, "args": {"sort_index": tid}})
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": step_tid,
-                           "args": {"name": "steps"}})
+                yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                       "args": {"name": lane}}
+                yield {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                       "args": {"sort_index": tid}}
+            yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": step_tid,
+                   "args": {"name": "steps"}}
+        shown = self.window(steps)
         lane_tid = {lane: i for i, lane in enumerate(LANES)}
-        for rank, lane, op, step, t0, t1, nbytes in self._spans:
-            events.append({"ph": "X", "name": op, "cat": lane, "pid": pid_offset + rank,
-                           "tid": lane_tid[lane], "ts": t0 * 1e6, "dur": (t1 - t0) * 1e6,
-                           "args": {"step": step, "bytes": nbytes}})
-        for rank, step, t0, t1 in self._steps:
-            events.append({"ph": "X", "name": f"step {step}", "cat": "step",
-                           "pid": pid_offset + rank, "tid": step_tid, "ts": t0 * 1e6,
-                           "dur": (t1 - t0) * 1e6, "args": {"step": step}})
-        return {"traceEvents": events, "displayTimeUnit": "ms",
+        for rank, lane, op, step, t0, t1, nbytes in shown._spans:
+            yield {"ph": "X", "name": op, "cat": lane, "pid": pid_offset + rank,
+                   "tid": lane_tid[lane], "ts": t0 * 1e6, "dur": (t1 - t0) * 1e6,
+                   "args": {"step": step, "bytes": nbytes}}
+        for rank, step, t0, t1 in shown._steps:
+            yield {"ph": "X", "name": f"step {step}", "cat": "step",
+                   "pid": pid_offset + rank, "tid": step_tid, "ts": t0 * 1e6,
+                   "dur": (t1 - t0) * 1e6, "args": {"step": step}}
+
+    def to_chrome_trace(self, label: str | None = None, pid_offset: int = 0) -> dict:
+        """The whole timeline as one Chrome-trace dict (`chrome_events`, every step)."""
+        return {"traceEvents": list(self.chrome_events(label, pid_offset)),
+                "displayTimeUnit": "ms",
                 "otherData": {"source": self.source, **_jsonable(self.meta)}}
 
     def write_chrome_trace(self, path: str | os.PathLike, label: str | None = None) -> Path:
         return write_json_atomic(path, self.to_chrome_trace(label))
 
     def write_csv(self, directory: str | os.PathLike, prefix: str = "") -> tuple[Path, Path]:
-        """Write `<prefix>spans.csv` and `<prefix>steps.csv`; `read_csv` reads them back."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        spans_path = directory / f"{prefix}spans.csv"
-        steps_path = directory / f"{prefix}steps.csv"
-        write_csv_atomic(self.spans_frame()[SPAN_COLUMNS], spans_path)
-        write_csv_atomic(self.steps_frame()[STEP_COLUMNS], steps_path)
-        return spans_path, steps_path
+        """Write `<prefix>spans.csv` and `<prefix>steps.csv` (streamed in chunks, each
+        through a rename); `read_csv` reads them back equal."""
+        from zfbench.trace_files import write_timeline
+
+        return write_timeline(self, directory, prefix, "csv")
+
+    def write_parquet(self, directory: str | os.PathLike,
+                      prefix: str = "") -> tuple[Path, Path]:
+        """Write `<prefix>spans.parquet` and `<prefix>steps.parquet` (needs pyarrow);
+        `read_parquet` reads them back equal."""
+        from zfbench.trace_files import write_timeline
+
+        return write_timeline(self, directory, prefix, "parquet")
 
     @classmethod
     def read_csv(cls, directory: str | os.PathLike, prefix: str = "",
                  source: str = "simulated") -> "Timeline":
-        import pandas as pd
+        from zfbench.trace_files import read_timeline
 
-        directory = Path(directory)
-        timeline = cls(source)
-        spans = pd.read_csv(directory / f"{prefix}spans.csv")
-        steps = pd.read_csv(directory / f"{prefix}steps.csv")
-        timeline.extend(spans[SPAN_COLUMNS].itertuples(index=False, name=None))
-        for rank, step, t0, t1 in steps[STEP_COLUMNS].itertuples(index=False, name=None):
-            timeline.mark_step(int(rank), int(step), float(t0), float(t1))
-        return timeline
+        return read_timeline(cls(source), directory, prefix, "csv")
+
+    @classmethod
+    def read_parquet(cls, directory: str | os.PathLike, prefix: str = "",
+                     source: str = "simulated") -> "Timeline":
+        from zfbench.trace_files import read_timeline
+
+        return read_timeline(cls(source), directory, prefix, "parquet")
 
     def extend(self, rows: Iterable[tuple]) -> None:
         for rank, lane, op, step, t0, t1, nbytes in rows:
             self.add(int(rank), lane, op, int(step), float(t0), float(t1), int(nbytes))
 
 
-def merge_chrome_traces(named: dict[str, Timeline]) -> dict:
-    """One Chrome trace holding several timelines side by side (e.g. one per strategy),
-    each in its own block of process ids so Perfetto shows them one above the other."""
-    events: list[dict] = []
+@dataclass(frozen=True)
+class TraceSteps:
+    """Which steps a Chrome trace draws, per timeline (one strategy) and rank: every step
+    numbered below `first` (a run's warm-up and the update windows left out of its
+    averages) and the last `last` steps the rank ran (marked with `mark_step`);
+    `last=None` draws every step."""
+
+    first: int = 0
+    last: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.first < 0 or (self.last is not None and self.last < 0):
+            raise ValueError(f"trace steps need first >= 0 and last >= 0 (got {self})")
+
+    @property
+    def everything(self) -> bool:
+        return self.last is None
+
+    def kept_by_rank(self, timeline: Timeline) -> dict[int, frozenset[int]]:
+        """For each rank, the step numbers drawn: of the steps it marked (those of its
+        spans where it marked none)."""
+        seen: dict[int, set[int]] = {}
+        for rank, step, _, _ in timeline._steps:
+            seen.setdefault(rank, set()).add(step)
+        unmarked = {span[0] for span in timeline._spans} - seen.keys()
+        for span in timeline._spans if unmarked else ():
+            if span[0] in unmarked:
+                seen.setdefault(span[0], set()).add(span[3])
+        out = {}
+        for rank, numbers in seen.items():
+            ordered = sorted(numbers)
+            tail = ordered if self.last is None else ordered[max(len(ordered) - self.last, 0):]
+            out[rank] = frozenset([n for n in ordered if n < self.first] + tail)
+        return out
+
+    def describe(self) -> str:
+        """The rule in words (for --help, summary.json and the trace's otherData)."""
+        if self.everything:
+            return "every step"
+        head = f"steps 0-{self.first - 1} (left out of the averages) and " \
+            if self.first else ""
+        return f"{head}the last {self.last} steps of each strategy and rank"
+
+
+def merged_chrome_events(named: dict[str, Timeline],
+                         steps: TraceSteps | None = None) -> Iterator[dict]:
+    """The events of several timelines side by side (e.g. one per strategy), each in its
+    own block of process ids so Perfetto shows them one above the other; with `steps`,
+    only the steps it keeps of each."""
     offset = 0
     for label, timeline in named.items():
-        events.extend(timeline.to_chrome_trace(label, pid_offset=offset)["traceEvents"])
+        yield from timeline.chrome_events(label, offset, steps)
         offset += max(timeline.ranks, default=0) + 1
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def chrome_trace_tail(steps: TraceSteps | None = None) -> dict:
+    """The keys after `traceEvents` in a merged trace: with a window, the rule drawn."""
+    tail = {"displayTimeUnit": "ms"}
+    if steps is not None and not steps.everything:
+        tail["otherData"] = {"steps_drawn": steps.describe(), "first": steps.first,
+                             "last": steps.last}
+    return tail
+
+
+def merge_chrome_traces(named: dict[str, Timeline], steps: TraceSteps | None = None) -> dict:
+    """One Chrome trace holding several timelines (`merged_chrome_events`) as a dict;
+    `zfbench.trace_files.write_chrome_trace` streams the very same trace to a file."""
+    return {"traceEvents": list(merged_chrome_events(named, steps)),
+            **chrome_trace_tail(steps)}
 
 
 def write_json_atomic(path: str | os.PathLike, payload) -> Path:

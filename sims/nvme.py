@@ -1,0 +1,109 @@
+"""The node's NVMe drives as a shared resource of the simulation (zero-infinity with nvme).
+
+This module owns how NVMe reads and writes share a node's drives. The drives form one
+striped array (DeepSpeed's `nvme_path` on a RAID-0 of the node's drives, as ZeRO-Infinity
+is run), and every rank's reads and writes share its *drive time*: with k jobs active,
+each gets `drives / k` drives' worth of time, and moves `read_bytes_per_s` (or
+`write_bytes_per_s`) per drive-second. So one job alone reads at `drives * read`, a read
+and a write together get half the array each, and the array's busy drive-seconds per step
+are `read_bytes / read + write_bytes / write` over the drives (judgment: a flash array
+serves reads and writes from the same channels, so a mixed load gets the time-weighted
+mix of the sequential rates, not both rates at once; the vendor rates are per drive,
+zfbench/data/hardware.json "nvme_drives").
+
+The drives are a second `FluidPool` beside the node's links-and-DRAM pool (processor
+sharing, rates recomputed whenever a job starts or ends), so their traffic neither
+takes PCIe switch bandwidth from the GPUs (the drives hang off the CPU's own lanes) nor
+DRAM bandwidth from the host Adam (a simplification: DeepSpeed's aio reads into pinned
+DRAM). Each rank gets two in-order lanes on it, `nvme_read` and `nvme_write`, so a rank
+can read one bucket while writing another.
+
+The span vocabulary (zfbench/trace.py) has no NVMe lane yet, so the NVMe lanes record
+their spans in an `NvmeLog` kept per timeline (`nvme_spans(timeline)`), in the span
+layout; with an `nvme` lane and `nvme_read` / `nvme_write` ops in the vocabulary they can
+go to the timeline itself. Meanwhile the GPU's wait on NVMe shows in the breakdown as
+host wait (no PCIe or net transfer in flight), which is where the host's aio threads are.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import simpy
+
+from sims.fluid import FluidPool, Job, RateFn
+from sims.lanes import Lane
+
+READ, WRITE = "nvme_read", "nvme_write"
+# Setup time per NVMe request: none modelled. A transfer here is a bucket's share, tens of
+# MB and more, read in 1 MiB blocks at queue depth >= 8 (DeepSpeed's aio defaults), where
+# a drive's ~100 us access latency is hidden by the queue (judgment).
+NVME_LATENCY_S = 0.0
+
+
+def nvme_rates(read_bytes_per_s: float, write_bytes_per_s: float, drives: int) -> RateFn:
+    """Processor sharing of the array's drive time among the active NVMe jobs."""
+
+    def rates(active: list[Job]) -> list[float]:
+        share = drives / len(active)
+        return [share * (read_bytes_per_s if job.kind == READ else write_bytes_per_s)
+                for job in active]
+
+    rates.job_key = lambda job: job.kind
+    return rates
+
+
+class NvmeLog:
+    """Where the NVMe lanes record their spans (the lanes call `add` as on a Timeline)."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple] = []
+
+    def add(self, rank: int, lane: str, op: str, step: int, t_start_s: float,
+            t_end_s: float, nbytes: int = 0) -> None:
+        self.spans.append((rank, lane, op, step, t_start_s, t_end_s, int(nbytes)))
+
+
+class NvmeNode:
+    """One node's drive array: the shared pool, the span log, and each rank's lanes."""
+
+    def __init__(self, env: simpy.Environment, read_bytes_per_s: float,
+                 write_bytes_per_s: float, drives: int) -> None:
+        self.env = env
+        self.pool = FluidPool(env, nvme_rates(read_bytes_per_s, write_bytes_per_s, drives))
+        self.log = NvmeLog()
+
+    def lanes(self, rank: int) -> tuple[Lane, Lane]:
+        """A rank's (read, write) lanes on the shared array."""
+        return (Lane(self.env, self.log, self.pool, rank, READ),
+                Lane(self.env, self.log, self.pool, rank, WRITE))
+
+
+# One array per simulated node. The simulator builds one timeline per run and shares it
+# among the ranks, so the timeline identifies the node without a change to its wiring.
+_NODES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def node_nvme(env: simpy.Environment, timeline, costs) -> NvmeNode:
+    """The node's array for this run (made by the first rank that asks)."""
+    node = _NODES.get(timeline)
+    if node is None:
+        s = costs.settings
+        drive = s.nvme_drive()
+        node = _NODES[timeline] = NvmeNode(env, drive.read_bytes_per_s,
+                                           drive.write_bytes_per_s, s.nvme_drives)
+    return node
+
+
+def nvme_spans(timeline) -> list[tuple]:
+    """The NVMe spans of a simulated run, `(rank, lane, op, step, t0, t1, bytes)`; empty
+    when nothing touched NVMe."""
+    node = _NODES.get(timeline)
+    return list(node.log.spans) if node is not None else []
+
+
+def submit(lane: Lane, op: str, rank: int, step: int, nbytes: float, deps) -> simpy.Event:
+    """Queue an NVMe read or write of `nbytes` on `lane`; fires when it is done."""
+    nbytes = int(round(nbytes))
+    job = Job(op, rank, nbytes)
+    return lane.submit(op, step, deps, seconds=NVME_LATENCY_S, job=job, nbytes=nbytes)

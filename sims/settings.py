@@ -1,0 +1,186 @@
+"""The simulator's knobs: `SimSettings`, validated with messages that name the knob.
+
+This module owns every knob of a simulation (model, node, batch, precision, ZenFlow
+parameters, offload placement, steps) and the names a knob may take (strategies, transfer
+modes, precisions, where offloaded parameters live). `sims.costs` turns settings into
+costs and re-exports all of this (split out of costs.py for size). It also reads a
+measured profile's calibration (`load_calibration`), which both the checks here and the
+cost model need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from sims.update_windows import WindowPlan, window_plan
+from zfbench import hardware, models
+from zfbench.config import ConfigError, zenflow_from_dict
+
+# zero-infinity is simulated only: the real engine (real/) has no ZeRO-3 path.
+STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zero-infinity", "zenflow")
+# design: the paper's data path (unselected share down, unselected parameters up);
+# shipped: DeepSpeed's shipped path (zenflow.md "Data moved per step"); full: the whole
+# gradient down every step and whole parameters up at a boundary (zfbench's engine).
+TRANSFER_MODES = ("design", "shipped", "full")
+PRECISIONS = ("bf16", "fp16", "fp32")
+# Where zero-infinity keeps parameters and optimizer state: host DRAM or NVMe.
+OFFLOAD_PARAMS = ("cpu", "nvme")
+
+
+class SimSettingsError(ValueError):
+    """A knob has an invalid value; the message names the knob and the valid values."""
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    model: str = "llama2-7b"
+    layers: int | None = None
+    gpus: int = 4
+    gpu: str = "a100-80g"
+    pcie: str = "gen4"
+    host: str = "epyc-7763-milan"
+    host_cores: int | None = None
+    net: str = "nvlink3"
+    gpus_per_switch: int = 2
+    micro_batch: int = 1
+    seq: int = 1024
+    precision: str = "bf16"
+    mfu: float | None = None
+    activation_checkpointing: bool = True
+    topk_ratio: float = 0.1
+    update_interval: int | str = 4  # steps, or "auto" (resolved by sims.update_windows)
+    auto_windows: str | None = None  # what "auto" resolves to: N, N1,N2,... or a windows.csv
+    select_interval: int = 0
+    overlap_step: bool = True
+    full_warm_up_rounds: int = 0
+    steps: int = 40
+    transfers: str = "design"
+    bandwidth_scale: float = 1.0
+    # zero-infinity: where parameters and optimizer state live between uses ("cpu": host
+    # DRAM; "nvme": the node's NVMe drives), and how many buckets ahead of the one being
+    # computed its parameter fetches run. Default 1: DeepSpeed's stage3_prefetch_bucket_size
+    # defaults to 5e7 elements (DeepSpeed config docs, ZeRO section), under one decoder
+    # layer of a 7B model (202 M parameters in llama2-7b), so one whole bucket ahead is at
+    # least what DeepSpeed prefetches by default (judgment).
+    offload_params: str = "cpu"
+    prefetch_buckets: int = 1
+    # The drive model and count of the node (hardware.json "nvme_drives"; per drive). The
+    # defaults are those of the a100-4x-gen4 node preset: 4 x PM1733-class gen4 U.2 drives,
+    # half of the DGX A100 (640 GB) datasheet's 8 x 3.84 TB for half of its 8 GPUs.
+    nvme: str = "pm1733"
+    nvme_drives: int = 4
+    profile: str | None = None  # a measured hardware profile (python -m zfbench.run --profile)
+    hardware: str | None = None  # a hardware JSON whose entries join the presets by name
+
+    def __post_init__(self) -> None:
+        _check_int(self, "gpus", 1)
+        _check_int(self, "gpus_per_switch", 1)
+        _check_int(self, "micro_batch", 1)
+        _check_int(self, "seq", 1)
+        _check_int(self, "steps", 1)
+        _check_int(self, "prefetch_buckets", 0)
+        _check_int(self, "nvme_drives", 1)
+        if self.offload_params not in OFFLOAD_PARAMS:
+            raise SimSettingsError(f"offload_params {self.offload_params!r} is not known; "
+                                   f"choose one of: {', '.join(OFFLOAD_PARAMS)}")
+        if self.layers is not None:
+            _check_int(self, "layers", 1)
+        if self.host_cores is not None:
+            _check_int(self, "host_cores", 1)
+        if self.precision not in PRECISIONS:
+            raise SimSettingsError(f"precision {self.precision!r} is not supported; "
+                                   f"choose one of: {', '.join(PRECISIONS)}")
+        if self.transfers not in TRANSFER_MODES:
+            raise SimSettingsError(f"transfers {self.transfers!r} is not known; "
+                                   f"choose one of: {', '.join(TRANSFER_MODES)}")
+        if self.mfu is not None and not 0 < self.mfu <= 1:
+            raise SimSettingsError(f"mfu must be in (0, 1], got {self.mfu}")
+        if not self.bandwidth_scale > 0:
+            raise SimSettingsError(f"bandwidth_scale must be > 0, got {self.bandwidth_scale}")
+        try:  # one set of ZenFlow rules, shared with the engine's config
+            zenflow_from_dict({
+                "topk_ratio": self.topk_ratio, "update_interval": self.update_interval,
+                "select_interval": self.select_interval, "select_strategy": "step",
+                "overlap_step": self.overlap_step,
+                "full_warm_up_rounds": self.full_warm_up_rounds}, prefix="zenflow")
+        except ConfigError as err:
+            raise SimSettingsError(str(err)) from None
+        try:
+            self.window_plan()
+        except ValueError as err:
+            raise SimSettingsError(str(err)) from None
+        try:
+            shape = models.get_model(self.model)
+            if self.layers is not None:
+                shape.with_layers(self.layers)
+            if self.profile is not None:
+                load_calibration(self.profile, shape)
+            else:
+                self.parts()
+            self.nvme_drive()
+        except (ValueError, OSError) as err:
+            raise SimSettingsError(str(err)) from None
+        except (KeyError, TypeError, AttributeError) as err:  # a JSON file of another kind
+            raise SimSettingsError(f"profile {self.profile}: not a zfbench profile "
+                                   f"(missing or malformed {err}); make one with python -m "
+                                   f"zfbench.run --profile --out DIR") from None
+        if self.profile is not None and self.hardware is not None:
+            raise SimSettingsError("give --profile or --hardware, not both: a profile "
+                                   "already names the machine it was measured on")
+        if self.precision == "fp32" and self.profile is None and self.hardware is None:
+            raise SimSettingsError("precision fp32 needs a measured --profile or an "
+                                   "inferred --hardware file (the GPU presets give 16-bit "
+                                   "tensor-core peaks only)")
+
+    def parts(self) -> tuple:
+        """The (gpu, host link, host, net) named by the knobs: presets, or entries of
+        the `hardware` file (python -m zfbench.predict writes one)."""
+        return tuple(hardware.lookup(section, name, self.hardware) for section, name in
+                     (("gpus", self.gpu), ("host_links", self.pcie), ("hosts", self.host),
+                      ("net_links", self.net)))
+
+    def nvme_drive(self) -> hardware.NvmeDrive:
+        """The NVMe drive named by `nvme` (one drive; the node has `nvme_drives` of them)."""
+        return hardware.lookup("nvme_drives", self.nvme, self.hardware)
+
+    def window_plan(self) -> WindowPlan:
+        """The host windows: every `update_interval` steps, or what "auto" resolves to."""
+        return window_plan(self.update_interval, self.auto_windows)
+
+    def with_(self, **changes) -> "SimSettings":
+        unknown = sorted(set(changes) - set(asdict(self)))
+        if unknown:
+            raise SimSettingsError(f"unknown knob(s) {unknown}; knobs are: "
+                                   f"{', '.join(asdict(self))}")
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _check_int(settings: SimSettings, name: str, minimum: int) -> None:
+    value = getattr(settings, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SimSettingsError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _base(name: str) -> str:
+    return name.split("[")[0]
+
+
+def load_calibration(path: str, shape: models.ModelShape) -> tuple[hardware.Node, dict]:
+    """The node and per-block calibration of a measured profile; its per-block times hold
+    for the width they were measured at, so the model's base shape must match."""
+    import json
+
+    node = hardware.load_profile(path)["nodes"]["measured"]
+    with open(path) as handle:
+        cal = json.load(handle).get("calibration")
+    if cal is None:
+        raise SimSettingsError(f"{path}: no 'calibration' section; make one with "
+                               f"python -m zfbench.run --profile --out DIR")
+    if _base(cal["model"]) != _base(shape.name):
+        raise SimSettingsError(f"{path} was measured on {cal['model']}; simulate the same "
+                               f"model (any --layers), not {shape.name}: per-block times do "
+                               f"not carry across widths")
+    return node, cal

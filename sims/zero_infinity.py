@@ -1,0 +1,161 @@
+"""The `zero-infinity` schedule: one rank's step as a SimPy process (ZeRO-3, offloaded).
+
+This module owns the order and dependencies of a zero-infinity step; the bytes and
+seconds come from `sims.zero3` and `CostModel`. `zero_infinity_step(sim, t)` runs on a
+`RankSim` (its lanes, helpers and per-run `state`):
+
+- The step computes 2 x nb ops: forward of buckets 0..nb-1, then backward of nb-1..0.
+  Each op needs its bucket's parameters fetched: the rank's share up (h2d `h2d_param`),
+  then all-gathered (net `allgather`; none on one GPU). Fetches are issued in op order,
+  `prefetch_buckets` ahead of the op the device is about to compute (the device issues
+  fetch k+d just before waiting for fetch k), so at most d+1 buckets are in flight.
+- After each backward op the bucket's gradient is reduce-scattered (net; recorded as op
+  `allreduce` with the reduce-scatter's time and bytes: the span vocabulary has no
+  reduce-scatter op yet) and the rank's share goes down (d2h `d2h_grad`).
+- Once every gradient is down, the host AdamW updates the rank's share bucket by bucket
+  in backward order (host lane, `host_optim`, shared with the other ranks' as in
+  zero-offload). Nothing goes up: the next step's fetch of bucket i reads the host copy,
+  so it waits for bucket i's update (bucket 0, needed first, is updated last).
+- The step ends when the next step may start: once the device has issued the next
+  step's first d+1 fetches (they belong to step t+1) and the first has landed. The last
+  step waits exactly as long, for a fetch of bucket 0 that it does not record (there is
+  no step t+1 to charge it to), so every steady step is alike; that fetch waits for the
+  last update, so all of the run's work is done when it ends.
+- With `offload_params="nvme"` every fetch first reads the share from NVMe, and the host
+  update of each bucket reads its fp32 state from NVMe before it and writes the state and
+  the new 16-bit parameters back after it (double-buffered: a bucket's read waits for the
+  write-back of the bucket two before it); the next fetch of a bucket waits for its
+  write. The drives are the node-shared array of `sims.nvme`.
+"""
+
+from __future__ import annotations
+
+from sims import nvme, zero3
+from sims.fluid import Job
+from sims.lanes import all_done
+
+# The span vocabulary (zfbench/trace.py OPS) has no reduce-scatter; its time and bytes are
+# recorded under this op until it does.
+REDUCE_SCATTER_OP = "allreduce"
+# Host-update buckets whose NVMe state buffers are in use at once (double buffering: the
+# state read of one bucket overlaps the update of the one before; judgment after
+# DeepSpeed's optimizer swapper with pipeline_read / pipeline_write on).
+STATE_BUFFERS = 2
+
+
+def op_buckets(nb: int) -> list[int]:
+    """The bucket each compute op of a step uses, in order: forward, then backward."""
+    return list(range(nb)) + list(reversed(range(nb)))
+
+
+def _nvme_lanes(sim):
+    """The rank's NVMe (read, write) lanes on the node's array, made on first use."""
+    lanes = sim.state.get("nvme_lanes")
+    if lanes is None:
+        node = nvme.node_nvme(sim.env, sim.timeline, sim.costs)
+        lanes = sim.state["nvme_lanes"] = node.lanes(sim.rank)
+    return lanes
+
+
+def fetch(sim, step: int, i: int, deps):
+    """Bucket i's parameters onto the device: (NVMe read,) share up, all-gather."""
+    c = sim.costs
+    if zero3.uses_nvme(c):
+        read, _ = _nvme_lanes(sim)
+        deps = [nvme.submit(read, nvme.READ, sim.rank, step, zero3.share_bytes(c, i), deps)]
+    up = sim.transfer(sim.h2d, "h2d_param", step, zero3.share_bytes(c, i), deps)
+    return sim.collective("allgather", step, zero3.bucket_bytes(c, i), [up]) or up
+
+
+def grad_down(sim, step: int, i: int):
+    """Bucket i's gradient reduce-scattered, then the rank's share down; returns the
+    events of both (the reduce-scatter's None on one GPU)."""
+    c = sim.costs
+    reduced = None
+    if c.gpus > 1:
+        nbytes = zero3.bucket_bytes(c, i)
+        reduced = sim.net.submit(REDUCE_SCATTER_OP, step, [],
+                                 seconds=zero3.reduce_scatter_s(c, nbytes),
+                                 nbytes=int(round(nbytes)))
+    return reduced, sim.transfer(sim.d2h, "d2h_grad", step, zero3.share_bytes(c, i),
+                                 [reduced])
+
+
+def unrecorded_fetch(sim, i: int, gate, net_free):
+    """Wait as long as fetching bucket i would (after `gate`, its all-gather after
+    `net_free`, the net lane's last op) on the same shared resources, recording nothing:
+    the last step's wait for a next step that never runs. At that moment every lane the
+    fetch uses is idle but the net lane, so the wait equals the recorded fetch's."""
+    c, env = sim.costs, sim.env
+    nbytes = zero3.share_bytes(c, i)
+    if nbytes > 0:  # as `transfer`: an empty one is done at once
+        yield from all_done(env, [gate])
+        if zero3.uses_nvme(c):
+            yield nvme.node_nvme(env, sim.timeline, c).pool.run(
+                Job(nvme.READ, sim.rank, nbytes))
+        yield env.timeout(sim.latency_s)
+        yield sim.pool.run(Job("h2d", sim.rank, nbytes))
+    if c.gpus > 1:
+        yield from all_done(env, [net_free])
+        yield env.timeout(c.allgather_s(zero3.bucket_bytes(c, i)))
+
+
+def host_update(sim, step: int, downs) -> dict:
+    """Host AdamW on the rank's share, bucket by bucket in backward order, after every
+    gradient is down; returns, per bucket, the event after which its host copy (or its
+    NVMe copy) holds the new parameters."""
+    c = sim.costs
+    ready, writes = {}, []
+    deps = list(downs)
+    for j, i in enumerate(reversed(range(sim.nb))):
+        elems = c.share(c.buckets[i].numel)
+        if zero3.uses_nvme(c):
+            read, write = _nvme_lanes(sim)
+            free = writes[j - STATE_BUFFERS] if j >= STATE_BUFFERS else None
+            state = nvme.submit(read, nvme.READ, sim.rank, step,
+                                zero3.state_read_bytes(c, i), [free])
+            done = sim.host_work("host_optim", step, elems, [*deps, state])
+            writes.append(nvme.submit(write, nvme.WRITE, sim.rank, step,
+                                      zero3.state_write_bytes(c, i), [done]))
+            ready[i] = writes[-1]
+        else:
+            ready[i] = sim.host_work("host_optim", step, elems, deps)
+        if elems > 0:  # the first real chunk carries the wait for the gradients
+            deps = ()
+    return ready
+
+
+def zero_infinity_step(sim, t: int):
+    c, st, env = sim.costs, sim.state, sim.env
+    ops = op_buckets(sim.nb)
+    d = c.settings.prefetch_buckets
+    fetched = st.pop(("fetched", t), {})  # fetches of this step the previous one issued
+    issued = max(fetched, default=-1) + 1
+    ready = st.pop(("ready", t - 1), {})  # the previous step's updates, per bucket
+
+    def issue(upto: int, step: int, into: dict, first: int, gates: dict) -> int:
+        """Fetches first..upto of `step` (each after its bucket's update in `gates`)."""
+        last = min(upto, len(ops) - 1)
+        for k in range(first, last + 1):
+            into[k] = fetch(sim, step, ops[k], [gates.get(ops[k])])
+        return max(first, last + 1)
+
+    downs, reduced = [], None
+    for k, i in enumerate(ops):
+        issued = issue(k + d, t, fetched, issued, ready)
+        yield from all_done(env, [fetched.pop(k)])
+        b = c.buckets[i]
+        if k < sim.nb:
+            yield from sim.compute("forward", t, b.forward_s)
+        else:
+            yield from sim.compute("backward", t, b.backward_s)
+            reduced, down = grad_down(sim, t, i)
+            downs.append(down)
+    updated = host_update(sim, t, downs)
+    if t + 1 < c.settings.steps:
+        nxt: dict = {}
+        issue(d, t + 1, nxt, 0, updated)
+        st[("fetched", t + 1)], st[("ready", t)] = nxt, updated
+        yield from all_done(env, [nxt[0]])
+    else:  # every step ends alike: the last one as if a next step fetched bucket 0
+        yield from unrecorded_fetch(sim, ops[0], updated.get(ops[0]), reduced)
