@@ -34,9 +34,7 @@ from sims import nvme, zero3
 from sims.fluid import Job
 from sims.lanes import all_done
 
-# The span vocabulary (zfbench/trace.py OPS) has no reduce-scatter; its time and bytes are
-# recorded under this op until it does.
-REDUCE_SCATTER_OP = "allreduce"
+REDUCE_SCATTER_OP = "reduce_scatter"
 # Host-update buckets whose NVMe state buffers are in use at once (double buffering: the
 # state read of one bucket overlaps the update of the one before; judgment after
 # DeepSpeed's optimizer swapper with pipeline_read / pipeline_write on).

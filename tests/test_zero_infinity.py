@@ -102,7 +102,7 @@ def test_bytes_per_step_by_hand():
             assert moved[(rank, t, "h2d", "h2d_param")] == 2 * shares
             assert moved[(rank, t, "d2h", "d2h_grad")] == shares
             assert moved[(rank, t, "net", "allgather")] == 2 * P * 2
-            assert moved[(rank, t, "net", "allreduce")] == P * 2  # the reduce-scatters
+            assert moved[(rank, t, "net", "reduce_scatter")] == P * 2
     assert 2 * shares == pytest.approx(P, abs=8)  # 2 x P x 2 B / 4 ranks
     c = CostModel(s)
     assert zero3.bytes_per_step(c)["h2d"] == 2 * shares

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-LANES = ("compute", "d2h", "h2d", "host", "net")
+LANES = ("compute", "d2h", "h2d", "host", "net", "nvme_read", "nvme_write")
 OPS = (
     "forward",
     "backward",
@@ -29,8 +29,12 @@ OPS = (
     "host_optim",
     "allreduce",
     "allgather",
+    "reduce_scatter",
+    "nvme_read",
+    "nvme_write",
 )
-TRANSFER_LANES = ("d2h", "h2d", "net")
+# A step's exposed I/O: the GPU idle while one of these is in flight (analysis.breakdown)
+TRANSFER_LANES = ("d2h", "h2d", "net", "nvme_read", "nvme_write")
 SPAN_COLUMNS = ["rank", "lane", "op", "step", "t_start_s", "t_end_s", "bytes"]
 STEP_COLUMNS = ["rank", "step", "t_start_s", "t_end_s"]
 _LANE_SET = frozenset(LANES)
