@@ -299,7 +299,7 @@ FIGURES = (
                "How much does exchanging per-column scores save over all-gathering the full "
                "gradient to select columns?", fig_selection, ("selection_traffic",)),
     FigureSpec(8, "scaling", "Multi-GPU scaling",
-               "How does training throughput scale from 1 to 8 GPUs per strategy?",
+               "How does training throughput scale from 1 GPU to 8 nodes of 8 per strategy?",
                fig_scaling, ("scaling",)),
     FigureSpec(9, "sensitivity", "Sensitivity to top-k ratio and update interval",
                "How does ZenFlow's step time respond to the top-k ratio and the update "

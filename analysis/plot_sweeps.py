@@ -369,6 +369,6 @@ def plot_scaling(df: pd.DataFrame, caption: str = "") -> Figure:
     handles.append(Line2D([], [], color="#444444", linestyle="none", marker="o",
                           markerfacecolor="white", label="hollow: exceeds GPU or host memory"))
     fig.legend(handles=handles, loc="outside lower center", ncols=3)
-    fig.suptitle(caption or "Scaling from 1 to 8 GPUs (simulated)", fontsize=9.5,
+    fig.suptitle(caption or "Scaling from 1 GPU to 8 nodes of 8 (simulated)", fontsize=9.5,
                  fontweight="bold")
     return fig

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sims import zero3
+from sims import collectives, zero3
 from sims.settings import (OFFLOAD_PARAMS, PRECISIONS, STRATEGIES, TRANSFER_MODES,
                            SimSettings, SimSettingsError, load_calibration)
 from zfbench import hardware, models
@@ -81,9 +81,11 @@ class CostModel:
         self.windows = s.window_plan()
         self.boundaries = self.windows.boundaries(s.steps, s.full_warm_up_rounds,
                                                   s.select_interval)
-        self.node = hardware.Node(name="custom", gpu=gpu, gpus=s.gpus, link=link,
-                                  gpus_per_switch=min(s.gpus_per_switch, s.gpus), host=host,
+        g = s.gpus_on_node  # one node's GPUs share its host, PCIe switches and NVLink
+        self.node = hardware.Node(name="custom", gpu=gpu, gpus=g, link=link,
+                                  gpus_per_switch=min(s.gpus_per_switch, g), host=host,
                                   net=net)
+        self.inter_net = s.inter_link()
         self.mfu = s.mfu if s.mfu is not None else gpu.default_mfu
         peak = gpu.peak_flops_per_s("bf16" if s.precision == "fp32" else s.precision)
         self.flops_per_s = peak * self.mfu
@@ -121,7 +123,16 @@ class CostModel:
     # -- sizes ------------------------------------------------------------------------
     @property
     def gpus(self) -> int:
-        return self.settings.gpus
+        """Ranks of the run, over every node (ZeRO partitions over all of them)."""
+        return self.settings.ranks
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.settings.gpus_on_node
+
+    @property
+    def nodes(self) -> int:
+        return self.settings.nodes
 
     @property
     def elem_bytes(self) -> int:
@@ -203,7 +214,7 @@ class CostModel:
     # -- host work --------------------------------------------------------------------
     @property
     def cores_per_rank(self) -> float:
-        return self.node.host.cores / self.gpus
+        return self.node.host.cores / self.gpus_per_node  # one host per node
 
     @property
     def adam_units_per_core_s(self) -> float:
@@ -217,18 +228,18 @@ class CostModel:
 
     # -- net lane (ring collectives; NCCL busbw convention) ---------------------------
     def allreduce_s(self, nbytes: float) -> float:
-        n, net = self.gpus, self.node.net
-        if n == 1:
-            return 0.0
-        return 2 * (n - 1) / n * nbytes / (net.bytes_per_s * net.efficiency) + \
-            2 * (n - 1) * net.latency_s
+        """Ring all-reduce of `nbytes` per rank. One node of G: 2(G-1)/G B/bw + 2(G-1)lat.
+        N > 1 nodes, two levels (sims.collectives.hierarchical_allreduce_s): reduce-scatter
+        in the node, all-reduce of B/G across nodes over each GPU's NIC, all-gather in
+        the node."""
+        return collectives.allreduce_s(self.node.net, self.inter_net, self.gpus_per_node,
+                                       self.nodes, nbytes)
 
     def allgather_s(self, nbytes: float) -> float:
-        n, net = self.gpus, self.node.net
-        if n == 1:
-            return 0.0
-        return (n - 1) / n * nbytes / (net.bytes_per_s * net.efficiency) + \
-            (n - 1) * net.latency_s
+        """Ring all-gather (and reduce-scatter) assembling `nbytes`: one node
+        (G-1)/G B/bw + (G-1)lat; N > 1 nodes: across nodes on B/G, then in the node."""
+        return collectives.allgather_s(self.node.net, self.inter_net, self.gpus_per_node,
+                                       self.nodes, nbytes)
 
     # -- memory per rank --------------------------------------------------------------
     def activation_bytes(self) -> float:
@@ -240,9 +251,14 @@ class CostModel:
             return self.shape.layers * 2 * tokens * h + per_layer_full
         return self.shape.layers * per_layer_full
 
+    def per_node(self, total: float) -> float:
+        """One node's part of host bytes that all ranks together hold (exactly `total`
+        on one node)."""
+        return total if self.nodes == 1 else total / self.nodes
+
     def memory_per_rank(self, strategy: str) -> dict[str, float]:
-        """Device bytes per rank, host bytes and NVMe bytes for the whole node, by
-        strategy (zero-infinity: sims.zero3.memory)."""
+        """Device bytes per rank, host bytes and NVMe bytes for one node (of `nodes`, each
+        holding its ranks' share), by strategy (zero-infinity: sims.zero3.memory)."""
         if strategy == "zero-infinity":
             return zero3.memory(self)
         p, b = self.params, self.elem_bytes
@@ -253,11 +269,11 @@ class CostModel:
             host = 0.0
         elif strategy in ("zero-offload", "zero-offload-dpu"):
             device = p * b + p * b + act  # params + a full gradient buffer
-            host = p * (12 + 4)  # fp32 master, m, v, fp32 gradient, over all ranks
+            host = self.per_node(p * (12 + 4))  # fp32 master, m, v, fp32 grad; node's ranks
         else:  # zenflow: device Adam state for the selected slice, host state + 2 accumulators
             sel = self.selected_params
             device = p * b + p * b + sel * 12 + act
-            host = p * (12 + 2 * 4)
+            host = self.per_node(p * (12 + 2 * 4))
         return {"device_bytes_per_rank": device, "host_bytes": host, "nvme_bytes": 0.0}
 
     def fits(self, strategy: str) -> dict[str, float | bool]:

@@ -168,6 +168,8 @@ class NodeCapacities:
     dram_bytes_per_s: float
     # Host work never gets less than this share of DRAM bandwidth, however busy the link.
     dram_floor_fraction: float = 0.1
+    # The node's first global rank: its ranks' switches count from there (several nodes).
+    first_rank: int = 0
 
 
 def job_rate_key(job: Job) -> tuple:
@@ -186,7 +188,7 @@ def node_rates(caps: NodeCapacities) -> RateFn:
         busy |= {("h2d", j.rank) for j in active if j.kind == "h2d"}
         per_switch: dict[tuple[str, int], int] = {}
         for kind, rank in busy:
-            key = (kind, rank // caps.gpus_per_switch)
+            key = (kind, (rank - caps.first_rank) // caps.gpus_per_switch)
             per_switch[key] = per_switch.get(key, 0) + 1
         switch_both = {}
         for kind, sw in per_switch:
@@ -209,7 +211,7 @@ def node_rates(caps: NodeCapacities) -> RateFn:
                 factor, other = caps.h2d_factor_when_d2h_busy, "d2h"
             if (other, job.rank) in busy:
                 cap *= factor
-            sw = job.rank // caps.gpus_per_switch
+            sw = (job.rank - caps.first_rank) // caps.gpus_per_switch
             if switch_both[(job.kind, sw)]:
                 up *= factor
             rank_rate = min(cap, up / per_switch[(job.kind, sw)])

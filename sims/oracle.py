@@ -247,6 +247,9 @@ def steady_state(settings: SimSettings, strategy: str) -> OracleResult:
     if strategy not in STRATEGIES:
         raise SimSettingsError(f"unknown strategy {strategy!r}; choose one of: "
                                f"{', '.join(STRATEGIES)}")
+    if settings.nodes > 1:  # its switch groups and DRAM share are one node's
+        raise SimSettingsError("the closed-form oracle covers one node; simulate "
+                               "--nodes > 1 with sims.simulator")
     costs = CostModel(settings)
     groups = [(ranks, _STRATEGY_FN[strategy](_Terms(costs, m)))
               for m, ranks in _groups(settings)]

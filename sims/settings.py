@@ -27,6 +27,10 @@ PRECISIONS = ("bf16", "fp16", "fp32")
 OFFLOAD_PARAMS = ("cpu", "nvme")
 
 
+# `gpus`'s default: with --nodes/--gpus-per-node an unchanged `gpus` is no contradiction.
+DEFAULT_GPUS = 4
+
+
 class SimSettingsError(ValueError):
     """A knob has an invalid value; the message names the knob and the valid values."""
 
@@ -35,7 +39,14 @@ class SimSettingsError(ValueError):
 class SimSettings:
     model: str = "llama2-7b"
     layers: int | None = None
-    gpus: int = 4
+    # Ranks: `gpus` is the rank count of one node (nodes 1, gpus_per_node unset: today's
+    # meaning). Several nodes: `nodes` N and `gpus_per_node` G give N x G ranks, and
+    # `gpus` is then ignored unless it contradicts them (it must be left at its default
+    # or equal N x G). `inter_net` (hardware.json "net_links", per GPU) joins the nodes.
+    gpus: int = DEFAULT_GPUS
+    nodes: int = 1
+    gpus_per_node: int | None = None
+    inter_net: str = "ib-hdr-200"
     gpu: str = "a100-80g"
     pcie: str = "gen4"
     host: str = "epyc-7763-milan"
@@ -74,6 +85,18 @@ class SimSettings:
 
     def __post_init__(self) -> None:
         _check_int(self, "gpus", 1)
+        _check_int(self, "nodes", 1)
+        if self.gpus_per_node is not None:
+            _check_int(self, "gpus_per_node", 1)
+            ranks = self.nodes * self.gpus_per_node
+            if self.gpus not in (DEFAULT_GPUS, ranks):
+                raise SimSettingsError(
+                    f"--gpus {self.gpus} contradicts --nodes {self.nodes} x --gpus-per-node "
+                    f"{self.gpus_per_node} = {ranks} ranks; give --gpus for one node, or "
+                    f"--nodes with --gpus-per-node")
+        elif self.nodes > 1:
+            raise SimSettingsError(f"--nodes {self.nodes} needs --gpus-per-node G (--gpus "
+                                   f"is the rank count of one node)")
         _check_int(self, "gpus_per_switch", 1)
         _check_int(self, "micro_batch", 1)
         _check_int(self, "seq", 1)
@@ -118,6 +141,8 @@ class SimSettings:
             else:
                 self.parts()
             self.nvme_drive()
+            if self.nodes > 1:
+                hardware.lookup("net_links", self.inter_net, self.hardware)
         except (ValueError, OSError) as err:
             raise SimSettingsError(str(err)) from None
         except (KeyError, TypeError, AttributeError) as err:  # a JSON file of another kind
@@ -138,6 +163,22 @@ class SimSettings:
         return tuple(hardware.lookup(section, name, self.hardware) for section, name in
                      (("gpus", self.gpu), ("host_links", self.pcie), ("hosts", self.host),
                       ("net_links", self.net)))
+
+    @property
+    def gpus_on_node(self) -> int:
+        """GPUs (ranks) per node: `gpus_per_node` where given, else `gpus` (one node)."""
+        return self.gpus if self.gpus_per_node is None else self.gpus_per_node
+
+    @property
+    def ranks(self) -> int:
+        """Ranks of the run: nodes x GPUs per node."""
+        return self.nodes * self.gpus_on_node
+
+    def inter_link(self) -> hardware.NetLink | None:
+        """The inter-node network per GPU (`inter_net`); None on one node."""
+        if self.nodes == 1:
+            return None
+        return hardware.lookup("net_links", self.inter_net, self.hardware)
 
     def nvme_drive(self) -> hardware.NvmeDrive:
         """The NVMe drive named by `nvme` (one drive; the node has `nvme_drives` of them)."""

@@ -1,7 +1,7 @@
 """Run one strategy on one simulated node: build the SimPy world, run it, return the timeline.
 
 `simulate(settings, strategy)` wires a `CostModel` to a SimPy environment: one fluid pool
-for the node (links and host), one `RankSim` per GPU, and runs every rank's strategy
+per node (its links and its host, shared by that node's ranks only), one `RankSim` per GPU, and runs every rank's strategy
 process for `settings.steps` steps. The result carries the timeline (spans and step
 intervals) and the per-step quantities the summary needs that a timeline alone does not
 hold (FLOPs per step, host optimizer parameters per step). Same input, same output:
@@ -68,7 +68,7 @@ def steps_needed(settings: SimSettings) -> int:
     return settings.window_plan().steps_needed(settings.full_warm_up_rounds)
 
 
-def capacities(costs: CostModel) -> NodeCapacities:
+def capacities(costs: CostModel, node_index: int = 0) -> NodeCapacities:
     node = costs.node
     link = node.link
     return NodeCapacities(
@@ -79,26 +79,40 @@ def capacities(costs: CostModel) -> NodeCapacities:
         upstream_h2d_bytes_per_s=link.h2d_bytes_per_s,
         gpus_per_switch=node.gpus_per_switch,
         cores_per_rank=costs.cores_per_rank,
-        dram_bytes_per_s=node.host.dram_bytes_per_s)
+        dram_bytes_per_s=node.host.dram_bytes_per_s,
+        first_rank=node_index * costs.gpus_per_node)
 
 
 def simulate(settings: SimSettings, strategy: str) -> SimResult:
     if strategy not in STRATEGIES:
         raise SimSettingsError(f"unknown strategy {strategy!r}; choose one of: "
                                f"{', '.join(STRATEGIES)}")
+    if settings.nodes > 1 and strategy == "zero-infinity" and \
+            settings.offload_params == "nvme":
+        raise SimSettingsError("zero-infinity with --offload-params nvme is simulated on one "
+                               "node only (its drive array is one node's); use --nodes 1 or "
+                               "--offload-params cpu")
     started = time.perf_counter()
     costs = CostModel(settings)
     # Time starts at 0.0, not SimPy's int 0, so every span's times are floats (the same
     # values: 0 + x == 0.0 + x) and a timeline's files hold one type per column.
     env = simpy.Environment(initial_time=0.0)
-    timeline = Timeline("simulated", meta={"strategy": strategy, **settings.as_dict()})
-    rate_fn = node_rates(capacities(costs))
-    if costs.emulated:
-        rate_fn = emulated_rates(rate_fn, *costs.lane_contention)
-    pool = FluidPool(env, rate_fn)
-    for rank in range(settings.gpus):
+    timeline = Timeline("simulated", meta={"strategy": strategy, **settings.as_dict(),
+                                           "ranks": settings.ranks})
+
+    def node_pool(index: int) -> FluidPool:
+        rate_fn = node_rates(capacities(costs, index))
+        if costs.emulated:
+            rate_fn = emulated_rates(rate_fn, *costs.lane_contention)
+        return FluidPool(env, rate_fn)
+    # One host per node: each node's ranks share its own pool (PCIe switches, cores, DRAM);
+    # ranks of different nodes share nothing but the collectives' fixed durations.
+    per_node = costs.gpus_per_node
+    pools = [node_pool(k) for k in range(settings.nodes)]
+    for rank in range(settings.ranks):
         rank_sim = EmulatedRankSim if costs.emulated else RankSim
-        env.process(rank_sim(env, timeline, pool, costs, rank).run(strategy, settings.steps))
+        env.process(rank_sim(env, timeline, pools[rank // per_node], costs, rank)
+                    .run(strategy, settings.steps))
     # The run allocates millions of short-lived objects and creates no reference cycles
     # (each is freed as soon as it is done with), so the cyclic collector, which would
     # otherwise spend a tenth of the run rescanning the growing timeline, is paused.

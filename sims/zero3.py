@@ -90,11 +90,11 @@ def nvme_busy_s_per_step(c) -> float:
     drive, moved = c.settings.nvme_drive(), bytes_per_step(c)
     per_rank = (moved["nvme_read"] / drive.read_bytes_per_s
                 + moved["nvme_write"] / drive.write_bytes_per_s)
-    return c.gpus * per_rank / c.settings.nvme_drives
+    return c.gpus_per_node * per_rank / c.settings.nvme_drives  # the node's own drives
 
 
 def memory(c) -> dict[str, float]:
-    """Device bytes per rank, host bytes and NVMe bytes for the node.
+    """Device bytes per rank, host bytes and NVMe bytes for one node (of `c.nodes`).
 
     Device: the buckets in flight (the one computing and `prefetch_buckets` fetched ahead,
     whole), two gradient buckets, and the activations. Host with parameters on cpu: the
@@ -108,5 +108,7 @@ def memory(c) -> dict[str, float]:
     state = p * (OPTIMIZER_STATE_BYTES_PER_PARAM + b)
     grads = p * HOST_GRAD_BYTES_PER_PARAM
     if uses_nvme(c):
-        return {"device_bytes_per_rank": device, "host_bytes": grads, "nvme_bytes": state}
-    return {"device_bytes_per_rank": device, "host_bytes": state + grads, "nvme_bytes": 0.0}
+        return {"device_bytes_per_rank": device, "host_bytes": c.per_node(grads),
+                "nvme_bytes": c.per_node(state)}
+    return {"device_bytes_per_rank": device, "host_bytes": c.per_node(state + grads),
+            "nvme_bytes": 0.0}

@@ -190,7 +190,7 @@ def test_summary_json_has_settings_and_provenance(tmp_path):
     assert prov["command_line"] == "python -m zfbench.simulate " + " ".join(argv)
     for key in ("zfbench_version", "torch_version", "machine", "date_utc"):
         assert prov[key], key
-    assert summary["cases"] == [{"labels": {}, "steps": 12, "steps_needed": 12,
+    assert summary["cases"] == [{"labels": {}, "steps": 12, "ranks": 4, "steps_needed": 12,
                                  "too_short": False, "update_interval_auto": None}]
 
 

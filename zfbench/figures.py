@@ -6,7 +6,7 @@ measured files (layout below), run small on this machine when missing
 (`zfbench.figures_measure`; `--no-measure` skips that), `--quick` (small models and
 sweeps, for tests), `--only`, and `<out>/README.md`: per figure the question, the
 command and data, and one sentence whose numbers are read from the data.
-Scenario: `make figures` on a fresh clone simulates about 75 small runs (steps 32-64,
+Scenario: `make figures` on a fresh clone simulates about 105 small runs (steps 16-64,
 default skip) on the paper's class of hardware (4 x A100-80GB behind PCIe gen4, 4 x
 H100-SXM behind gen5; Qwen2.5-1.5B/3B, Llama-2-7B/13B), writes figNN_name.png and .pdf
 and the index; a second run re-plots from the CSVs in seconds.
@@ -66,6 +66,12 @@ from zfbench.trace import SPAN_COLUMNS, STEP_COLUMNS
 NODES = ("a100-4x-gen4", "h100-4x-gen5")
 SCALING_NODES = ("a100-8x-gen4", "h100-8x-gen5")
 TIMELINE_NODE = "a100-4x-gen4"
+# Figure 8 beyond one node: nodes of the same preset joined by the NIC their DGX
+# datasheets list, one per GPU (hardware.json ib-hdr-200 / ib-ndr-400, with sources).
+SCALING_INTER_NET = {"a100-8x-gen4": "ib-hdr-200", "h100-8x-gen5": "ib-ndr-400"}
+# Multi-node points of figure 8 run at most this many steps (runtime: a 64-rank run costs
+# 8 x an 8-rank one per step); still above steps_needed (warm-up, 2 skipped windows + 1).
+MULTI_NODE_STEPS = 16
 STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zero-infinity", "zenflow")
 # Figure 5's bars: the two baselines ZenFlow's claims name (DeepSpeed's ZenFlow blog: "up
 # to 5x over ZeRO-Offload and 6.3x over ZeRO-Infinity") and ZenFlow.
@@ -90,8 +96,9 @@ class Plan:
 
 
 FULL = Plan("full", ("qwen2.5-1.5b", "qwen2.5-3b", "llama2-7b", "llama2-13b"), None, 32, 40,
-            (1, 2, 4, 8, 16), (0.01, 0.05, 0.1, 0.2, 0.5), (1, 2, 4, 8))
-QUICK = Plan("quick", ("qwen2.5-1.5b", "llama2-7b"), 2, 12, 20, (1, 2, 4), (0.1, 0.5), (1, 2),
+            (1, 2, 4, 8, 16), (0.01, 0.05, 0.1, 0.2, 0.5), (1, 2, 4, 8, 16, 32, 64))
+QUICK = Plan("quick", ("qwen2.5-1.5b", "llama2-7b"), 2, 12, 20, (1, 2, 4), (0.1, 0.5),
+             (1, 2, 16),
              util_bin_s=0.02, png_dpi=72)
 
 
@@ -102,6 +109,20 @@ def node_settings(node: str, plan: Plan, model: str | None = None, **knobs) -> S
                        gpu=n.gpu.name, pcie=n.link.name, host=n.host.name, net=n.net.name,
                        gpus_per_switch=n.gpus_per_switch, steps=plan.steps, **drives)
     return base.with_(**knobs)
+
+
+def scaling_settings(node: str, plan: Plan, gpus: int) -> SimSettings:
+    """Figure 8's run of `gpus` GPUs: one node of the preset up to its GPU count, beyond
+    it whole nodes of it (gpus a multiple of the node's) over SCALING_INTER_NET."""
+    n = hardware.get_node(node)
+    per_node = min(gpus, n.gpus)
+    knobs = {"gpus": gpus, "gpus_per_switch": min(per_node, n.gpus_per_switch)}
+    if gpus > n.gpus:
+        if gpus % n.gpus:
+            raise ValueError(f"figure 8: {gpus} GPUs is not whole nodes of {n.gpus}")
+        knobs.update(nodes=gpus // n.gpus, gpus_per_node=n.gpus,
+                     inter_net=SCALING_INTER_NET[node], steps=min(plan.steps, MULTI_NODE_STEPS))
+    return node_settings(node, plan, **knobs)
 
 
 def node_label(node: str) -> str:
@@ -124,7 +145,7 @@ def _summary_rows(file: str):
     def rows(labels: dict, result) -> dict:
         row = {**labels, **summary_row(result)}
         s = result.settings
-        row["tokens_per_s"] = s.gpus * s.micro_batch * s.seq / row["step_time_s"]
+        row["tokens_per_s"] = s.ranks * s.micro_batch * s.seq / row["step_time_s"]
         row["model_bytes"] = result.costs.model_bytes
         return {file: pd.DataFrame([row])}
     return rows
@@ -157,8 +178,7 @@ def datasets(plan: Plan) -> dict[str, Dataset]:
                     NODES[0], plan, transfers=mode, steps=steps, **{knob: v}), "zenflow"))
         d[f"sweep_{knob}"] = Dataset(f"sweep_{knob}", jobs, _summary_rows(f"sweep_{knob}.csv"))
     d["scaling"] = Dataset("scaling", [
-        ({"node": scaling_label(n), "gpus": g}, node_settings(n, plan, gpus=g, gpus_per_switch=min(
-            g, hardware.get_node(n).gpus_per_switch)), s)
+        ({"node": scaling_label(n), "gpus": g}, scaling_settings(n, plan, g), s)
         for n in SCALING_NODES for g in plan.gpus for s in STRATEGIES],
         _summary_rows("scaling.csv"))
     d["paper_predict"] = Dataset("paper_predict", [], None, lambda: _paper_view(plan),
@@ -220,8 +240,10 @@ def sources(plan: Plan) -> dict[str, str]:
                             f"topk_ratio={k_vals}`)",
         "scaling": f"`data/scaling.csv` (every strategy, {', '.join(STRATEGIES)}, on "
                    f"{' and '.join(scaling_label(n) for n in SCALING_NODES)}, gpus="
-                   f"{','.join(map(str, plan.gpus))}; like `{simulate_command(base)} "
-                   f"--sweep gpus={','.join(map(str, plan.gpus))}`)",
+                   f"{','.join(map(str, plan.gpus))}; beyond one node, nodes of 8 over "
+                   f"{' / '.join(SCALING_INTER_NET.values())} (one NIC per GPU), at most "
+                   f"{MULTI_NODE_STEPS} steps; like `{simulate_command(base)} --nodes N "
+                   f"--gpus-per-node 8 --inter-net ib-hdr-200`)",
         "paper_predict": f"`data/paper_predict.csv` (the ZenFlow paper's ZeRO-Offload bars "
                          f"of {models}, zfbench/data/paper_zero_offload_bars.json, each fitted "
                          f"on its node and ZenFlow simulated there; like `python -m "

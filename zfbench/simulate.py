@@ -16,6 +16,10 @@ assumption in the header and in summary.json.
 takes `--offload-params cpu|nvme`, `--prefetch-buckets N` and, with nvme, `--nvme DRIVE`
 and `--nvme-drives N` (presets in zfbench/data/hardware.json, per drive).
 
+`--nodes N --gpus-per-node G` simulates N nodes of G GPUs (each node its own host and
+PCIe), joined by `--inter-net` (per-GPU NIC presets; two-level collectives,
+sims/collectives.py); `--gpus` is one node's rank count and must agree (N x G) if given.
+
 `--profile FILE` (from `python -m zfbench.run --profile`) simulates the profile's machine
 and shape on one rank, in the profile's precision unless `--precision` says otherwise.
 
@@ -164,6 +168,13 @@ def settings_from_args(args) -> dict:
     """The knobs the flags give, plus a profile's shape and precision where not given."""
     given = {k: parse_value(k, getattr(args, k)) for k in KNOBS
              if getattr(args, k) is not None}
+    if "gpus" in given and given.get("gpus_per_node") is not None:
+        ranks = given.get("nodes", 1) * given["gpus_per_node"]
+        if given["gpus"] != ranks:  # the settings refuse the rest (nodes without G)
+            raise SimSettingsError(
+                f"--gpus {given['gpus']} contradicts --nodes {given.get('nodes', 1)} x "
+                f"--gpus-per-node {given.get('gpus_per_node')} = {ranks} ranks; give --gpus "
+                f"for one node, or --nodes with --gpus-per-node")
     if given.get("profile"):
         for knob, value in profile_defaults(given["profile"]).items():
             given.setdefault(knob, value)
@@ -242,7 +253,10 @@ def header(case: SimSettings, flags: set, sweeps) -> str:
     """The settings line (and the sweep's), printed above the table."""
     s = case
     where = f"the machine measured in {s.profile}" if s.profile else \
-        f"{s.gpus} x {s.gpu}, PCIe {s.pcie}, host {s.host}"
+        f"{s.gpus} x {s.gpu}, PCIe {s.pcie}, host {s.host}" if s.nodes == 1 and \
+        s.gpus_per_node is None else \
+        f"{s.nodes} nodes x {s.gpus_on_node} x {s.gpu} ({s.inter_net} between nodes), " \
+        f"PCIe {s.pcie}, host {s.host} per node"
     precision = s.precision + (" (the profile's)" if s.profile and "precision" not in flags
                                else "")
     interval = s.window_plan().rule if s.update_interval == "auto" else s.update_interval
@@ -304,10 +318,12 @@ def summary_head(argv, given: dict, sweeps, cases) -> dict:
 
     knobs = [k for k, _ in sweeps]
     shared = {k: v for k, v in {**DEFAULTS.as_dict(), **given}.items() if k not in knobs}
+    if "nodes" not in knobs and "gpus_per_node" not in knobs:  # `gpus` is one node's
+        shared["ranks"] = cases[0][1].ranks
     return {"settings": shared,  # every case's; the swept knobs are under "sweep"
             "sweep": {k: v for k, v in sweeps},
             "update_interval_auto": auto_resolution(cases[0][1]),
-            "cases": [{"labels": labels, "steps": case.steps,
+            "cases": [{"labels": labels, "steps": case.steps, "ranks": case.ranks,
                        "steps_needed": steps_needed(case),
                        "too_short": case.steps < steps_needed(case),
                        "update_interval_auto": auto_resolution(case)}

@@ -48,7 +48,7 @@ def summary_row(result: SimResult, spans=None, steps=None, table=None) -> dict:
                          None if c.calibration else result.flops_per_step(),
                          c.flops_per_s / c.mfu, table=table))
     s = result.settings
-    row["tokens_per_s"] = s.micro_batch * s.seq * s.gpus / row["step_time_s"]
+    row["tokens_per_s"] = s.micro_batch * s.seq * s.ranks / row["step_time_s"]
     fit = c.fits(result.strategy)
     row.update({"device_bytes_per_rank": fit["device_bytes_per_rank"],
                 "device_capacity_bytes": fit["device_capacity_bytes"],

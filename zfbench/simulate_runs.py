@@ -45,7 +45,7 @@ def auto_jobs(cases: list[tuple[dict, SimSettings]], strategies: list[str]) -> i
     """Processes for `--jobs auto`: one per usable CPU, at most one per run, and one
     when all runs together simulate fewer than `PARALLEL_MIN_RANK_STEPS` rank-steps."""
     runs = len(cases) * len(strategies)
-    work = sum(case.steps * case.gpus for _, case in cases) * len(strategies)
+    work = sum(case.steps * case.ranks for _, case in cases) * len(strategies)
     if work < PARALLEL_MIN_RANK_STEPS:
         return 1
     return max(1, min(usable_cpus(), runs))

@@ -1,0 +1,136 @@
+"""Several nodes: the --nodes/--gpus-per-node knobs, the two-level ring collective costs
+(sims.collectives) against hand computations, one host per node, and the refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from sims import collectives
+from sims.costs import CostModel, SimSettings, SimSettingsError
+from sims.simulator import simulate
+from zfbench import hardware
+from zfbench.simulate import main
+
+GB = 1e9
+NVLINK3 = 300e9 * 0.8, 5e-6          # hardware.json nvlink3: bytes/s x efficiency, latency
+IB_HDR = 25e9 * 0.8, 10e-6           # ib-hdr-200
+ETH = 12.5e9 * 0.7, 20e-6            # eth-100
+
+
+def test_one_node_collectives_are_todays_formulas():
+    c = CostModel(SimSettings(gpus=4))
+    bw, lat = NVLINK3
+    assert c.allreduce_s(GB) == 2 * 3 / 4 * GB / bw + 2 * 3 * lat
+    assert c.allgather_s(GB) == 3 / 4 * GB / bw + 3 * lat
+    assert CostModel(SimSettings(gpus=1)).allreduce_s(GB) == 0.0
+    # gpus_per_node on one node is the same run as --gpus
+    assert CostModel(SimSettings(nodes=1, gpus_per_node=4)).allreduce_s(GB) == \
+        c.allreduce_s(GB)
+
+
+def test_two_level_allreduce_and_allgather_by_hand():
+    c = CostModel(SimSettings(nodes=2, gpus_per_node=8, gpus_per_switch=2))
+    bw, lat = NVLINK3
+    ib, ilat = IB_HDR
+    # reduce-scatter + all-gather in the node (2 x 7/8 B), all-reduce of B/8 across 2 nodes
+    ar = 2 * 7 / 8 * GB / bw + 2 * 7 * lat + 2 * 1 / 2 * (GB / 8) / ib + 2 * 1 * ilat
+    ag = 7 / 8 * GB / bw + 7 * lat + 1 / 2 * (GB / 8) / ib + 1 * ilat
+    assert c.allreduce_s(GB) == pytest.approx(ar, rel=1e-12)
+    assert c.allgather_s(GB) == pytest.approx(ag, rel=1e-12)
+    assert c.gpus == 16 and c.gpus_per_node == 8 and c.cores_per_rank == c.node.host.cores / 8
+
+
+def test_one_gpu_per_node_is_a_plain_inter_node_ring():
+    eth = hardware.lookup("net_links", "eth-100")
+    nv = hardware.lookup("net_links", "nvlink3")
+    ebw, elat = ETH
+    assert collectives.allreduce_s(nv, eth, 1, 4, GB) == pytest.approx(
+        2 * 3 / 4 * GB / ebw + 2 * 3 * elat, rel=1e-12)
+    assert collectives.allgather_s(nv, eth, 1, 4, GB) == pytest.approx(
+        3 / 4 * GB / ebw + 3 * elat, rel=1e-12)
+
+
+def test_inter_node_presets_carry_sources():
+    for name, rate in (("ib-hdr-200", 25e9), ("ib-ndr-400", 50e9), ("eth-100", 12.5e9)):
+        link = hardware.lookup("net_links", name)
+        assert link.bytes_per_s == rate
+        assert set(link.sources) >= {"bytes_per_s", "latency_s", "efficiency"}
+    assert "DGX A100" in hardware.lookup("net_links", "ib-hdr-200").sources["bytes_per_s"]
+    assert "DGX H100" in hardware.lookup("net_links", "ib-ndr-400").sources["bytes_per_s"]
+
+
+def _host_rate(**knobs) -> tuple[float, float]:
+    """(host Adam seconds per rank, parameters per second per rank) of zero-offload."""
+    r = simulate(SimSettings(model="llama2-7b", layers=4, steps=12, **knobs), "zero-offload")
+    spans = [s for s in r.timeline.spans if s.op == "host_optim"]
+    ranks = {s.rank for s in spans}
+    assert ranks == set(range(r.costs.gpus))
+    secs = sum(s.duration_s for s in spans) / len(ranks)
+    return secs, r.host_optim_params_per_step() * 12 / secs
+
+
+def test_each_node_has_its_own_host():
+    one_node_secs, one_node = _host_rate(gpus=2)
+    two_nodes_secs, two_nodes = _host_rate(nodes=2, gpus_per_node=2)
+    _, four_on_one = _host_rate(gpus=4)
+    # 2 x 2: each rank gets half of its own node's cores and DRAM, as on 1 x 2 ...
+    assert two_nodes == pytest.approx(one_node, rel=1e-9)
+    # ... and updates half the parameters (ZeRO partitions over all 4 ranks)
+    assert two_nodes_secs == pytest.approx(one_node_secs / 2, rel=1e-9)
+    # 4 ranks sharing one host get half the rate each
+    assert four_on_one == pytest.approx(one_node / 2, rel=1e-9)
+
+
+def test_network_bounds_zenflow_on_slow_inter_node_links():
+    def step(net):
+        r = simulate(SimSettings(model="llama2-7b", layers=4, steps=12, nodes=4,
+                                 gpus_per_node=2, inter_net=net), "zenflow")
+        return r.timeline.steps_frame()["t_end_s"].max()
+    assert step("eth-100") > step("ib-ndr-400")
+
+
+@pytest.mark.parametrize("knobs, words", [
+    ({"nodes": 2}, "--nodes 2 needs --gpus-per-node"),
+    ({"nodes": 2, "gpus_per_node": 4, "gpus": 2}, "--gpus 2 contradicts --nodes 2 x "
+                                                   "--gpus-per-node 4 = 8 ranks"),
+    ({"nodes": 0, "gpus_per_node": 4}, "nodes must be an integer >= 1"),
+    ({"nodes": 2, "gpus_per_node": 0}, "gpus_per_node must be an integer >= 1"),
+    ({"nodes": 2, "gpus_per_node": 2, "inter_net": "carrier-pigeon"}, "carrier-pigeon"),
+])
+def test_refusals(knobs, words):
+    with pytest.raises(SimSettingsError, match=words):
+        SimSettings(**knobs)
+
+
+def test_consistent_gpus_is_accepted():
+    s = SimSettings(nodes=2, gpus_per_node=8, gpus=16)
+    assert s.ranks == 16 and s.gpus_on_node == 8
+
+
+def test_cli_refuses_contradicting_gpus_in_one_line(capsys):
+    # --gpus 4 is the default: only the flags tell that it was given
+    assert main(["--nodes", "2", "--gpus-per-node", "8", "--gpus", "4", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "--gpus 4 contradicts --nodes 2 x --gpus-per-node 8 = 16 ranks" in err
+    assert main(["--nodes", "2", "--quiet"]) == 2
+    assert "--gpus-per-node" in capsys.readouterr().err
+
+
+def test_zero_infinity_on_nvme_is_one_node_only():
+    s = SimSettings(nodes=2, gpus_per_node=2, offload_params="nvme", layers=2, steps=8)
+    with pytest.raises(SimSettingsError, match="one node only"):
+        simulate(s, "zero-infinity")
+
+
+def test_cli_runs_two_nodes(capsys):
+    assert main(["--nodes", "2", "--gpus-per-node", "2", "--layers", "2", "--steps", "12",
+                 "--strategy", "zenflow", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "2 nodes x 2 x a100-80g (ib-hdr-200 between nodes)" in out
+
+
+def test_oracle_is_one_node_only():
+    from sims.oracle import steady_state
+    with pytest.raises(SimSettingsError, match="covers one node"):
+        steady_state(SimSettings(nodes=2, gpus_per_node=2, layers=2), "zenflow")
