@@ -247,20 +247,19 @@ def steady_state(settings: SimSettings, strategy: str) -> OracleResult:
     if strategy not in STRATEGIES:
         raise SimSettingsError(f"unknown strategy {strategy!r}; choose one of: "
                                f"{', '.join(STRATEGIES)}")
-    if settings.nodes > 1:  # its switch groups and DRAM share are one node's
-        raise SimSettingsError("the closed-form oracle covers one node; simulate "
-                               "--nodes > 1 with sims.simulator")
+    # Nodes are identical and share nothing but the collectives, whose costs (two-level
+    # over the nodes, sims.collectives) are fixed per rank: one node's mean is the run's.
     costs = CostModel(settings)
     groups = [(ranks, _STRATEGY_FN[strategy](_Terms(costs, m)))
               for m, ranks in _groups(settings)]
-    div = settings.gpus * (fixed_interval(settings) if strategy == "zenflow" else 1)
+    div = settings.gpus_on_node * (fixed_interval(settings) if strategy == "zenflow" else 1)
     step = sum(r * g[0] for r, g in groups) / div
     compute = sum(r * g[1] for r, g in groups) / div
     exact = all(g[2] for _, g in groups)
     reason = " | ".join(dict.fromkeys(g[3] for _, g in groups))
     if strategy != "device" and not _dram_ok(costs, strategy):
         exact, reason = False, "host jobs may be DRAM-bound; " + reason
-    if settings.gpus > 1 and strategy in ("zero-offload-dpu", "zenflow"):
+    if settings.ranks > 1 and strategy in ("zero-offload-dpu", "zenflow"):
         # the simulator issues each all-gather when its parameters are up (so the net
         # lane's order depends on timing) and zenflow's device update waits for the
         # gradient all-reduces; this form keeps submission order and no such wait

@@ -104,9 +104,10 @@ class _Terms:
 
 # ----------------------------------------------------------------------------- checks
 def _groups(settings: SimSettings) -> list[tuple[int, int]]:
-    """(GPUs behind one switch, ranks in such groups) for the node's switch layout."""
-    gps = min(settings.gpus_per_switch, settings.gpus)
-    full, rem = divmod(settings.gpus, gps)
+    """(GPUs behind one switch, ranks in such groups) for one node's switch layout."""
+    gpus = settings.gpus_on_node
+    gps = min(settings.gpus_per_switch, gpus)
+    full, rem = divmod(gpus, gps)
     return [(gps, full * gps)] + ([(rem, rem)] if rem else [])
 
 
@@ -114,13 +115,14 @@ def _dram_ok(costs: CostModel, strategy: str) -> bool:
     """Host jobs stay core-bound even with every rank's job running while every switch
     upstream moves data both ways at full rate (conservative); only zenflow accumulates."""
     node, link = costs.node, costs.node.link
-    switches = math.ceil(costs.gpus / min(costs.settings.gpus_per_switch, costs.gpus))
+    gpus = costs.gpus_per_node  # one node's host serves only its own ranks
+    switches = math.ceil(gpus / min(costs.settings.gpus_per_switch, gpus))
     left = node.host.dram_bytes_per_s - switches * (link.d2h_bytes_per_s + link.h2d_bytes_per_s)
     cores = costs.cores_per_rank
     need = cores * costs.adam_units_per_core_s * ADAM_BYTES_PER_PARAM
     if strategy == "zenflow":
         need = max(need, cores * costs.accum_units_per_core_s * ACCUM_BYTES_PER_ELEMENT)
-    return costs.gpus * need <= left
+    return gpus * need <= left
 
 
 def _interferes(T: _Terms, ups, downs, period: float = 0.0, reach: int = 0) -> bool:

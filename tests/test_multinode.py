@@ -1,15 +1,18 @@
 """Several nodes: the --nodes/--gpus-per-node knobs, the two-level ring collective costs
-(sims.collectives) against hand computations, one host per node, and the refusals."""
+(sims.collectives) against hand computations, one host per node, the oracle's closed form
+over several nodes, and the refusals."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings as hsettings, strategies as st
 
 from sims import collectives
-from sims.costs import CostModel, SimSettings, SimSettingsError
+from sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
 from sims.simulator import simulate
 from zfbench import hardware
 from zfbench.simulate import main
+from test_oracle import assert_agrees, sim_settings
 
 GB = 1e9
 NVLINK3 = 300e9 * 0.8, 5e-6          # hardware.json nvlink3: bytes/s x efficiency, latency
@@ -130,7 +133,19 @@ def test_cli_runs_two_nodes(capsys):
     assert "2 nodes x 2 x a100-80g (ib-hdr-200 between nodes)" in out
 
 
-def test_oracle_is_one_node_only():
+@hsettings(max_examples=40, deadline=None,
+           suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(s=st.builds(
+    lambda base, nodes, g, net: base.with_(gpus=nodes * g, nodes=nodes, gpus_per_node=g,
+                                           gpus_per_switch=min(base.gpus_per_switch, g),
+                                           inter_net=net),
+    sim_settings(), st.sampled_from([2, 3]), st.sampled_from([1, 2]),
+    st.sampled_from(["eth-100", "ib-hdr-200", "ib-ndr-400"])),
+    strategy=st.sampled_from(STRATEGIES))
+def test_simulation_matches_oracle_over_several_nodes(s, strategy):
+    """Nodes are identical and share only the collectives (two-level costs, fixed per
+    rank), so the one-node closed form with those costs is the run's mean where exact."""
     from sims.oracle import steady_state
-    with pytest.raises(SimSettingsError, match="covers one node"):
-        steady_state(SimSettings(nodes=2, gpus_per_node=2, layers=2), "zenflow")
+
+    assume(steady_state(s, strategy).exact)
+    assert_agrees(s, strategy)
