@@ -18,10 +18,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter
 
-from analysis import plot_measured as pm
-from analysis import plot_sweeps as ps
-from analysis import plot_training as pt
-from analysis import plots as pl
+from analysis import plot_measured as pm, plot_sweeps as ps, plot_training as pt, plots as pl
 
 MEASURED_COMMANDS = {
     "validate": "`python -m zfbench.validate --out <measured>`",
@@ -132,13 +129,12 @@ def fig_breakdown(c: FigureData):
     zi = "" if f["zi_speedup_min"] != f["zi_speedup_min"] else (  # NaN: no such rows
         f" ({f['zi_speedup_min']:.2f}-{f['zi_speedup_max']:.2f}x faster than ZeRO-Infinity "
         f"with parameters on cpu)")
-    fig = ps.plot_step_breakdown(df, paper=paper)
-    return fig, (f"Across {df['model'].nunique()} models and {df['node'].nunique()} nodes "
+    return ps.plot_step_breakdown(df, paper=paper), (
+                 f"Across {df['model'].nunique()} models and {df['node'].nunique()} nodes "
                  f"ZenFlow's step is {f['speedup_min']:.2f}x ({f['speedup_min_case']}) to "
                  f"{f['speedup_max']:.2f}x ({f['speedup_max_case']}) faster than "
-                 f"ZeRO-Offload{zi} and its stall "
-                 f"{f['stall_reduction_min_pct']:.0f}-{f['stall_reduction_max_pct']:.0f}% "
-                 f"shorter; ZeRO-Offload stalls "
+                 f"ZeRO-Offload{zi} and its stall {f['stall_reduction_min_pct']:.0f}-"
+                 f"{f['stall_reduction_max_pct']:.0f}% shorter; ZeRO-Offload stalls "
                  f"{f['zo_stall_min_pct']:.0f}-{f['zo_stall_max_pct']:.0f}% of each step. "
                  f"Predicted from the paper's {p['bars']} ZeRO-Offload bars (each fitted on "
                  f"its node, then ZenFlow simulated there), ZenFlow is {p['speedup_min']:.2f}-"

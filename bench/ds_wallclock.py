@@ -175,7 +175,7 @@ def engine_config(args, batch: int, engine: str) -> dict:
 def run_one(ds, args, spec: tuple, engine: str, rep: int, data: list, bar) -> tuple[list, dict]:
     import torch
 
-    from ds_engines import make_ds
+    from ds_engines import make_ds, train_step
     from real.model import build_model
     from zfbench.models import get_model
 
@@ -204,23 +204,19 @@ def run_one(ds, args, spec: tuple, engine: str, rep: int, data: list, bar) -> tu
             for t, b in enumerate(data):
                 update = dse.is_gradient_accumulation_boundary()
                 busy0, own0, wait0 = cpu_sample(_pids(dse))
-                t1 = time.perf_counter()
-                loss = dse(b["input_ids"], b["labels"])
-                t2 = time.perf_counter()
-                dse.backward(loss)
-                t3 = time.perf_counter()
-                dse.step()
-                t4 = time.perf_counter()
+                phases: list = []
+                loss = train_step(dse, b, phases)
+                fwd_s, bwd_s, opt_s = phases[0]
                 busy1, own1, wait1 = cpu_sample(_pids(dse))  # its optimizer process is ours
+                step_s = fwd_s + bwd_s + opt_s
                 rows.append({"shape": name, "engine": engine, "mode": mode, "repeat": rep,
                              "dtype": args.dtype, "batch": batch, "seq": seq, "step": t,
-                             "steady": t >= warm, "update": bool(update), "step_s": t4 - t1,
-                             "fwd_s": t2 - t1, "bwd_s": t3 - t2, "opt_s": t4 - t3,
+                             "steady": t >= warm, "update": bool(update), "step_s": step_s,
+                             "fwd_s": fwd_s, "bwd_s": bwd_s, "opt_s": opt_s,
                              "foreign_cpu_s": max(0.0, (busy1 - busy0) - (own1 - own0)),
                              "own_cpu_s": own1 - own0, "runq_wait_s": max(0.0, wait1 - wait0),
-                             "loss": float(loss.detach()),
-                             "timers": parse_timers(cap.take())})
-                bar.set_postfix_str(f"{name} b{batch} s{seq} {engine} {t4 - t1:.3f}s")
+                             "loss": loss, "timers": parse_timers(cap.take())})
+                bar.set_postfix_str(f"{name} b{batch} s{seq} {engine} {step_s:.3f}s")
                 bar.update()
         run_s = time.perf_counter() - t_run
         ds_affinity = sorted(os.sched_getaffinity(0))

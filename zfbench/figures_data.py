@@ -5,6 +5,9 @@ CSV files under `<out>/data/`, beside a `<name>.spec.json` holding the exact set
 `is_fresh` says whether the files on disk were made with the settings asked for now, and
 `generate` runs the stale ones under one progress bar, each file through a rename and
 the spec written last (an interrupted run leaves no fresh-looking half).
+
+Part of the command `python -m zfbench.figures` (split out of its main module for
+size): like the command, it imports sims/ (docs/design.md's arrows).
 """
 
 from __future__ import annotations

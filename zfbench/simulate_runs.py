@@ -10,7 +10,8 @@ process boundary. Runs go to the workers longest first (`pilot_cost`: a few step
 simulated). `auto_jobs` picks how many: one per CPU this process may use (at most
 one per run) when the runs are long enough to pay for the processes, else one.
 
-Part of the command `python -m zfbench.simulate` (split out of its main module for size).
+Part of the command `python -m zfbench.simulate` (split out of its main module for
+size): like the command, it imports sims/ (docs/design.md's arrows).
 """
 
 from __future__ import annotations
