@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from zfbench.trace import TRANSFER_LANES
+from zfbench.core.trace import TRANSFER_LANES
 
 BREAKDOWN_COLUMNS = ["rank", "step", "wall_s", "compute_s", "exposed_io_s", "host_wait_s",
                      "stall_s", "d2h_bytes", "h2d_bytes", "net_bytes", "host_busy_s"]

@@ -1,7 +1,7 @@
 """Gradient statistics from per-column norms: skew, temporal and spatial locality.
 
 Pure numpy / pandas (no torch): every function takes arrays or the long column-norm
-table that `real.gradcapture` records and `zfbench.gradients` writes as
+table that `zfbench.real.gradcapture` records and `zfbench.gradients` writes as
 `gradients/colnorms.parquet` with columns
 
     step (int), layer (str, parameter name), kind (q|k|v|o|gate|up|down|embedding|
@@ -10,7 +10,7 @@ table that `real.gradcapture` records and `zfbench.gradients` writes as
 
 Covers:
 - `top_share(values, fraction)`: the share of the total held by the top
-  k = max(1, floor(fraction * n)) entries (ZenFlow's k, as `zfbench.schedule.topk_count`).
+  k = max(1, floor(fraction * n)) entries (ZenFlow's k, as `zfbench.core.schedule.topk_count`).
 - `cumulative_curve`: share held by the top x of entries, x on a grid.
 - `skew_table`: top-1/5/10 % shares of the squared norm per matrix, per kind and for the
   whole model (all columns of all matrices pooled; and the mean over matrices), averaged

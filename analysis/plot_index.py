@@ -5,7 +5,7 @@ Covers: `FigureData` (where the simulated CSVs and the measured files are, plus 
 settings the sentences quote), `FIGURES` (number, file stem, title, question, inputs and
 drawing function of figures 1-14) and `render_readme`. No simulation happens here:
 `zfbench.figures` makes the simulated CSVs and calls these functions; the measured
-layouts are in `analysis.plot_measured`.
+layouts are in `zfbench.analysis.plot_measured`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter
 
-from analysis import plot_measured as pm, plot_sweeps as ps, plot_training as pt, plots as pl
+from zfbench.analysis import plot_measured as pm, plot_sweeps as ps, plot_training as pt, plots as pl
 
 MEASURED_COMMANDS = {
     "validate": "`python -m zfbench.validate --out <measured>`",

@@ -4,7 +4,7 @@ Covers: the file layout of every measured input, its loaders, and the figures fo
 measured vs simulated step time and stall (10), a gradient heatmap and the share of
 squared norm held by the top columns (11), and temporal locality of the top-k column sets
 (12). Loss curves (13) and the adaptive update interval (14) are in
-`analysis.plot_training`.
+`zfbench.analysis.plot_training`.
 
 Every input lives under one directory (`zfbench.figures --measured DIR`, by default
 `paper_figures/data/measured/`); a `.csv` may be replaced by a `.parquet` of the same
@@ -43,7 +43,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-from analysis.plots import STRATEGY_STYLE, new_figure, with_style
+from zfbench.analysis.plots import STRATEGY_STYLE, new_figure, with_style
 
 LAYOUT = {
     "validate": "validate.csv",

@@ -21,9 +21,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import EngFormatter, FixedLocator, FuncFormatter, NullLocator
 
-from analysis.plots import (PART_STYLE, SHIPPED_STYLE, SHORT_LABEL, STRATEGY_STYLE,
+from zfbench.analysis.plots import (PART_STYLE, SHIPPED_STYLE, SHORT_LABEL, STRATEGY_STYLE,
                             bar_style, new_figure, with_style)
-from zfbench.models import get_model
+from zfbench.core.models import get_model
 
 # Series of the sweep tables: ZenFlow with each data path, and the references.
 SERIES_STYLE = {"zenflow-design": {**STRATEGY_STYLE["zenflow"],

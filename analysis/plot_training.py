@@ -1,7 +1,7 @@
 """Figures from training runs (paper figures 13 and 14): loss curves and final quality
 per strategy, and the update interval ZenFlow's adaptive mode chose over training.
 
-The file layouts are documented with the others in `analysis.plot_measured`:
+The file layouts are documented with the others in `zfbench.analysis.plot_measured`:
 `accuracy/<strategy>.steps.jsonl`, the optional `accuracy/quality.csv`, and
 `auto_interval/windows.csv`.
 """
@@ -16,9 +16,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from analysis.plot_measured import (BadData, MissingData, ordered_strategies, read_table,
+from zfbench.analysis.plot_measured import (BadData, MissingData, ordered_strategies, read_table,
                                     strategy_style)
-from analysis.plots import SHORT_LABEL, STRATEGY_STYLE, bar_style, new_figure, with_style
+from zfbench.analysis.plots import SHORT_LABEL, STRATEGY_STYLE, bar_style, new_figure, with_style
 
 
 # -- figure 13: loss curves and final quality -----------------------------------------

@@ -7,7 +7,7 @@ from a timeline's spans: GPU utilization over time (1), one ZeRO-Offload step (2
 layer-wise overlap cannot hide a host update longer than forward+backward (3), and
 ZenFlow's pipeline over several update windows (4).
 
-Every function takes DataFrames (the `zfbench.trace` span and step frames) and returns a
+Every function takes DataFrames (the `zfbench.core.trace` span and step frames) and returns a
 `matplotlib.figure.Figure` drawn on an Agg canvas (no pyplot, no global backend), or a
 dict of the key numbers the figure shows (`*_facts`), so the index that describes a
 figure reads its numbers from the same data the figure was drawn from.
@@ -26,7 +26,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from analysis.breakdown import step_breakdown
+from zfbench.analysis.breakdown import step_breakdown
 
 STYLE_FILE = Path(__file__).with_name("style.mplstyle")
 

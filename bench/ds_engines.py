@@ -69,7 +69,7 @@ def make_ds(ds, model: nn.Module, cfg: dict):
 
 
 def make_zf(model: nn.Module, cfg: dict, device_threads: int, host_threads: int):
-    import real
+    import zfbench.real as real
 
     cfg = copy.deepcopy(cfg)
     cfg["zfbench"] = {"strategy": "zenflow"}
@@ -113,7 +113,7 @@ class MatrixOnlyLM(nn.Module):
 
 
 def seeded_batches(vocab: int, batch: int, seq: int, n: int, seed: int) -> list[dict]:
-    from real.data import synthetic_batches
+    from zfbench.real.data import synthetic_batches
 
     stream = synthetic_batches(vocab, batch, seq, seed=seed)
     return [next(stream) for _ in range(n)]
@@ -182,8 +182,8 @@ def check_case(ds, name: str, make_model, zenflow: dict, steps: int, batch: int,
 
 
 def correctness(ds, args) -> list[dict]:
-    from real.model import build_model
-    from zfbench.models import get_model
+    from zfbench.real.model import build_model
+    from zfbench.core.models import get_model
 
     tiny = get_model("tiny")
     base = {"select_strategy": "step", "select_interval": 0, "overlap_step": False,

@@ -3,7 +3,7 @@
     /work/dsvenv/bin/python bench/ds_wallclock.py    # -> bench/results/predict_deepspeed/
     python bench/ds_wallclock.py --shapes "opt-350m[2L]:1:128" --windows 4 --repeats 2 --echo
 
-Owns one measurement: per shape (`NAME:BATCH:SEQ`, NAME from zfbench.models), in ONE
+Owns one measurement: per shape (`NAME:BATCH:SEQ`, NAME from zfbench.core.models), in ONE
 process, on the same model init and seeded batches, three DeepSpeed 0.19.5 engines one after
 another (engine order rotating per `--repeats`), all ZeRO-2 with offload_optimizer cpu and
 `"wall_clock_breakdown": true, "steps_per_print": 1`:
@@ -176,8 +176,8 @@ def run_one(ds, args, spec: tuple, engine: str, rep: int, data: list, bar) -> tu
     import torch
 
     from ds_engines import make_ds, train_step
-    from real.model import build_model
-    from zfbench.models import get_model
+    from zfbench.real.model import build_model
+    from zfbench.core.models import get_model
 
     name, batch, seq = spec
     shape = get_model(name)
@@ -286,7 +286,7 @@ def _mean(xs):
 
 # ------------------------------------------------------------------ main
 def parse_shapes(text: str) -> list[tuple]:
-    from zfbench.models import get_model
+    from zfbench.core.models import get_model
 
     out = []
     for item in filter(None, (s.strip() for s in text.split(","))):
@@ -342,7 +342,7 @@ def report(pooled: list) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=DEFAULT_SHAPES,
-                    help="comma list of NAME:BATCH:SEQ (NAME from zfbench.models)")
+                    help="comma list of NAME:BATCH:SEQ (NAME from zfbench.core.models)")
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument("--topk-ratio", type=float, default=0.1)
@@ -369,7 +369,7 @@ def main(argv=None) -> int:
 
     from ds_engines import import_deepspeed, seeded_batches
     from vs_deepspeed import environment
-    from zfbench.models import get_model
+    from zfbench.core.models import get_model
 
     ds = import_deepspeed(args.any_version)  # exits with the install hint if missing
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # cleanup runs on kill too

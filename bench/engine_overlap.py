@@ -33,16 +33,16 @@ STRATEGIES = ("zero-offload", "zenflow")
 RUNS = (("zero-offload", "zero-offload", True), ("zenflow", "zenflow", True),
         ("zenflow-row-major", "zenflow", False), ("device", "device", True))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from zfbench.provenance import machine  # noqa: E402
+from zfbench.core.provenance import machine  # noqa: E402
 from zfbench.run_defaults import DEFAULT_SEQ  # noqa: E402
 
 
 def measure(args) -> list[dict]:
     import torch
 
-    from analysis.breakdown import summarize
-    from real.memory import check_fits
-    from real.runner import RunSpec, train
+    from zfbench.analysis.breakdown import summarize
+    from zfbench.real.memory import check_fits
+    from zfbench.real.runner import RunSpec, train
 
     base = dict(model=args.model, layers=args.layers, batch=args.batch, seq=args.seq,
                 steps=args.steps, device="cpu", precision=args.precision)
@@ -125,7 +125,7 @@ def ratios(rows: list[dict]) -> list[dict]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    from real.runner import RunSpec
+    from zfbench.real.runner import RunSpec
 
     d = RunSpec()
     p.add_argument("--model", default=d.model)
@@ -143,8 +143,8 @@ def main() -> int:
     args = p.parse_args()
     probe = None
     if args.precision is None:
-        from real.engine import default_thread_split
-        from real.precision_probe import choose_precision
+        from zfbench.real.engine import default_thread_split
+        from zfbench.real.precision_probe import choose_precision
 
         spec = RunSpec(model=args.model, layers=args.layers, batch=args.batch, seq=args.seq)
         probe = choose_precision(spec.shape(), spec.batch, spec.seq,

@@ -12,7 +12,7 @@ environment because torch reads it before its first allocation) the worker measu
 * torch's own single-pass triad (torch.add(b, c, alpha=s, out=a), fp32) and an in-place
   a += b (12 B per element, no write-allocate: the access pattern of Adam's p, m, v), for
   reference;
-* every real.host_adam method (and chunk size) on preallocated, warmed-up flat fp32
+* every zfbench.real.host_adam method (and chunk size) on preallocated, warmed-up flat fp32
   buffers, round-robin across configurations so machine noise hits them alike; best and
   median of --repeats calls; parameters/s and effective GB/s at 28 B per parameter (read
   p, g, m, v; write p, m, v), and the ratio to the best triad of the whole run.
@@ -152,7 +152,7 @@ def _torch_triad(repeats: int) -> dict:
 def worker(args) -> None:
     import torch
 
-    from real import host_adam as H
+    from zfbench.real import host_adam as H
 
     torch.set_num_threads(args.threads)  # the bench process's own budget
     res = {"thp": os.environ.get("THP_MEM_ALLOC_ENABLE"), "threads": torch.get_num_threads(),
@@ -205,12 +205,12 @@ def worker(args) -> None:
 
 # ----------------------------------------------------------------------------- parent
 def machine_info(threads: int) -> dict:
-    """The machine (zfbench.provenance: CPU model, ISA flags, cores, torch) plus what
+    """The machine (zfbench.core.provenance: CPU model, ISA flags, cores, torch) plus what
     decides host AdamW's speed here: torch's CPU capability, THP settings, env knobs."""
     import numpy
     import torch
 
-    from zfbench.provenance import machine
+    from zfbench.core.provenance import machine
 
     def sysfs(path):
         try:
@@ -251,7 +251,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2,
                     help="worker runs per THP setting, alternating; statistics pool them")
     ap.add_argument("--methods", default="fused,inplace,foreach",
-                    help="comma list of real.host_adam methods to measure")
+                    help="comma list of zfbench.real.host_adam methods to measure")
     ap.add_argument("--tag", default="", help="results go to host_adam_<tag>.json/.csv")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--result-file", help=argparse.SUPPRESS)
@@ -286,7 +286,7 @@ def main(argv=None) -> int:
     big = max(args.sizes)
     cand = [r for r in rows if r["params"] == big]
     best = max(cand, key=lambda r: r["params_per_s"])
-    from real.host_adam import AUTO_METHOD
+    from zfbench.real.host_adam import AUTO_METHOD
 
     summary = {"triad_gbs": triad, "best": {k: best[k] for k in (
         "method", "chunk_elems", "thp", "params_per_s", "gbs", "pct_of_triad")},

@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 
 import pandas as pd  # noqa: E402
 
-from sims.costs import SimSettings, SimSettingsError  # noqa: E402
+from zfbench.sims.costs import SimSettings, SimSettingsError  # noqa: E402
 from zfbench.predict_fit import infer, on_hardware_file  # noqa: E402
 from zfbench.predict_inputs import read_deepspeed_log  # noqa: E402
 from zfbench.simulate import run  # noqa: E402

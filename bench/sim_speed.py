@@ -4,7 +4,7 @@
                               [--jobs auto] [--goal-s 30] [--out DIR]
 
 Three measurements in one process, one after the other:
-1. `simulate()` of each strategy (`sims.costs.STRATEGIES`) alone, in this process: wall
+1. `simulate()` of each strategy (`zfbench.sims.costs.STRATEGIES`) alone, in this process: wall
    time, CPU time, simulated steps per wall second, SimPy events processed per wall
    second (`SimResult.sim_events / wall`) and spans recorded (row "simulate: all" sums
    them): the simulator's own speed.
@@ -42,12 +42,12 @@ if str(ROOT) not in sys.path:
 import simpy  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from sims.costs import STRATEGIES, SimSettings  # noqa: E402
-from sims.simulator import simulate  # noqa: E402
-from zfbench.provenance import machine  # noqa: E402
+from zfbench.sims.costs import STRATEGIES, SimSettings  # noqa: E402
+from zfbench.sims.simulator import simulate  # noqa: E402
+from zfbench.core.provenance import machine  # noqa: E402
 from zfbench.simulate import main as simulate_main  # noqa: E402
 from zfbench.simulate_runs import auto_jobs  # noqa: E402
-from zfbench.trace import write_json_atomic  # noqa: E402
+from zfbench.core.trace import write_json_atomic  # noqa: E402
 
 GOAL_TOTAL_WALL_S = 30.0
 CSV_COLUMNS = ["measurement", "strategy", "steps", "model", "gpus", "pcie", "jobs", "wall_s",
@@ -58,7 +58,7 @@ CSV_COLUMNS = ["measurement", "strategy", "steps", "model", "gpus", "pcie", "job
 
 
 def machine_info() -> dict:
-    """The machine (zfbench.provenance: CPU model, ISA flags, cores, torch) and the date."""
+    """The machine (zfbench.core.provenance: CPU model, ISA flags, cores, torch) and the date."""
     m = machine()
     return {**m, "simpy_version": simpy.__version__,
             "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}

@@ -25,7 +25,7 @@ Three parts, all on the same model, seeded batches and ZenFlow config for both e
   `host_optim` spans, with and without the h2d copy done inside them); DeepSpeed's in
   sequential mode by timing its CPU Adam `step` from outside; and both kernels on the
   model's flat size with the host thread budget (DeepSpeedCPUAdam.step vs
-  real.host_adam.host_adamw_), interleaved.
+  zfbench.real.host_adam.host_adamw_), interleaved.
 * correctness (sequential, fp32, clipping off, explicit weight decay): max |param
   difference| after N steps for (A) topk_ratio 1.0, U 1 (both must equal torch AdamW),
   (B) topk_ratio 0.25, U 4 on a model with only 2-D weights (DeepSpeed's column-score
@@ -98,8 +98,8 @@ def settle(kind: str, engine, timeout_s: float = 60.0) -> None:
 
 
 def timing(ds, args, mode: str) -> dict:
-    from real.model import build_model
-    from zfbench.models import get_model
+    from zfbench.real.model import build_model
+    from zfbench.core.models import get_model
 
     U, overlap = args.update_interval, mode == "overlap"
     zenflow = {"topk_ratio": args.topk_ratio, "update_interval": U, "select_strategy": "step",
@@ -205,10 +205,10 @@ def timing(ds, args, mode: str) -> dict:
 
 
 def adam_kernels(n: int, threads: int, repeats: int) -> dict:
-    """DeepSpeedCPUAdam.step vs real.host_adam.host_adamw_ on one flat fp32 buffer of n."""
+    """DeepSpeedCPUAdam.step vs zfbench.real.host_adam.host_adamw_ on one flat fp32 buffer of n."""
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-    from real.host_adam import host_adamw_
+    from zfbench.real.host_adam import host_adamw_
 
     torch.set_num_threads(threads)  # DeepSpeed's op uses torch's OpenMP runtime
     gen = torch.Generator().manual_seed(0)

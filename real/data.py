@@ -3,7 +3,7 @@
 This module owns where batches come from.  Every source yields, forever,
 ``{"input_ids": LongTensor[B, T], "labels": LongTensor[B, T]}`` with the labels
 already shifted (``labels[:, t]`` is the token after ``input_ids[:, t]``), which is
-what :meth:`real.model.DecoderLM.forward` expects.
+what :meth:`zfbench.real.model.DecoderLM.forward` expects.
 
 * :func:`synthetic_batches`: sequences drawn from a fixed random Markov (bigram)
   table with a few likely successors per token, so a model can push the loss well

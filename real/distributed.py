@@ -132,7 +132,7 @@ def allgather_flat(ctx: DistContext, target: torch.Tensor, src: torch.Tensor | N
 
 def gather_timeline(ctx: DistContext, timeline):
     """Every rank's spans and steps in one Timeline on every rank (all_gather_object)."""
-    from zfbench.trace import Timeline
+    from zfbench.core.trace import Timeline
 
     parts: list = [None] * ctx.world
     mine = (list(timeline._spans), list(timeline._steps))
@@ -173,7 +173,7 @@ def bind_cores(rank: int, world: int) -> list[int] | None:
 
 
 def selection_bytes(shape, elem_bytes: int = 2, score_bytes: int = 4) -> dict:
-    """Bytes one rank moves per selection for a named shape (zfbench.models): the score
+    """Bytes one rank moves per selection for a named shape (zfbench.core.models): the score
     all-reduce (`score_bytes` x cols per 2-D weight) against the all-gather of the full
     gradient (rows x cols x `elem_bytes`); the ratio is rows-weighted (the reference:
     the all-gather moves `rows` times more bytes per weight when elem == score bytes)."""

@@ -1,11 +1,11 @@
 """The engine: DeepSpeed's shape (`initialize`, `engine(batch)`, `backward`, `step`).
 
 `initialize(model, config)` takes any `torch.nn.Module` whose forward returns a loss and a
-DeepSpeed-style config (dict or JSON path, validated by `zfbench.config`), and returns an
+DeepSpeed-style config (dict or JSON path, validated by `zfbench.core.config`), and returns an
 `Engine` running one of the four strategies. The engine owns what all strategies share:
 
 - the parameters, re-pointed as views into one flat device buffer, and their gradients
-  as views into another (`flat_grads`), into which `real.inplace_grads` accumulates the
+  as views into another (`flat_grads`), into which `zfbench.real.inplace_grads` accumulates the
   weight gradients of `F.linear` / `F.embedding` directly (`zfbench.inplace_grads`);
 - the lanes. With CUDA: a compute stream, a d2h and an h2d stream, pinned host buffers.
   Without CUDA the accelerator is emulated: the calling thread is the device lane with
@@ -14,12 +14,12 @@ DeepSpeed-style config (dict or JSON path, validated by `zfbench.config`), and r
 - the span recorder (every op as a span in the shared vocabulary) and the per-step log;
 - gradient accumulation as DeepSpeed does it: `backward` divides the loss by
   gradient_accumulation_steps, and `step()` updates only at the accumulation boundary;
-- fp16 loss scaling (`real.loss_scale`): the loss is scaled before backward, an
+- fp16 loss scaling (`zfbench.real.loss_scale`): the loss is scaled before backward, an
   overflowing step is skipped, the others are unscaled before the strategy runs;
 - refusal of non-finite gradients (`zfbench.nonfinite`: skip the step or raise);
 - checkpoints that capture a pending asynchronous update, so a resumed run continues
   exactly as an uninterrupted one;
-- data parallelism (`dist`, a `real.distributed.DistContext` of more than one rank):
+- data parallelism (`dist`, a `zfbench.real.distributed.DistContext` of more than one rank):
   the flat gradient buffer is all-reduced (averaged) before the step; the host state of the offloading strategies
   covers only this rank's shard `[shard_lo, shard_hi)` of the flat buffer (ZeRO-2), and
   updated shards are all-gathered back into the full parameter buffer (`gather_params`).
@@ -33,15 +33,15 @@ from pathlib import Path
 
 import torch
 
-from real.flat import LOW_PRECISION, FlatLayout
-from real.distributed import DistContext, allgather_flat, allreduce_mean_, rank_threads
-from real.host_lane import HostLane
-from real.inplace_grads import InplaceGrads
-from real.loss_scale import LossScaler
-from real.recorder import SpanRecorder
-from real.strategies import DelayedOffloadStrategy, DeviceStrategy, OffloadStrategy
-from real.zenflow import ZenFlowStrategy
-from zfbench.config import EngineConfig, load_config
+from zfbench.real.flat import LOW_PRECISION, FlatLayout
+from zfbench.real.distributed import DistContext, allgather_flat, allreduce_mean_, rank_threads
+from zfbench.real.host_lane import HostLane
+from zfbench.real.inplace_grads import InplaceGrads
+from zfbench.real.loss_scale import LossScaler
+from zfbench.real.recorder import SpanRecorder
+from zfbench.real.strategies import DelayedOffloadStrategy, DeviceStrategy, OffloadStrategy
+from zfbench.real.zenflow import ZenFlowStrategy
+from zfbench.core.config import EngineConfig, load_config
 
 STRATEGY_CLASSES = {"device": DeviceStrategy, "zero-offload": OffloadStrategy,
                     "zero-offload-dpu": DelayedOffloadStrategy, "zenflow": ZenFlowStrategy}

@@ -1,15 +1,15 @@
 """Capture per-column gradient norms from a training run, cheaply (never whole gradients).
 
 Covers: `kind_of(name)` (q/k/v/o/gate/up/down/embedding/lm_head/other, for HF Llama names,
-`real.model.DecoderLM` names and OPT's out_proj/fc1/fc2), and `GradCapture`, which after
+`zfbench.real.model.DecoderLM` names and OPT's out_proj/fc1/fc2), and `GradCapture`, which after
 `engine.backward(loss)` and before `engine.step()` reads each trainable 2-D weight's
 gradient and keeps per column the squared L2 norm and the L1 norm (sum over rows; a
 column is an input feature, the unit ZenFlow selects). Every `detail_every` steps it
 hands each matrix's squared gradient (numpy) to `detail_fn(step, name, kind, g2)`, which
 returns summary rows to keep (`zfbench.gradients` passes the row / column / element and
-spatial shares of `analysis.gradstats`: real/ never imports analysis/), and it keeps one
+spatial shares of `zfbench.analysis.gradstats`: real/ never imports analysis/), and it keeps one
 matrix's |gradient| at one step for a heatmap. `frame()` is the long table
-`analysis.gradstats` reads.
+`zfbench.analysis.gradstats` reads.
 
 Usage:
     cap = GradCapture(engine.named_params)

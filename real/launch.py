@@ -4,7 +4,7 @@
 `torch.distributed.launcher.api.elastic_launch` with a c10d rendezvous on localhost (what
 `torchrun --standalone --nproc-per-node N` sets up). Each child gets RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR and MASTER_PORT and joins the group itself
-(`real.distributed.init_from_env`). No restarts: when a rank fails, the launcher stops
+(`zfbench.real.distributed.init_from_env`). No restarts: when a rank fails, the launcher stops
 the others and `launch` raises `LaunchError` naming the failed ranks and their exit
 codes, so a dead rank never leaves the rest waiting.
 """

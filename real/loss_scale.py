@@ -4,7 +4,7 @@ The engine multiplies the loss by `scale` before backward, and at the optimizer 
 either finds an overflow (a non-finite gradient: the step is skipped, nothing is written
 to the optimizer state) or divides the gradients by `scale` before the strategy runs.
 `update(overflow)` then moves the scale, by DeepSpeed's documented rule for the `fp16`
-keys (`zfbench.config.LossScaleConfig`):
+keys (`zfbench.core.config.LossScaleConfig`):
 
 - `loss_scale > 0`: static; the scale never moves (overflowing steps are still skipped).
 - `loss_scale == 0`: dynamic, starting at 2**initial_scale_power. An overflow uses up one

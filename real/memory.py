@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from zfbench.models import ModelShape
-from zfbench.schedule import topk_count
+from zfbench.core.models import ModelShape
+from zfbench.core.schedule import topk_count
 
 GIB = 2 ** 30
 # Framework overhead, allocator slack and the Python process itself (judgment: torch's

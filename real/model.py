@@ -1,11 +1,11 @@
-"""A decoder-only transformer in plain torch, built from a :class:`zfbench.models.ModelShape`.
+"""A decoder-only transformer in plain torch, built from a :class:`zfbench.core.models.ModelShape`.
 
 This module owns the trainable network the real engine runs: :func:`build_model`
 turns a named shape into a :class:`DecoderLM` whose parameter names and shapes are
 exactly the shape's ``matrices()`` (``<name>.weight``) and ``vectors()``, so the
 engine, the selection code and the simulator all speak of the same tensors.
 
-Two styles, as in :mod:`zfbench.models`:
+Two styles, as in :mod:`zfbench.core.models`:
 
 * ``"llama"`` (Llama 2, Qwen 2.5): RMSNorm, rotary positions (``rotate_half``
   convention), SwiGLU MLP (``gate_proj``/``up_proj``/``down_proj``), grouped K/V
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zfbench.models import ModelShape
+from zfbench.core.models import ModelShape
 
 __all__ = ["DecoderLM", "build_model", "norm_eps", "rope_theta", "apply_rotary", "rotary_cos_sin", "INIT_STD",
            "count_parameters"]

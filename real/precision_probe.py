@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from real.flat import FlatLayout
-from real.inplace_grads import InplaceGrads
-from real.model import build_model
-from zfbench.models import ModelShape
-from zfbench.provenance import machine
+from zfbench.real.flat import FlatLayout
+from zfbench.real.inplace_grads import InplaceGrads
+from zfbench.real.model import build_model
+from zfbench.core.models import ModelShape
+from zfbench.core.provenance import machine
 
 TOLERANCE = 1.1  # bf16 may be this much slower than fp32 and still be chosen
 REPEATS = 3

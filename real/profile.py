@@ -2,7 +2,7 @@
 
 `measure_profile(spec)` builds the run's model in the run's precision, warms up, then
 measures with the engine's own lanes, thread split and gradient path (in place into one
-flat buffer, `real.inplace_grads`):
+flat buffer, `zfbench.real.inplace_grads`):
 - forward and backward seconds of each block kind (embedding, one decoder layer, head
   with the loss), from module hooks around a real training step, median of repeats;
 - the device optimizer rate on the selected columns (elements/s), the selection cost and
@@ -27,15 +27,15 @@ from types import SimpleNamespace
 
 import torch
 
-from real.adamw import adamw_foreach_
-from real.flat import FlatLayout, device_dtype, put_columns, take_columns
-from real.inplace_grads import InplaceGrads
-from real.model import build_model
-from real.rate_probe import RateProbe, lane_contention, median_time
-from real.runner import RunSpec, batches
-from zfbench.models import get_model
-from zfbench.provenance import machine
-from zfbench.schedule import topk_count
+from zfbench.real.adamw import adamw_foreach_
+from zfbench.real.flat import FlatLayout, device_dtype, put_columns, take_columns
+from zfbench.real.inplace_grads import InplaceGrads
+from zfbench.real.model import build_model
+from zfbench.real.rate_probe import RateProbe, lane_contention, median_time
+from zfbench.real.runner import RunSpec, batches
+from zfbench.core.models import get_model
+from zfbench.core.provenance import machine
+from zfbench.core.schedule import topk_count
 
 
 def block_times(model, data, repeats: int, inplace: InplaceGrads,
@@ -136,7 +136,7 @@ def _master_copy_s(params, repeats: int) -> float:
 
 
 def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) -> dict:
-    from real.engine import default_thread_split
+    from zfbench.real.engine import default_thread_split
 
     shape = spec.shape()
     dev_threads, host_threads = default_thread_split()
@@ -220,7 +220,7 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
     apply_s = median_time(apply_copy, repeats)
 
     # links (d2h on the device thread, h2d on the host worker) and the host lane's rates,
-    # on buffers in the engine's precisions (real.rate_probe)
+    # on buffers in the engine's precisions (zfbench.real.rate_probe)
     probe = RateProbe(total, dtype, host_threads)
     rates = probe.measure(repeats)
 
@@ -312,7 +312,7 @@ _CAL_META = ("model", "batch", "seq", "device_threads", "host_threads", "blocks"
 
 def with_rates(profile: dict, rates: dict) -> dict:
     """The profile with some calibration rates replaced (e.g. host and link rates measured
-    again around one run, `real.rate_probe`) and its hardware sections rebuilt from them."""
+    again around one run, `zfbench.real.rate_probe`) and its hardware sections rebuilt from them."""
     cal = profile["calibration"]
     measured = {k: v for k, v in cal.items() if k not in _CAL_META}
     measured.update(rates)

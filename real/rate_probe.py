@@ -6,9 +6,9 @@ master, gradient and moments); `measure(repeats)` then times, as the engine does
 - d2h: the device buffer copied into an fp32 host buffer, on the calling (device) thread;
 - h2d: the fp32 master copied into a device-precision buffer, on a host worker thread;
   each alone, and both at once;
-- host AdamW (`real.host_adam.host_adamw_`) over the whole master and the host
+- host AdamW (`zfbench.real.host_adam.host_adamw_`) over the whole master and the host
   accumulation (`add_` with alpha), on the host worker's threads.
-It returns the rate keys of a profile's `calibration` section. `real.profile` measures
+It returns the rate keys of a profile's `calibration` section. `zfbench.real.profile` measures
 them once per profile; `zfbench.validate` measures them again right before and after
 each cell, because on a shared machine these memory-bound rates drift by 1.5x within
 minutes (host AdamW over 175M parameters measured 0.10 s and 0.25 s on this machine
@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from real.host_adam import host_adamw_
+from zfbench.real.host_adam import host_adamw_
 
 RATE_KEYS = ("d2h_bytes_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s_both",
              "h2d_bytes_per_s_both", "host_adam_params_per_s", "host_accum_elems_per_s")

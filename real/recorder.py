@@ -4,7 +4,7 @@ On CPU the clock is `time.perf_counter`, read around each op by the thread that 
 (the device thread or the host worker), so measured spans are real wall intervals. On
 CUDA, ops on streams are bracketed by CUDA events and resolved at the end of each step
 against one anchor event recorded together with a CPU clock reading, so device and host
-spans share the clock. Spans land in a `zfbench.trace.Timeline` (source "measured").
+spans share the clock. Spans land in a `zfbench.core.trace.Timeline` (source "measured").
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import torch
 
-from zfbench.trace import Timeline
+from zfbench.core.trace import Timeline
 
 
 class SpanRecorder:

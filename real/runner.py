@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from real.data import synthetic_batches, text_batches
-from real.distributed import DistContext, gather_timeline
-from real.engine import Engine, initialize
-from real.flat import device_dtype
-from real.model import build_model
-from zfbench.config import AutoValues, EngineConfig, load_config, read_config
-from zfbench.models import ModelShape, get_model
+from zfbench.real.data import synthetic_batches, text_batches
+from zfbench.real.distributed import DistContext, gather_timeline
+from zfbench.real.engine import Engine, initialize
+from zfbench.real.flat import device_dtype
+from zfbench.real.model import build_model
+from zfbench.core.config import AutoValues, EngineConfig, load_config, read_config
+from zfbench.core.models import ModelShape, get_model
 
 
 # zfbench's ZenFlow scenario, used when a run asks for the zenflow strategy and the
@@ -128,7 +128,7 @@ def batches(spec: RunSpec, vocab: int, rank: int = 0, world: int = 1):
     if spec.text is None:
         stream = synthetic_batches(vocab, rows, spec.seq, seed=spec.seed)
     else:
-        from real.data import default_text
+        from zfbench.real.data import default_text
 
         source = default_text() if spec.text == "builtin" else spec.text
         stream = text_batches(source, rows, spec.seq, seed=spec.seed, vocab=vocab)

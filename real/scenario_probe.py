@@ -17,10 +17,10 @@ import time
 
 import torch
 
-from real.host_adam import host_adamw_
-from real.precision_probe import cached, choose_precision, machine_key, remember
-from real.rate_probe import in_thread
-from zfbench.models import ModelShape
+from zfbench.real.host_adam import host_adamw_
+from zfbench.real.precision_probe import cached, choose_precision, machine_key, remember
+from zfbench.real.rate_probe import in_thread
+from zfbench.core.models import ModelShape
 
 TARGET_RATIO = 1.3  # host AdamW alone at least this many times forward+backward
 SLICE_PARAMS = 1 << 25  # host AdamW is timed on at most this many parameters
@@ -49,7 +49,7 @@ def size_scenario(candidates: list[tuple[ModelShape, int, int]], device_threads:
                   use_cache: bool = True) -> dict:
     """Choose (shape, batch, seq) from `candidates`, in order, by the measured ratio.
 
-    `precision` None: measured per candidate too (real.precision_probe). Returns the
+    `precision` None: measured per candidate too (zfbench.real.precision_probe). Returns the
     chosen index and shape, precision, the ratio and each candidate's measurements."""
     key = "scenario|" + "|".join(f"{s.name}:{b}x{q}" for s, b, q in candidates) + \
         f"|{precision}|{device_threads}+{host_threads}|{machine_key()}"

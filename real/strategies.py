@@ -2,7 +2,7 @@
 
 All strategies see the model's parameters as views into one flat device buffer
 (`engine.flat_params`), so whole-model copies are single ops. The offloading ones keep
-fp32 master weights and Adam moments in flat host buffers (`real.flat`), move gradients
+fp32 master weights and Adam moments in flat host buffers (`zfbench.real.flat`), move gradients
 down on the device thread (the d2h lane), run host AdamW chunk by chunk on the host lane,
 and bring parameters back up from the host worker (the h2d lane):
 
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import torch
 
-from real.adamw import adamw_foreach_
-from real.distributed import allreduce_sum_
-from real.host_adam import host_adamw_
+from zfbench.real.adamw import adamw_foreach_
+from zfbench.real.distributed import allreduce_sum_
+from zfbench.real.host_adam import host_adamw_
 
 
 class Strategy:

@@ -44,11 +44,11 @@ from dataclasses import dataclass
 
 import torch
 
-from real.distributed import allgather_flat, allreduce_sum_
-from real.flat import put_columns, selected_shape, take_columns
-from real.strategies import HostState, Strategy
-from real.zenflow_shard import device_from_master, master_from_device, shard_column_scores
-from zfbench.schedule import (AutoIntervalTracker, is_selection_step, is_update_boundary,
+from zfbench.real.distributed import allgather_flat, allreduce_sum_
+from zfbench.real.flat import put_columns, selected_shape, take_columns
+from zfbench.real.strategies import HostState, Strategy
+from zfbench.real.zenflow_shard import device_from_master, master_from_device, shard_column_scores
+from zfbench.core.schedule import (AutoIntervalTracker, is_selection_step, is_update_boundary,
                               is_warmup, topk_count)
 
 
@@ -229,7 +229,7 @@ class ZenFlowStrategy(Strategy):
         div = self.grad_divisor
         params, grads, ms, vs, slices, scratch = [], [], [], [], [], []
         for name, p in self.matrices:
-            # The engine stores 2-D weights column by column (real.flat.FlatLayout), so
+            # The engine stores 2-D weights column by column (zfbench.real.flat.FlatLayout), so
             # each selected column is `rows` contiguous elements: reading and writing k
             # columns moves k columns' bytes, not a pass over the whole matrix.
             idx = self.selected[name]

@@ -20,8 +20,8 @@ import dataclasses
 
 import torch
 
-from real.distributed import allreduce_sum_
-from real.flat import FlatLayout, Slot, put_columns, take_columns
+from zfbench.real.distributed import allreduce_sum_
+from zfbench.real.flat import FlatLayout, Slot, put_columns, take_columns
 
 
 def shard_column_scores(flat_grad: torch.Tensor, slot, lo: int, hi: int,
@@ -79,7 +79,7 @@ def _positions(slot: Slot, idx: torch.Tensor) -> torch.Tensor:
     r = torch.arange(rows).unsqueeze(1)
     j = idx.cpu().unsqueeze(0)
     pos = slot.offset + (j * rows + r if slot.column_major else r * cols + j)
-    by_column = slot.column_major and rows > 1 and cols > 1  # real.flat.is_column_major
+    by_column = slot.column_major and rows > 1 and cols > 1  # zfbench.real.flat.is_column_major
     return pos.t().contiguous() if by_column else pos
 
 

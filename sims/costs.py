@@ -1,6 +1,6 @@
 """The simulator's cost model: what each op costs on the chosen hardware.
 
-`SimSettings` (in `sims.settings`, re-exported here) holds every knob of a simulation.
+`SimSettings` (in `zfbench.sims.settings`, re-exported here) holds every knob of a simulation.
 `CostModel` turns settings into per-rank costs, per bucket of layers in forward
 order: compute seconds (FLOPs over peak times MFU), bytes each direction moves, host work
 in elements, and the memory each strategy needs per rank. The SimPy processes in
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sims import collectives, zero3
-from sims.settings import (OFFLOAD_PARAMS, PRECISIONS, STRATEGIES, TRANSFER_MODES,
+from zfbench.sims import collectives, zero3
+from zfbench.sims.settings import (OFFLOAD_PARAMS, PRECISIONS, STRATEGIES, TRANSFER_MODES,
                            SimSettings, SimSettingsError, load_calibration)
-from zfbench import hardware, models
-from zfbench.schedule import topk_count
+from zfbench.core import hardware, models
+from zfbench.core.schedule import topk_count
 
 __all__ = ["STRATEGIES", "TRANSFER_MODES", "PRECISIONS", "OFFLOAD_PARAMS", "SimSettings",
            "SimSettingsError", "load_calibration", "Bucket", "CostModel",
@@ -111,7 +111,7 @@ class CostModel:
         return block["forward_s"] * scale, block["backward_s"] * scale
 
     def is_boundary(self, t: int) -> bool:
-        """Does zenflow's host window close at the end of step t (sims.update_windows)?"""
+        """Does zenflow's host window close at the end of step t (zfbench.sims.update_windows)?"""
         return self.boundaries[t]
 
     @property
@@ -229,7 +229,7 @@ class CostModel:
     # -- net lane (ring collectives; NCCL busbw convention) ---------------------------
     def allreduce_s(self, nbytes: float) -> float:
         """Ring all-reduce of `nbytes` per rank. One node of G: 2(G-1)/G B/bw + 2(G-1)lat.
-        N > 1 nodes, two levels (sims.collectives.hierarchical_allreduce_s): reduce-scatter
+        N > 1 nodes, two levels (zfbench.sims.collectives.hierarchical_allreduce_s): reduce-scatter
         in the node, all-reduce of B/G across nodes over each GPU's NIC, all-gather in
         the node."""
         return collectives.allreduce_s(self.node.net, self.inter_net, self.gpus_per_node,
@@ -258,7 +258,7 @@ class CostModel:
 
     def memory_per_rank(self, strategy: str) -> dict[str, float]:
         """Device bytes per rank, host bytes and NVMe bytes for one node (of `nodes`, each
-        holding its ranks' share), by strategy (zero-infinity: sims.zero3.memory)."""
+        holding its ranks' share), by strategy (zero-infinity: zfbench.sims.zero3.memory)."""
         if strategy == "zero-infinity":
             return zero3.memory(self)
         p, b = self.params, self.elem_bytes

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import simpy
 
-from sims.fluid import Job, RateFn
-from sims.lanes import all_done
-from sims.strategies import RankSim, _fired
-from zfbench.schedule import is_selection_step, is_warmup
+from zfbench.sims.fluid import Job, RateFn
+from zfbench.sims.lanes import all_done
+from zfbench.sims.strategies import RankSim, _fired
+from zfbench.core.schedule import is_selection_step, is_warmup
 
 
 _HOST_SIDE = ("host", "h2d")  # kinds of pool work the host worker does on a CPU lane

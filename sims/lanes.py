@@ -19,8 +19,8 @@ from typing import Sequence
 
 import simpy
 
-from sims.fluid import FluidPool, Job
-from zfbench.trace import Timeline
+from zfbench.sims.fluid import FluidPool, Job
+from zfbench.core.trace import Timeline
 
 
 @dataclass(eq=False, slots=True)

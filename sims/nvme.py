@@ -19,7 +19,7 @@ DRAM). Each rank gets two in-order lanes on it, `nvme_read` and `nvme_write`, so
 can read one bucket while writing another.
 
 The lanes record their spans in the run's timeline (lanes and ops `nvme_read` /
-`nvme_write` of zfbench/trace.py's vocabulary; `nvme_spans(timeline)` lists them), so the
+`nvme_write` of zfbench/core/trace.py's vocabulary; `nvme_spans(timeline)` lists them), so the
 GPU's wait on the drives counts as exposed I/O in the breakdown.
 """
 
@@ -29,8 +29,8 @@ import weakref
 
 import simpy
 
-from sims.fluid import FluidPool, Job, RateFn
-from sims.lanes import Lane
+from zfbench.sims.fluid import FluidPool, Job, RateFn
+from zfbench.sims.lanes import Lane
 
 READ, WRITE = "nvme_read", "nvme_write"
 # Setup time per NVMe request: none modelled. A transfer here is a bucket's share, tens of

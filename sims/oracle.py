@@ -37,11 +37,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
-from sims.oracle_parts import (_CONVERGED, _MAX_PERIODS, _TIE, NEG, _cycle_intervals,
+from zfbench.sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
+from zfbench.sims.oracle_parts import (_CONVERGED, _MAX_PERIODS, _TIE, NEG, _cycle_intervals,
                                _dram_ok, _fixed_point, _groups, _interferes, _Lane, _Terms)
-from sims.oracle_zero3 import zero_infinity
-from sims.update_windows import fixed_interval
+from zfbench.sims.oracle_zero3 import zero_infinity
+from zfbench.sims.update_windows import fixed_interval
 
 
 @dataclass(frozen=True)
@@ -248,7 +248,7 @@ def steady_state(settings: SimSettings, strategy: str) -> OracleResult:
         raise SimSettingsError(f"unknown strategy {strategy!r}; choose one of: "
                                f"{', '.join(STRATEGIES)}")
     # Nodes are identical and share nothing but the collectives, whose costs (two-level
-    # over the nodes, sims.collectives) are fixed per rank: one node's mean is the run's.
+    # over the nodes, zfbench.sims.collectives) are fixed per rank: one node's mean is the run's.
     costs = CostModel(settings)
     groups = [(ranks, _STRATEGY_FN[strategy](_Terms(costs, m)))
               for m, ranks in _groups(settings)]

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 
-from sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel, SimSettings
-from sims.update_windows import fixed_interval
+from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel, SimSettings
+from zfbench.sims.update_windows import fixed_interval
 
 NEG = float("-inf")
 _TIE = 1e-9  # relative: events closer than this are a tie whose order SimPy decides

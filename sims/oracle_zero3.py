@@ -1,7 +1,7 @@
-"""Closed-form steady state of `zero-infinity` (sims/zero_infinity.py), for `sims.oracle`.
+"""Closed-form steady state of `zero-infinity` (sims/zero_infinity.py), for `zfbench.sims.oracle`.
 
 This module owns the oracle's form of the zero-infinity step, built like the others from
-in-order lanes of fixed durations (`sims.oracle_parts`), never running SimPy:
+in-order lanes of fixed durations (`zfbench.sims.oracle_parts`), never running SimPy:
 
 - Parameters on cpu: a period map from one *boundary* (the device finishing a step's last
   backward, when it submits that step's host update and the next step's first d+1
@@ -16,17 +16,17 @@ in-order lanes of fixed durations (`sims.oracle_parts`), never running SimPy:
 - Parameters on NVMe: the drive array is processor-shared among every rank's reads and
   writes (sims/nvme.py), which no fixed-duration lane reproduces. The form is then a
   lower bound, never exact: the larger of the step with instant NVMe (the cpu form) and
-  the array's busy time per step (`sims.zero3.nvme_busy_s_per_step`).
+  the array's busy time per step (`zfbench.sims.zero3.nvme_busy_s_per_step`).
 """
 
 from __future__ import annotations
 
 import math
 
-from sims import zero3
-from sims.oracle_parts import (_CONVERGED, _MAX_PERIODS, NEG, _cycle_intervals,
+from zfbench.sims import zero3
+from zfbench.sims.oracle_parts import (_CONVERGED, _MAX_PERIODS, NEG, _cycle_intervals,
                                _fixed_point, _interferes, _Lane, _Terms)
-from sims.zero_infinity import op_buckets
+from zfbench.sims.zero_infinity import op_buckets
 
 
 class _Zero3:

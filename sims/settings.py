@@ -2,7 +2,7 @@
 
 This module owns every knob of a simulation (model, node, batch, precision, ZenFlow
 parameters, offload placement, steps) and the names a knob may take (strategies, transfer
-modes, precisions, where offloaded parameters live). `sims.costs` turns settings into
+modes, precisions, where offloaded parameters live). `zfbench.sims.costs` turns settings into
 costs and re-exports all of this (split out of costs.py for size). It also reads a
 measured profile's calibration (`load_calibration`), which both the checks here and the
 cost model need.
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from sims.update_windows import WindowPlan, window_plan
-from zfbench import hardware, models
-from zfbench.config import ConfigError, zenflow_from_dict
+from zfbench.sims.update_windows import WindowPlan, window_plan
+from zfbench.core import hardware, models
+from zfbench.core.config import ConfigError, zenflow_from_dict
 
 # zero-infinity is simulated only: the real engine (real/) has no ZeRO-3 path.
 STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zero-infinity", "zenflow")
@@ -59,7 +59,7 @@ class SimSettings:
     mfu: float | None = None
     activation_checkpointing: bool = True
     topk_ratio: float = 0.1
-    update_interval: int | str = 4  # steps, or "auto" (resolved by sims.update_windows)
+    update_interval: int | str = 4  # steps, or "auto" (resolved by zfbench.sims.update_windows)
     auto_windows: str | None = None  # what "auto" resolves to: N, N1,N2,... or a windows.csv
     select_interval: int = 0
     overlap_step: bool = True

@@ -17,11 +17,11 @@ from heapq import heappop
 
 import simpy
 
-from sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
-from sims.fluid import FluidPool, NodeCapacities, node_rates
-from sims.emulated import EmulatedRankSim, emulated_rates
-from sims.strategies import RankSim
-from zfbench.trace import Timeline
+from zfbench.sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
+from zfbench.sims.fluid import FluidPool, NodeCapacities, node_rates
+from zfbench.sims.emulated import EmulatedRankSim, emulated_rates
+from zfbench.sims.strategies import RankSim
+from zfbench.core.trace import Timeline
 
 
 @dataclass

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import simpy
 
-from sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel
-from sims.fluid import FluidPool, Job
-from sims.lanes import Lane, all_done, run_compute
-from sims.zero_infinity import zero_infinity_step
-from zfbench.schedule import is_selection_step, is_warmup
-from zfbench.trace import Timeline
+from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel
+from zfbench.sims.fluid import FluidPool, Job
+from zfbench.sims.lanes import Lane, all_done, run_compute
+from zfbench.sims.zero_infinity import zero_infinity_step
+from zfbench.core.schedule import is_selection_step, is_warmup
+from zfbench.core.trace import Timeline
 
 
 class RankSim:

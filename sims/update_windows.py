@@ -1,7 +1,7 @@
 """When a simulated ZenFlow host window closes: a fixed `update_interval`, or Zen-auto.
 
 The engine's `update_interval: "auto"` (zenflow.md "Adaptive update interval",
-`zfbench.schedule.AutoIntervalTracker`) closes a window when the unselected columns'
+`zfbench.core.schedule.AutoIntervalTracker`) closes a window when the unselected columns'
 gradient norms have caught up with the selected ones'. The simulator has no gradients, so
 "auto" is resolved to window lengths (in steps) by a stated rule, `--auto-windows SPEC`:
 
@@ -16,7 +16,7 @@ gradient norms have caught up with the selected ones'. The simulator has no grad
 
 Replay rule (the engine's, `real/zenflow.py`): every warm-up step is a boundary; after
 warm-up each window closes when it has its length in steps, or earlier at a forced
-boundary (the step before a reselection, `zfbench.schedule.is_update_boundary` with U
+boundary (the step before a reselection, `zfbench.core.schedule.is_update_boundary` with U
 None); either way the next window takes the next length. So `auto` with a constant window
 N gives the boundaries of `update_interval = N` whenever no reselection cuts a window
 (select_interval 0, or a multiple of N with no warm-up).
@@ -28,7 +28,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from zfbench.schedule import is_update_boundary
+from zfbench.core.schedule import is_update_boundary
 
 AUTO_ASSUMED_WINDOW_STEPS = 4
 _FILE_COLUMNS = ("length_steps", "length")
@@ -101,7 +101,7 @@ class WindowPlan:
 def fixed_interval(settings) -> int:
     """The window length of `settings` (a SimSettings) in steps; "auto" only when it
     resolves to one constant window (varying windows have no single period)."""
-    from sims.costs import SimSettingsError  # costs imports this module
+    from zfbench.sims.costs import SimSettingsError  # costs imports this module
 
     constant = settings.window_plan().constant
     if constant is None:

@@ -1,7 +1,7 @@
 """The `zero-infinity` schedule: one rank's step as a SimPy process (ZeRO-3, offloaded).
 
 This module owns the order and dependencies of a zero-infinity step; the bytes and
-seconds come from `sims.zero3` and `CostModel`. `zero_infinity_step(sim, t)` runs on a
+seconds come from `zfbench.sims.zero3` and `CostModel`. `zero_infinity_step(sim, t)` runs on a
 `RankSim` (its lanes, helpers and per-run `state`):
 
 - The step computes 2 x nb ops: forward of buckets 0..nb-1, then backward of nb-1..0.
@@ -25,14 +25,14 @@ seconds come from `sims.zero3` and `CostModel`. `zero_infinity_step(sim, t)` run
   update of each bucket reads its fp32 state from NVMe before it and writes the state and
   the new 16-bit parameters back after it (double-buffered: a bucket's read waits for the
   write-back of the bucket two before it); the next fetch of a bucket waits for its
-  write. The drives are the node-shared array of `sims.nvme`.
+  write. The drives are the node-shared array of `zfbench.sims.nvme`.
 """
 
 from __future__ import annotations
 
-from sims import nvme, zero3
-from sims.fluid import Job
-from sims.lanes import all_done
+from zfbench.sims import nvme, zero3
+from zfbench.sims.fluid import Job
+from zfbench.sims.lanes import all_done
 
 REDUCE_SCATTER_OP = "reduce_scatter"
 # Host-update buckets whose NVMe state buffers are in use at once (double buffering: the

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import real
+import zfbench.real as real
 
 
 class BiasMLP(nn.Module):

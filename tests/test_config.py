@@ -1,4 +1,4 @@
-"""Tests for zfbench.config: defaults, a user's ds_config.json, every error, overrides."""
+"""Tests for zfbench.core.config: defaults, a user's ds_config.json, every error, overrides."""
 import copy
 import dataclasses
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 from hypothesis import given, strategies as st
 
-from zfbench.config import (
+from zfbench.core.config import (
     STRATEGIES,
     ConfigError,
     EngineConfig,

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from zfbench.config import AutoValues, ConfigError, load_config
-from zfbench.config_auto import (HF_DEFAULT_EPS, HF_DEFAULT_LR, HF_DEFAULT_MAX_GRAD_NORM,
+from zfbench.core.config import AutoValues, ConfigError, load_config
+from zfbench.core.config_auto import (HF_DEFAULT_EPS, HF_DEFAULT_LR, HF_DEFAULT_MAX_GRAD_NORM,
                                  HF_DEFAULT_WEIGHT_DECAY, derive_batch)
-from zfbench.config_keys import APPLIED, IGNORED, KEY_RULES, REFUSED, treatment_table
+from zfbench.core.config_keys import APPLIED, IGNORED, KEY_RULES, REFUSED, treatment_table
 
 # DeepSpeedExamples training/DeepSpeed-ZenFlow/finetuning: its ZenFlow config's keys
 DS_EXAMPLES_ZENFLOW = {

@@ -1,11 +1,11 @@
-"""`real.adamw.adamw_foreach_`: both its paths (torch's fused kernel, foreach ops) are AdamW."""
+"""`zfbench.real.adamw.adamw_foreach_`: both its paths (torch's fused kernel, foreach ops) are AdamW."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from real.adamw import _fused_ok, adamw_foreach_
+from zfbench.real.adamw import _fused_ok, adamw_foreach_
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "transposed"])

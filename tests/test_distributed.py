@@ -19,9 +19,9 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine_helpers import BiasMLP, batches, config, make_engine, params_of  # noqa: E402
-from real.distributed import selection_bytes  # noqa: E402
-from real.zenflow import shard_column_scores  # noqa: E402
-from zfbench.models import get_model  # noqa: E402
+from zfbench.real.distributed import selection_bytes  # noqa: E402
+from zfbench.real.zenflow import shard_column_scores  # noqa: E402
+from zfbench.core.models import get_model  # noqa: E402
 
 STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zenflow")
 ZF = dict(topk_ratio=0.25, update_interval=2, overlap_step=True, select_strategy="step",
@@ -57,7 +57,7 @@ def train(engine, rank: int, world: int, steps: int = STEPS, die_at: int | None 
 def _worker(rank: int, world: int, store: str, out: str, mode: str) -> None:
     import torch.distributed as dist
 
-    from real.distributed import DistributedError, from_process_group
+    from zfbench.real.distributed import DistributedError, from_process_group
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world, timeout=__import__("datetime").timedelta(
@@ -172,7 +172,7 @@ def test_a_dead_rank_makes_the_others_fail_fast(tmp_path):
 def test_shard_column_scores_tile_to_the_full_scores():
     torch.manual_seed(0)
     g = torch.randn(7 * 5 + 3)
-    from real.flat import Slot
+    from zfbench.real.flat import Slot
 
     for slot, full in ((Slot("w", (7, 5), 3, 35), g[3:38].view(7, 5)),  # row-major
                        (Slot("w", (7, 5), 3, 35, column_major=True), g[3:38].view(5, 7).t())):
@@ -224,7 +224,7 @@ def test_gpus_beyond_the_cuda_devices_is_an_error(monkeypatch, capsys):
 
 
 def test_launcher_stops_the_other_ranks_when_one_fails():
-    from real.launch import LaunchError, launch
+    from zfbench.real.launch import LaunchError, launch
 
     script = ("import os, sys, time\n"
               "sys.exit(3) if os.environ['RANK'] == '1' else time.sleep(120)")

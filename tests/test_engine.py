@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from engine_helpers import BiasMLP, batches, config, make_engine, params_of, train_steps
-from real import NonFiniteGradientError
-from real.host_lane import HostWorkerError
-from real.model import build_model
-from zfbench.config import ConfigError
-from zfbench.models import get_model
+from zfbench.real import NonFiniteGradientError
+from zfbench.real.host_lane import HostWorkerError
+from zfbench.real.model import build_model
+from zfbench.core.config import ConfigError
+from zfbench.core.models import get_model
 
 
 def torch_adamw_run(steps: int, late: bool = False) -> dict:
@@ -70,7 +70,7 @@ def test_loss_falls_on_tiny(strategy):
     zf = dict(topk_ratio=0.1, update_interval=2, overlap_step=True) \
         if strategy == "zenflow" else {}
     engine = make_engine(model, config(strategy, lr=3e-3, **zf))
-    from real.data import synthetic_batches
+    from zfbench.real.data import synthetic_batches
 
     stream = synthetic_batches(shape.vocab, 8, 32, seed=0)
 

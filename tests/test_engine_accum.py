@@ -5,9 +5,9 @@ import os
 import pytest
 import torch
 
-from real.engine import default_thread_split
-from real.loss_scale import LossScaler
-from zfbench.config import LossScaleConfig
+from zfbench.real.engine import default_thread_split
+from zfbench.real.loss_scale import LossScaler
+from zfbench.core.config import LossScaleConfig
 from tests.engine_helpers import BiasMLP, batches, config, make_engine, params_of
 
 
@@ -121,7 +121,7 @@ def test_pt_reserved_cores_perc_sets_the_zenflow_thread_split(monkeypatch):
     assert default_thread_split(2, 0.1) == (1, 1)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     cfg = config("zenflow", pt_reserved_cores_perc=0.75)
-    import real
+    import zfbench.real as real
     engine = real.initialize(BiasMLP(), cfg, device="cpu")
     assert (engine.device_threads, engine.host_threads) == (6, 2)
     engine.close()

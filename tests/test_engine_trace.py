@@ -4,7 +4,7 @@ import time
 
 import pandas as pd
 
-from analysis.breakdown import step_breakdown
+from zfbench.analysis.breakdown import step_breakdown
 from engine_helpers import BiasMLP, batches, config, make_engine, train_steps
 
 

@@ -9,7 +9,7 @@ import torch
 
 from engine_helpers import BiasMLP, batches, config, make_engine, params_of, train_steps
 from zenflow_reference import ReferenceZenFlow
-from zfbench.config import load_config
+from zfbench.core.config import load_config
 
 CASES = {
     "U4": dict(topk_ratio=0.25, update_interval=4, select_strategy="step",
@@ -237,7 +237,7 @@ def test_both_weight_layouts_train_to_the_same_parameters():
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 9), st.integers(1, 9), st.data())
 def test_column_take_and_put_agree_across_layouts(rows, cols, data):
-    from real.flat import is_column_major, put_columns, selected_shape, take_columns
+    from zfbench.real.flat import is_column_major, put_columns, selected_shape, take_columns
     k = data.draw(st.integers(1, cols))
     idx = torch.tensor(sorted(data.draw(st.lists(st.integers(0, cols - 1), min_size=k,
                                                  max_size=k, unique=True))))

@@ -17,10 +17,10 @@ import pytest
 
 import zfbench.figures as figures
 import zfbench.figures_data as figures_data
-from analysis import plot_measured as pm
-from analysis import plots as pl
-from analysis.plot_index import FIGURES, FigureData, draw_one
-from analysis.plot_sweeps import SERIES_STYLE
+from zfbench.analysis import plot_measured as pm
+from zfbench.analysis import plots as pl
+from zfbench.analysis.plot_index import FIGURES, FigureData, draw_one
+from zfbench.analysis.plot_sweeps import SERIES_STYLE
 
 
 def write_measured(root: Path) -> dict:

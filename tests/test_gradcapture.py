@@ -1,4 +1,4 @@
-"""real.gradcapture and `python -m zfbench.gradients` on the tiny model (no extra needed)."""
+"""zfbench.real.gradcapture and `python -m zfbench.gradients` on the tiny model (no extra needed)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import pandas as pd
 import pytest
 import torch
 
-from analysis import gradstats as gs
-from analysis import plot_measured as pm
-from real.gradcapture import GradCapture, kind_of
-from real.model import build_model
+from zfbench.analysis import gradstats as gs
+from zfbench.analysis import plot_measured as pm
+from zfbench.real.gradcapture import GradCapture, kind_of
+from zfbench.real.model import build_model
 from tests.engine_helpers import BiasMLP, batches, config, make_engine
 from zfbench import gradients
-from zfbench.models import get_model
+from zfbench.core.models import get_model
 
 
 @pytest.mark.parametrize("name, kind", [
@@ -92,7 +92,7 @@ def test_tiny_model_capture_feeds_the_statistics():
     engine = make_engine(model, config("device", lr=1e-3))
     cap = GradCapture(engine.named_params, detail_every=2,
                       detail_fn=gradients.detail_rows(0.1))
-    from real.data import default_text, text_batches
+    from zfbench.real.data import default_text, text_batches
     data = text_batches(default_text(), 2, 16, seed=0)
     try:
         for step in range(5):

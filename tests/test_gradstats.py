@@ -1,4 +1,4 @@
-"""analysis.gradstats on small hand-made gradients whose answers are known."""
+"""zfbench.analysis.gradstats on small hand-made gradients whose answers are known."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import gradstats as gs
+from zfbench.analysis import gradstats as gs
 
 
 def norms_from_sets(sets: list[set[int]], cols: int = 10, layer: str = "layers.0.q_proj.weight",
@@ -118,6 +118,6 @@ def test_pooled_heatmap_block_means():
 def test_gradstats_does_not_import_torch():
     import subprocess
     import sys
-    code = ("import sys, analysis.gradstats; "
+    code = ("import sys, zfbench.analysis.gradstats; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -6,7 +6,7 @@ from importlib import resources
 import pytest
 from hypothesis import given, strategies as st
 
-from zfbench import hardware as hw
+from zfbench.core import hardware as hw
 
 
 def _raw():

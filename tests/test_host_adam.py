@@ -1,4 +1,4 @@
-"""real.host_adam: every method equals torch.optim.AdamW step for step.
+"""zfbench.real.host_adam: every method equals torch.optim.AdamW step for step.
 
 Tolerance: rtol 1e-6 and atol 1e-6 (rtol is about 8 float32 ulps). The methods order their
 float32 operations differently from torch's single-tensor AdamW (the fused kernel and the
@@ -20,7 +20,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from real.host_adam import (
+from zfbench.real.host_adam import (
     AUTO_METHOD,
     METHODS,
     HostAdamW,

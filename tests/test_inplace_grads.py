@@ -1,4 +1,4 @@
-"""`real.inplace_grads`: gradients accumulated into preset `.grad` buffers equal autograd's."""
+"""`zfbench.real.inplace_grads`: gradients accumulated into preset `.grad` buffers equal autograd's."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 from torch import nn
 
-from real.inplace_grads import InplaceGrads
-from real.model import build_model
+from zfbench.real.inplace_grads import InplaceGrads
+from zfbench.real.model import build_model
 from tests.engine_helpers import BiasMLP, batches, config, make_engine
-from zfbench.models import get_model
+from zfbench.core.models import get_model
 
 
 def _autograd_grads(model, loss_fn):

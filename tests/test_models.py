@@ -1,8 +1,8 @@
-"""Tests for zfbench.models: parameter totals, block structure, FLOPs, errors."""
+"""Tests for zfbench.core.models: parameter totals, block structure, FLOPs, errors."""
 
 import pytest
 
-from zfbench.models import (
+from zfbench.core.models import (
     MODELS,
     Block,
     Matrix,

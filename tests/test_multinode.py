@@ -1,5 +1,5 @@
 """Several nodes: the --nodes/--gpus-per-node knobs, the two-level ring collective costs
-(sims.collectives) against hand computations, one host per node, the oracle's closed form
+(zfbench.sims.collectives) against hand computations, one host per node, the oracle's closed form
 over several nodes, and the refusals."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, assume, given, settings as hsettings, strategies as st
 
-from sims import collectives
-from sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
-from sims.simulator import simulate
-from zfbench import hardware
+from zfbench.sims import collectives
+from zfbench.sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
+from zfbench.sims.simulator import simulate
+from zfbench.core import hardware
 from zfbench.simulate import main
 from test_oracle import assert_agrees, sim_settings
 
@@ -145,7 +145,7 @@ def test_cli_runs_two_nodes(capsys):
 def test_simulation_matches_oracle_over_several_nodes(s, strategy):
     """Nodes are identical and share only the collectives (two-level costs, fixed per
     rank), so the one-node closed form with those costs is the run's mean where exact."""
-    from sims.oracle import steady_state
+    from zfbench.sims.oracle import steady_state
 
     assume(steady_state(s, strategy).exact)
     assert_agrees(s, strategy)

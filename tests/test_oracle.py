@@ -8,10 +8,10 @@ import random
 import pytest
 from hypothesis import HealthCheck, assume, given, settings as hsettings, strategies as st
 
-from analysis.breakdown import summarize
-from sims.costs import STRATEGIES, CostModel, SimSettings
-from sims.oracle import steady_state
-from sims.simulator import simulate
+from zfbench.analysis.breakdown import summarize
+from zfbench.sims.costs import STRATEGIES, CostModel, SimSettings
+from zfbench.sims.oracle import steady_state
+from zfbench.sims.simulator import simulate
 
 REL = 1e-6
 MODELS = {"tiny": 2, "opt-350m": 4, "qwen2.5-1.5b": 4}  # name -> most layers drawn

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-import real.precision_probe as probe
-from zfbench.models import get_model
+import zfbench.real.precision_probe as probe
+from zfbench.core.models import get_model
 from zfbench.run import main
 
 TINY = get_model("tiny").with_layers(1)

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings as hsettings, strategies as st
 
-from sims.costs import STRATEGIES, SimSettings
+from zfbench.sims.costs import STRATEGIES, SimSettings
 from zfbench.predict_fit import Breakdown, Scales, baseline_parts, fit, infer, write_hardware
 from zfbench import predict_inputs
 from zfbench.predict import main

@@ -1,4 +1,4 @@
-"""Tests for real.data: synthetic stream, byte tokenizer, text windows and their split, errors."""
+"""Tests for zfbench.real.data: synthetic stream, byte tokenizer, text windows and their split, errors."""
 
 import itertools
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from real.data import (
+from zfbench.real.data import (
     BYTE_VOCAB,
     ByteTokenizer,
     bigram_table,

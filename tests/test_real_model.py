@@ -1,12 +1,12 @@
-"""Tests for real.model: names/shapes vs the ModelShape, forward, causality, GQA, rotary, training."""
+"""Tests for zfbench.real.model: names/shapes vs the ModelShape, forward, causality, GQA, rotary, training."""
 
 import math
 
 import pytest
 import torch
 
-from real.data import synthetic_batches
-from real.model import (
+from zfbench.real.data import synthetic_batches
+from zfbench.real.model import (
     apply_rotary,
     build_model,
     count_parameters,
@@ -14,7 +14,7 @@ from real.model import (
     rope_theta,
     rotary_cos_sin,
 )
-from zfbench.models import MODELS, ModelShape, get_model
+from zfbench.core.models import MODELS, ModelShape, get_model
 
 TINY_OPT = ModelShape("tiny-opt", "opt", vocab=300, hidden=32, layers=2, heads=4, kv_heads=4, intermediate=64,
                       linear_bias=True, norm="layernorm", max_positions=66, tied_embeddings=True)

@@ -6,8 +6,8 @@ import re
 import pandas as pd
 import pytest
 
-from real.memory import InsufficientMemoryError, check_fits, estimate
-from zfbench.models import get_model
+from zfbench.real.memory import InsufficientMemoryError, check_fits, estimate
+from zfbench.core.models import get_model
 from zfbench.run import main
 
 TINY = ["--model", "tiny", "--steps", "12", "--batch", "2", "--seq", "16",
@@ -99,7 +99,7 @@ def test_default_scenario_shape_and_a_config_keeps_its_precision(tmp_path):
 def test_a_finished_run_keeps_its_results_but_no_model_sized_memory():
     """Strategies run one after another (the memory check assumes so): a finished run's
     engine drops model, parameters, gradients and optimizer state, keeps its results."""
-    from real.runner import RunSpec, train
+    from zfbench.real.runner import RunSpec, train
     spec = RunSpec(model="tiny", layers=1, batch=2, seq=8, steps=3, device="cpu",
                    device_threads=1, host_threads=1)
     result = train(spec, "zenflow", progress=False)
@@ -114,7 +114,7 @@ def test_memory_check_counts_every_ranks_replica_and_suggests_layers_that_fit():
     """N ranks on one machine: N device replicas (plus the all-gather staging buffer),
     one host state split in shards, N + 1 processes; the suggested --layers fits with N
     ranks and one more layer does not."""
-    from real.memory import machine_need
+    from zfbench.real.memory import machine_need
     shape = get_model("llama2-7b")
     one = estimate(shape.with_layers(2), "zenflow", 1, 64, 2)
     four = machine_need(shape.with_layers(2), "zenflow", 1, 64, 2, ranks=4,

@@ -5,7 +5,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from real.runner import RunSpec
+from zfbench.real.runner import RunSpec
 from zfbench.run import main
 
 K05 = {"train_micro_batch_size_per_gpu": 2,

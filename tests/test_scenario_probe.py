@@ -2,8 +2,8 @@
 measured host AdamW / forward+backward reaches the target, else the best, said aloud."""
 import pytest
 
-import real.scenario_probe as sp
-from zfbench.models import get_model
+import zfbench.real.scenario_probe as sp
+from zfbench.core.models import get_model
 from zfbench.run_probe import describe_scenario, is_default_scenario
 
 SHAPE = get_model("tiny").with_layers(1)

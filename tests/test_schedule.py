@@ -1,8 +1,8 @@
-"""Tests for zfbench.schedule: hand-checked tables, invariants, the adaptive tracker."""
+"""Tests for zfbench.core.schedule: hand-checked tables, invariants, the adaptive tracker."""
 import pytest
 from hypothesis import given, strategies as st
 
-from zfbench.schedule import (
+from zfbench.core.schedule import (
     AutoIntervalTracker,
     StepPlan,
     is_selection_step,

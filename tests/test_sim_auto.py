@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-from sims.costs import SimSettings, SimSettingsError
-from sims.oracle import steady_state
-from sims.simulator import default_skip_steps, simulate, steps_needed
-from sims.update_windows import AUTO_ASSUMED_WINDOW_STEPS
+from zfbench.sims.costs import SimSettings, SimSettingsError
+from zfbench.sims.oracle import steady_state
+from zfbench.sims.simulator import default_skip_steps, simulate, steps_needed
+from zfbench.sims.update_windows import AUTO_ASSUMED_WINDOW_STEPS
 from zfbench.simulate import main
 
 SMALL = ["--model", "qwen2.5-1.5b", "--layers", "2", "--quiet"]

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings as hsettings, strategies as st
 
-from analysis.breakdown import step_breakdown
-from sims.costs import (ACCUM_BYTES_PER_ELEMENT, ACCUM_SPEEDUP_OVER_ADAM_PER_CORE,
+from zfbench.analysis.breakdown import step_breakdown
+from zfbench.sims.costs import (ACCUM_BYTES_PER_ELEMENT, ACCUM_SPEEDUP_OVER_ADAM_PER_CORE,
                         ADAM_BYTES_PER_PARAM, STRATEGIES, CostModel, SimSettings)
-from sims.oracle import steady_state
-from sims.simulator import simulate
-from zfbench import models
-from zfbench.trace import LANES, OPS
+from zfbench.sims.oracle import steady_state
+from zfbench.sims.simulator import simulate
+from zfbench.core import models
+from zfbench.core.trace import LANES, OPS
 
 MODELS = {"tiny": 2, "opt-350m": 2, "qwen2.5-1.5b": 2}  # name -> most layers drawn
 FAST = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from analysis.breakdown import step_breakdown, summarize
-from zfbench.trace import LANES, Span, Timeline, merge_chrome_traces
+from zfbench.analysis.breakdown import step_breakdown, summarize
+from zfbench.core.trace import LANES, Span, Timeline, merge_chrome_traces
 
 
 def small_timeline() -> Timeline:

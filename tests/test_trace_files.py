@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 import zfbench.simulate as simulate_cmd
-import zfbench.trace_files as trace_files
-from sims.costs import STRATEGIES, SimSettings
-from sims.simulator import default_skip_steps, simulate
+import zfbench.core.trace_files as trace_files
+from zfbench.sims.costs import STRATEGIES, SimSettings
+from zfbench.sims.simulator import default_skip_steps, simulate
 from zfbench.simulate import main
 from zfbench.simulate_report import TraceRule
-from zfbench.trace import LANES, OPS, Timeline, TraceSteps, merge_chrome_traces
-from zfbench.trace_files import columnar_format, write_chrome_trace
+from zfbench.core.trace import LANES, OPS, Timeline, TraceSteps, merge_chrome_traces
+from zfbench.core.trace_files import columnar_format, write_chrome_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--model", "qwen2.5-1.5b", "--layers", "2", "--quiet"]

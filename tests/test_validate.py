@@ -5,11 +5,11 @@ import json
 import pandas as pd
 import pytest
 
-from analysis.validation import (compare_rows, error_summary, schedule_signature,
+from zfbench.analysis.validation import (compare_rows, error_summary, schedule_signature,
                                  signature_diff, spearman)
-from sims.costs import SimSettings, SimSettingsError
-from sims.simulator import simulate
-from zfbench.hardware import load_profile
+from zfbench.sims.costs import SimSettings, SimSettingsError
+from zfbench.sims.simulator import simulate
+from zfbench.core.hardware import load_profile
 from zfbench.run import main as run_main
 from zfbench.simulate import main as simulate_main
 from zfbench.validate import main as validate_main
@@ -64,7 +64,7 @@ def test_simulate_with_profile_uses_measured_costs(profile_path, capsys):
     # do not slow each other
     from dataclasses import replace
 
-    from real.profile import with_rates
+    from zfbench.real.profile import with_rates
     apart = profile_path.with_name("apart.json")
     apart.write_text(json.dumps(with_rates(json.loads(profile_path.read_text()), {
         "compute_factor_when_host_busy": 1.0, "host_factor_when_compute_busy": 1.0})))
@@ -108,7 +108,7 @@ def test_simulate_takes_the_profiles_precision(bf16_profile_path, tmp_path, caps
 def test_with_rates_rebuilds_the_hardware_the_simulator_reads(profile_path):
     """A cell's profile: the shape's, with the host and link rates measured around the
     cell; the simulator's node must see the new rates, the blocks must not change."""
-    from real.profile import with_rates
+    from zfbench.real.profile import with_rates
     base = json.loads(profile_path.read_text())
     cal = base["calibration"]
     rates = {"host_adam_params_per_s": cal["host_adam_params_per_s"] / 2,
@@ -130,8 +130,8 @@ def test_with_rates_rebuilds_the_hardware_the_simulator_reads(profile_path):
 def test_emulated_lanes_slow_each_other_only_when_they_overlap():
     """Compute and host-side work of one rank sharing DRAM: each at its factor while both
     run; other ranks' work and transfers down are not affected."""
-    from sims.emulated import emulated_rates
-    from sims.fluid import Job
+    from zfbench.sims.emulated import emulated_rates
+    from zfbench.sims.fluid import Job
 
     def base(active):
         return [10.0 * (i + 1) for i in range(len(active))]
@@ -149,7 +149,7 @@ def test_emulated_lanes_slow_each_other_only_when_they_overlap():
 def test_lane_contention_lengthens_overlapped_strategies_only(profile_path):
     """Measured factors below 1 make dpu and zenflow (host work beside compute) slower
     and leave zero-offload and device (never both at once) as they were."""
-    from real.profile import with_rates
+    from zfbench.real.profile import with_rates
     raw = json.loads(profile_path.read_text())
     paths = {}
     for label, f in (("apart", 1.0), ("shared", 0.5)):
@@ -309,8 +309,8 @@ def test_sized_shapes_fit_a_line_and_scale_unreachable_targets(intercept_s, want
     """forward+backward = intercept + 0.05 s/token; host Adam = 1 s. Ratio r needs
     (1/r - intercept) / 0.05 tokens; r_max = 1/(intercept + 0.2); the targets are
     min(2, r_max), min(1, r_max / 1.5), min(0.5, r_max / 3)."""
-    from real.runner import RunSpec
-    from zfbench.models import get_model
+    from zfbench.real.runner import RunSpec
+    from zfbench.core.models import get_model
     from zfbench.validate import sized_shapes
     params = get_model("tiny").total_params
     low = _sizing_profile(4, intercept_s + 0.05 * 4, params / 1.0)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine_helpers import BiasMLP, batches, config, make_engine, train_steps
-from real.flat import FlatLayout, Slot, put_columns, take_columns
+from zfbench.real.flat import FlatLayout, Slot, put_columns, take_columns
 
 
 def bf16_config(**zf) -> dict:
@@ -174,7 +174,7 @@ def test_master_take_and_put_tile_over_shards(world):
     """Every rank reads its shard's elements of the selected columns (zeros elsewhere):
     the pieces sum to the columns of the whole master. Every rank writes its elements:
     together they write exactly the columns, as on one rank."""
-    from real.zenflow_shard import master_put, master_take
+    from zfbench.real.zenflow_shard import master_put, master_take
 
     torch.manual_seed(world)
     slots, total = _slots()
@@ -211,7 +211,7 @@ def _rank_worker(rank: int, world: int, store: str, out: str) -> None:
 
     import torch.distributed as dist
 
-    from real.distributed import from_process_group
+    from zfbench.real.distributed import from_process_group
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=60))

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from zenflow_reference import ReferenceZenFlow, adamw_update
-from zfbench.config import OptimizerConfig, ZenFlowConfig
-from zfbench.schedule import AutoIntervalTracker, is_update_boundary
+from zfbench.core.config import OptimizerConfig, ZenFlowConfig
+from zfbench.core.schedule import AutoIntervalTracker, is_update_boundary
 
 D = torch.float64
 LR, WD, BETAS, EPS = 1e-2, 0.1, (0.9, 0.999), 1e-8

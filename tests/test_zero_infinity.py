@@ -8,12 +8,12 @@ import json
 import pytest
 from hypothesis import HealthCheck, assume, given, settings as hsettings, strategies as st
 
-from sims.costs import CostModel, SimSettings, SimSettingsError
-from sims.nvme import nvme_spans
-from sims.oracle import steady_state
-from sims.simulator import simulate
-from sims import zero3
-from zfbench import hardware, models
+from zfbench.sims.costs import CostModel, SimSettings, SimSettingsError
+from zfbench.sims.nvme import nvme_spans
+from zfbench.sims.oracle import steady_state
+from zfbench.sims.simulator import simulate
+from zfbench.sims import zero3
+from zfbench.core import hardware, models
 from zfbench.run import main as run_main
 
 ZI = "zero-infinity"

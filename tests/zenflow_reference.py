@@ -73,8 +73,8 @@ import math
 
 import torch
 
-from zfbench.config import OptimizerConfig, ZenFlowConfig
-from zfbench.schedule import (AutoIntervalTracker, is_selection_step,
+from zfbench.core.config import OptimizerConfig, ZenFlowConfig
+from zfbench.core.schedule import (AutoIntervalTracker, is_selection_step,
                               is_update_boundary, is_warmup, topk_count)
 
 DTYPE = torch.float64

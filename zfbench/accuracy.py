@@ -1,6 +1,6 @@
 """`python -m zfbench.accuracy`: does ZenFlow fine-tune as well as the baselines?
 
-Fine-tunes the pretrained SmolLM2-135M-Instruct (the `real-model` extra, `real.hf_model`)
+Fine-tunes the pretrained SmolLM2-135M-Instruct (the `real-model` extra, `zfbench.real.hf_model`)
 on the training split of real text (`--text builtin`: the standard library's
 `pydoc_data.topics`, or any text file; tokenized by the model's own tokenizer; the last
 10 % of the tokens are held out) with every `--variants` entry and every seed, through
@@ -17,7 +17,7 @@ weights train (the rest, embedding and lm_head included, are frozen), batch 2, s
 of 32 tokens, 24 steps, seeds 0 1 2, select_interval 8. All 15 runs took 11 min on a
 heavily shared 2-core machine, most of it computing the frozen prefix: with frozen blocks
 the hidden state entering the first trainable block is computed once per batch
-(`real.hf_model.TailLM`, the same loss) and shared by all variants
+(`zfbench.real.hf_model.TailLM`, the same loss) and shared by all variants
 (`--no-prefix-cache` recomputes it every step). The issue's target size is a flag away:
 `--steps 300 --batch 4 --seq 64 --select-interval 32`, and `--last-blocks 0` to train
 the whole model (the prefix cache is then off).
@@ -60,7 +60,7 @@ def parse_variant(name: str) -> tuple[str, dict]:
     """"zenflow-k<ratio>-u<interval>" or "zenflow-k<ratio>-auto" -> ("zenflow", {...});
     any other name must be a strategy."""
     if not name.startswith("zenflow"):
-        from zfbench.config import STRATEGIES
+        from zfbench.core.config import STRATEGIES
         if name not in STRATEGIES:
             raise ValueError(f"unknown variant {name!r}: a strategy {STRATEGIES} or "
                              f"zenflow-k<ratio>-u<interval|auto>")
@@ -99,8 +99,8 @@ def run_one(module, init, variant, seed, args, train_data, heldout_batches):
     import torch
     from tqdm import tqdm
 
-    import real
-    from real import hf_model as hm
+    import zfbench.real as real
+    from zfbench.real import hf_model as hm
     with torch.no_grad():
         for name, p in module.named_parameters():
             if name in init:
@@ -158,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         parse_variant(v)
     started = time.perf_counter()
 
-    from real import hf_model as hm
-    from real.data import default_text
+    from zfbench.real import hf_model as hm
+    from zfbench.real.data import default_text
     text = default_text() if args.text == "builtin" else Path(args.text).read_text()
     ids = hm.encode_text(text, hm.load_tokenizer(args.cache), args.cache)
     train_ids, heldout_ids = hm.split_ids(ids, "train"), hm.split_ids(ids, "heldout")

@@ -52,16 +52,17 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from analysis import plot_measured as pm
-from analysis import plot_sweeps as ps
-from analysis.plot_index import FIGURES, FigureData, draw_one, merge_outcomes, render_readme
-from sims.costs import SimSettings
-from sims.simulator import default_skip_steps
-from zfbench import hardware, predict_inputs
+from zfbench.analysis import plot_measured as pm
+from zfbench.analysis import plot_sweeps as ps
+from zfbench.analysis.plot_index import FIGURES, FigureData, draw_one, merge_outcomes, render_readme
+from zfbench.sims.costs import SimSettings
+from zfbench.sims.simulator import default_skip_steps
+from zfbench import predict_inputs
+from zfbench.core import hardware
 from zfbench.figures_data import TIMELINE_STRATEGIES, Dataset, generate, is_fresh
 from zfbench.figures_measure import measure_jobs, run_missing
 from zfbench.simulate import summary_row
-from zfbench.trace import SPAN_COLUMNS, STEP_COLUMNS
+from zfbench.core.trace import SPAN_COLUMNS, STEP_COLUMNS
 
 NODES = ("a100-4x-gen4", "h100-4x-gen5")
 SCALING_NODES = ("a100-8x-gen4", "h100-8x-gen5")
@@ -249,7 +250,7 @@ def sources(plan: Plan) -> dict[str, str]:
                          f"on its node and ZenFlow simulated there; like `python -m "
                          f"zfbench.predict --paper --steps {plan.steps}`)",
         "selection_traffic": f"`data/selection_traffic.csv` (computed from the shapes in "
-                             f"zfbench/models.py of {', '.join(FULL.models)}, "
+                             f"zfbench/core/models.py of {', '.join(FULL.models)}, "
                              f"{hardware.get_node(NODES[0]).gpus} GPUs; no simulation)",
     }
 

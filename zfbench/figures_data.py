@@ -22,8 +22,8 @@ from typing import Callable
 import pandas as pd
 from tqdm import tqdm
 
-from sims.costs import SimSettings
-from sims.simulator import simulate
+from zfbench.sims.costs import SimSettings
+from zfbench.sims.simulator import simulate
 
 # Figures 1-4 tell the ZenFlow paper's story (ZeRO-Offload's stall, DPU's limit, ZenFlow's
 # pipeline); zero-infinity is compared in figures 5 and 8 (zfbench/figures.py), not here.

@@ -1,12 +1,12 @@
 """`python -m zfbench.gradients`: gradient statistics of a real fine-tuning run.
 
 Trains `--model` (smollm2-135m: the pretrained SmolLM2-135M-Instruct of the `real-model`
-extra; tiny: `zfbench.models` "tiny", seeded init, byte-level text, no extra needed) with
+extra; tiny: `zfbench.core.models` "tiny", seeded init, byte-level text, no extra needed) with
 the engine's `device` strategy (AdamW) on real text, and after every backward records
-each 2-D weight's per-column squared and L1 gradient norms (`real.gradcapture`); every
+each 2-D weight's per-column squared and L1 gradient norms (`zfbench.real.gradcapture`); every
 `--detail-every` steps, row / column / element skew and spatial locality from the whole
 gradient. Then the same shape, randomly initialized, for `--random-steps` steps: the
-skew is expected to come from pretraining. Statistics: `analysis.gradstats`.
+skew is expected to come from pretraining. Statistics: `zfbench.analysis.gradstats`.
 
 Sized for a shared 2-core CPU (measured there: a full-model SmolLM2 step took minutes):
 by default only the last 4 blocks' matrices train and are recorded, 20 steps of batch 2 x
@@ -55,7 +55,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis import gradstats as gs
+from zfbench.analysis import gradstats as gs
 
 
 def write_table(frame: pd.DataFrame, path: Path) -> Path:
@@ -87,10 +87,10 @@ def detail_rows(fraction: float = 0.1):
 def build(model_name: str, seed: int, cache: str | None, random_init: bool):
     """(module for the engine, train ids/batches factory, label)."""
     if model_name == "tiny":
-        from real.model import build_model
-        from zfbench.models import get_model
+        from zfbench.real.model import build_model
+        from zfbench.core.models import get_model
         return build_model(get_model("tiny"), seed=seed + (1000 if random_init else 0))
-    from real import hf_model as hm
+    from zfbench.real import hf_model as hm
     lm = hm.load_pretrained(cache)
     if random_init:
         lm = hm.random_like(lm, seed)
@@ -98,13 +98,13 @@ def build(model_name: str, seed: int, cache: str | None, random_init: bool):
 
 
 def batches(args, seed: int):
-    from real.data import default_text
+    from zfbench.real.data import default_text
     text = default_text() if args.text == "builtin" else Path(args.text).read_text()
     if args.model == "tiny":
-        from real.data import text_batches
+        from zfbench.real.data import text_batches
         stream = text_batches(text, args.batch, args.seq, seed, split="train")
         return ((b["input_ids"], b["labels"]) for b in stream)
-    from real import hf_model as hm
+    from zfbench.real import hf_model as hm
     ids = hm.encode_text(text, hm.load_tokenizer(args.cache), args.cache)
     return hm.token_batches(hm.split_ids(ids, "train"), args.batch, args.seq, seed)
 
@@ -113,12 +113,12 @@ def record(args, random_init: bool, steps: int, desc: str):
     import torch
     from tqdm import tqdm
 
-    import real
-    from real.gradcapture import GradCapture
+    import zfbench.real as real
+    from zfbench.real.gradcapture import GradCapture
     torch.manual_seed(args.seed)
     model = build(args.model, args.seed, args.cache, random_init)
     if args.last_blocks and args.model != "tiny":
-        from real import hf_model as hm
+        from zfbench.real import hf_model as hm
         hm.freeze_all_but(model.lm, args.last_blocks)
     cfg = {"train_micro_batch_size_per_gpu": args.batch,
            "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": 0.0}},

@@ -38,14 +38,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from sims.costs import STRATEGIES, SimSettings, SimSettingsError
+from zfbench.sims.costs import STRATEGIES, SimSettings, SimSettingsError
 from zfbench.predict_fit import Breakdown, Fit, infer, on_hardware_file
-from sims.simulator import steps_needed
+from zfbench.sims.simulator import steps_needed
 from zfbench import predict_inputs
 from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, fail
 from zfbench.simulate import KNOBS, build_cases, parse_value, run
 from zfbench.simulate_report import json_ready, write_outputs
-from zfbench.trace import write_csv_atomic, write_json_atomic
+from zfbench.core.trace import write_csv_atomic, write_json_atomic
 
 PROG = "python -m zfbench.predict"
 INFERRED = ("mfu", "bandwidth_scale", "profile", "hardware")  # found, not given
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
-    from zfbench.provenance import provenance
+    from zfbench.core.provenance import provenance
 
     try:
         args = build_parser().parse_args(argv)

@@ -37,10 +37,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis.breakdown import summarize
-from sims.costs import SimSettings, SimSettingsError
-from sims.simulator import simulate
-from zfbench import hardware
+from zfbench.analysis.breakdown import summarize
+from zfbench.sims.costs import SimSettings, SimSettingsError
+from zfbench.sims.simulator import simulate
+from zfbench.core import hardware
 
 PARTS = ("compute_s", "io_s", "stall_s")
 NAMES = {"gpus": "inferred-gpu", "host_links": "inferred-link", "hosts": "inferred-host"}

@@ -136,8 +136,8 @@ def read_run(path: str | Path) -> tuple[Breakdown, dict, dict | None]:
     """(the zero-offload breakdown, the run's settings plus `emulated`: whether its
     accelerator was the CPU lane, its measured zenflow row or None) of a
     `python -m zfbench.run --out DIR`."""
-    from analysis.breakdown import summarize
-    from zfbench.trace import Timeline
+    from zfbench.analysis.breakdown import summarize
+    from zfbench.core.trace import Timeline
 
     path = Path(path)
     try:

@@ -40,21 +40,21 @@ import argparse
 import sys
 from pathlib import Path
 
-from real.memory import InsufficientMemoryError, check_fits
-from real.distributed import env_world
-from real.runner import RunSpec, train
+from zfbench.real.memory import InsufficientMemoryError, check_fits
+from zfbench.real.distributed import env_world
+from zfbench.real.runner import RunSpec, train
 from zfbench.cli_checks import (CliError, OneLineParser, check_input_file, check_out_dir,
                                 fail, positive_int)
-from zfbench.config import STRATEGIES, ConfigError
-from zfbench.models import UnknownModelError
-from zfbench.provenance import provenance
+from zfbench.core.config import STRATEGIES, ConfigError
+from zfbench.core.models import UnknownModelError
+from zfbench.core.provenance import provenance
 from zfbench.run_probe import (decide_precision, describe_scenario, is_default_scenario,
                                size_default)
 from zfbench.run_report import (add_speedups, describe_config, format_projection,
                                 format_table, measurement_window, project, summary_row,
                                 write_outputs)
-from zfbench.trace import write_json_atomic
-from sims.settings import STRATEGIES as SIM_STRATEGIES
+from zfbench.core.trace import write_json_atomic
+from zfbench.sims.settings import STRATEGIES as SIM_STRATEGIES
 
 from zfbench.run_defaults import DEFAULT_SEQ
 
@@ -173,7 +173,7 @@ def spec_from_args(args, world: int = 1, strategies=STRATEGIES) -> RunSpec:
 
 
 def write_profile(spec: RunSpec, out: Path | None) -> Path:
-    from real.profile import measure_profile
+    from zfbench.real.profile import measure_profile
 
     path = (out or Path("runs/profile")) / "profile.json"
     profile = measure_profile(spec)
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
         spec = spec_from_args(args, world, strategies)
         shape = spec.shape()
-        from real.engine import resolve_device
+        from zfbench.real.engine import resolve_device
 
         use_cuda = resolve_device(spec.device).type == "cuda"
         check_gpu_count(world, use_cuda)
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             RuntimeError, KeyError) as err:
         return fail(err)
     if world > 1 and not launched:
-        from real.launch import LaunchError, launch
+        from zfbench.real.launch import LaunchError, launch
 
         print(f"launching {world} ranks ({'nccl' if use_cuda else 'gloo'}) with torch's "
               f"elastic launcher", file=sys.stderr)
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_rank(args, spec, shape, strategies, elem, use_cuda) -> int:
     """One rank of a launched multi-rank run; rank 0 reports and writes the files."""
-    from real.distributed import DistributedError, bind_cores, init_from_env, shutdown
+    from zfbench.real.distributed import DistributedError, bind_cores, init_from_env, shutdown
 
     ctx = init_from_env(use_cuda)
     try:
@@ -326,7 +326,7 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
 
 
 def engine_on_cuda(spec: RunSpec) -> bool:
-    from real.engine import resolve_device
+    from zfbench.real.engine import resolve_device
 
     return resolve_device(spec.device).type == "cuda"
 

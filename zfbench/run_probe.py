@@ -4,9 +4,9 @@ Numbers measured on one CPU do not carry to another (bf16 backward ran 8x slower
 fp32 on an AVX2-only AMD EPYC and faster on an Intel Xeon with AMX), so the run decides
 on the machine at hand:
 - `decide_precision`: the device lane's precision when neither --precision nor a
-  --config says (real.precision_probe);
+  --config says (zfbench.real.precision_probe);
 - `size_default`: with no shape flags at all, the default scenario's shape and precision,
-  chosen so host AdamW alone outlasts forward+backward (real.scenario_probe), with the
+  chosen so host AdamW alone outlasts forward+backward (zfbench.real.scenario_probe), with the
   measured ratio printed in the header (`describe_scenario`) and kept in summary.json.
 
 Part of the command `python -m zfbench.run` (split out of its main module for size):
@@ -31,8 +31,8 @@ def is_default_scenario(argv: list[str], use_cuda: bool, world: int) -> bool:
 def size_default(spec, quiet: bool = False) -> dict:
     """The default shape at seq DEFAULT_SEQ, else seq 1, whichever first puts host AdamW
     at least 1.3x forward+backward on this machine (the highest ratio if none does)."""
-    from real.engine import default_thread_split
-    from real.scenario_probe import size_scenario
+    from zfbench.real.engine import default_thread_split
+    from zfbench.real.scenario_probe import size_scenario
 
     dev, host = default_thread_split()
     shape = spec.shape()
@@ -59,20 +59,20 @@ def describe_scenario(r: dict) -> str:
 def decide_precision(spec, shape, use_cuda: bool, world: int, launched: bool,
                      quiet: bool = False) -> dict:
     """The default precision: bf16 on CUDA; on the emulated accelerator bf16 only where
-    this CPU runs forward+backward in it about as fast as in fp32 (`real.precision_probe`).
+    this CPU runs forward+backward in it about as fast as in fp32 (`zfbench.real.precision_probe`).
     Ranks started by torchrun directly cannot share one probe: they decide by whether the
     CPU has native bf16, the same answer on every rank."""
     if use_cuda:
         return {"precision": DEFAULT_PRECISION, "rule": "bf16 on CUDA"}
-    from real.precision_probe import choose_precision
-    from zfbench.provenance import machine
+    from zfbench.real.precision_probe import choose_precision
+    from zfbench.core.provenance import machine
 
     if launched:
         native = bool(machine()["cpu_native_bf16"])
         return {"precision": "bf16" if native else "fp32",
                 "rule": "under torchrun: bf16 where the CPU has native bf16"}
-    from real.engine import default_thread_split
-    from real.distributed import rank_threads
+    from zfbench.real.engine import default_thread_split
+    from zfbench.real.distributed import rank_threads
 
     threads = spec.device_threads or (rank_threads(world)[0] if world > 1
                                       else default_thread_split()[0])

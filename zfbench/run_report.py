@@ -5,7 +5,7 @@ optimizer, ZeRO stage, offload, ZenFlow knobs, lanes, then the config's notes), 
 too-short check (a run must hold the skipped warm-up windows plus one measured window),
 the summary rows and table, and the output directory: `summary.json` holds the rows, the
 run's settings, every strategy's effective config, and where the numbers came from
-(`zfbench.provenance`); every file lands through a staging directory and a rename.
+(`zfbench.core.provenance`); every file lands through a staging directory and a rename.
 
 Part of the command `python -m zfbench.run` (split out of its main module for size):
 like the command, it imports real/, sims/ or analysis/ (docs/design.md's arrows).
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.breakdown import summarize
-from zfbench.config import EngineConfig
-from zfbench.trace import merge_chrome_traces, write_json_atomic
+from zfbench.analysis.breakdown import summarize
+from zfbench.core.config import EngineConfig
+from zfbench.core.trace import merge_chrome_traces, write_json_atomic
 
 # assumed window of update_interval "auto" when counting the steps a run needs
 AUTO_WINDOW_GUESS = 4
@@ -145,8 +145,8 @@ def write_outputs(out: Path, rows: list[dict], results: dict, meta: dict) -> Non
 
 def project(spec, shape, strategies: list[str], profile_path: Path) -> list[dict]:
     """Simulate the full-depth model with the slice's profile, one row per strategy."""
-    from sims.costs import SimSettings
-    from sims.simulator import simulate
+    from zfbench.sims.costs import SimSettings
+    from zfbench.sims.simulator import simulate
 
     full = shape.name.split("[")[0]
     config = spec.engine_config("zenflow")

@@ -1,6 +1,6 @@
 """`python -m zfbench.simulate`: simulate every strategy on a node and print the table.
 
-Covers: every knob of `sims.costs.SimSettings` as a flag, `--strategy` to pick one,
+Covers: every knob of `zfbench.sims.costs.SimSettings` as a flag, `--strategy` to pick one,
 `--sweep KNOB=v1,v2,...` for one summary table over a knob (several `--sweep` flags: the
 grid of every combination, one column per swept knob), `--out DIR` for files.
 Scenario: `python -m zfbench.simulate --pcie gen4` simulates llama2-7b on 4 x a100-80g
@@ -8,7 +8,7 @@ behind PCIe gen4 and prints step time, stall and the achieved rates per strategy
 
 `--update-interval auto` (DeepSpeed's default) is ZenFlow's adaptive interval. The
 simulator has no gradients, so "auto" resolves to window lengths by a stated rule
-(`sims.update_windows`): `--auto-windows N`, `N1,N2,...` or a `windows.csv` measured by
+(`zfbench.sims.update_windows`): `--auto-windows N`, `N1,N2,...` or a `windows.csv` measured by
 `python -m zfbench.accuracy`; without it an assumed constant 4-step window, named as an
 assumption in the header and in summary.json.
 
@@ -41,7 +41,7 @@ steps drawn, and the provenance: versions, machine, command line), `steps.csv` (
 per-step breakdown), `<strategy>.spans.parquet` / `<strategy>.steps.parquet` (every span
 and step interval, where pyarrow imports; else, or with `--timeline-format csv`,
 `<strategy>.spans.csv` / `<strategy>.steps.csv`; with a sweep prefixed `knob=value,...`;
-`zfbench.trace.Timeline.read_parquet` / `read_csv` read them back equal) and
+`zfbench.core.trace.Timeline.read_parquet` / `read_csv` read them back equal) and
 `trace.json` (a Chrome trace of every strategy, open it at https://ui.perfetto.dev or
 chrome://tracing; not with a sweep). trace.json draws a window of steps,
 `--trace-steps`: by default `left-out+10`, the steps left out of the averages (warm-up
@@ -60,15 +60,15 @@ import math
 import sys
 from pathlib import Path
 
-from sims.costs import STRATEGIES, SimSettings, SimSettingsError
-from sims.simulator import steps_needed
+from zfbench.sims.costs import STRATEGIES, SimSettings, SimSettingsError
+from zfbench.sims.simulator import steps_needed
 from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, check_profile, fail
-from zfbench.provenance import machine
+from zfbench.core.provenance import machine
 from zfbench.simulate_report import (TRACE_STEPS_DEFAULT, FilePlan, TraceRule, case_label,
                                      format_table, staging_dir, summary_row,
                                      too_short_warning, write_outputs)
 from zfbench.simulate_runs import auto_jobs, run
-from zfbench.trace_files import columnar_format
+from zfbench.core.trace_files import columnar_format
 
 __all__ = ["main", "run", "summary_row", "format_table", "parse_value", "parse_sweep"]
 
@@ -221,7 +221,7 @@ def build_cases(given: dict, sweeps: list[tuple[str, list]]) -> list[tuple[dict,
 
 def check_fits(settings: SimSettings, strategies: list[str]) -> None:
     """Asking for one strategy that cannot fit is an error that says by how much."""
-    from sims.costs import CostModel
+    from zfbench.sims.costs import CostModel
 
     if len(strategies) != 1:
         return
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
 def summary_head(argv, given: dict, sweeps, cases) -> dict:
     """summary.json's header: the settings every case shares, the sweep, what "auto"
     resolved to per case, and the provenance."""
-    from zfbench.provenance import provenance
+    from zfbench.core.provenance import provenance
 
     knobs = [k for k, _ in sweeps]
     shared = {k: v for k, v in {**DEFAULTS.as_dict(), **given}.items() if k not in knobs}

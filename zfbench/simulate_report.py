@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.breakdown import step_breakdown, summarize
-from sims.costs import SimSettings
-from sims.simulator import SimResult, steps_needed
-from zfbench.trace import Timeline, TraceSteps, write_json_atomic
-from zfbench.trace_files import columnar_format, write_chrome_trace, write_timeline
+from zfbench.analysis.breakdown import step_breakdown, summarize
+from zfbench.sims.costs import SimSettings
+from zfbench.sims.simulator import SimResult, steps_needed
+from zfbench.core.trace import Timeline, TraceSteps, write_json_atomic
+from zfbench.core.trace_files import columnar_format, write_chrome_trace, write_timeline
 
 TRACE_STEPS_DEFAULT = "left-out+10"
 
@@ -76,7 +76,7 @@ def case_label(labels: dict) -> str:
 
 def too_short_warning(cases: list[tuple[dict, SimSettings]]) -> str | None:
     """One line naming the runs too short to contain a steady state (fewer steps than
-    `sims.simulator.steps_needed`), or None when every run is long enough."""
+    `zfbench.sims.simulator.steps_needed`), or None when every run is long enough."""
     short = [f"{case_label(labels) + ': ' if labels else ''}{case.steps} steps, needs "
              f"{steps_needed(case)}" for labels, case in cases
              if case.steps < steps_needed(case)]

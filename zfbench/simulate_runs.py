@@ -25,8 +25,8 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from sims.costs import SimSettings
-from sims.simulator import simulate, steps_needed
+from zfbench.sims.costs import SimSettings
+from zfbench.sims.simulator import simulate, steps_needed
 from zfbench.simulate_report import FilePlan, add_speedups, case_label, finish_run
 
 # Below this many simulated rank-steps in all, runs stay in this process (forking and

@@ -4,7 +4,7 @@ Scenario: three shapes of one model slice (by default `zfbench.run`'s: tinyllama
 bf16 on the device lane), sized from two calibrations (4 and 64 tokens) so that the host
 Adam is longer than, about equal to, and shorter than forward+backward on this machine
 (the ratio each shape's own profile measured is printed as `host_adam_over_compute`); for
-each shape a profile is measured (`real.profile`) and every strategy runs on the engine,
+each shape a profile is measured (`zfbench.real.profile`) and every strategy runs on the engine,
 zenflow at two (topk_ratio, update_interval) pairs; the simulator then runs the same cells
 with that shape's profile. Printed and written (`--out`, default runs/validate):
 `validate.csv` (measured vs simulated step time, stall fraction and bytes per step with
@@ -39,18 +39,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.breakdown import summarize
-from analysis.validation import (compare_rows, error_summary, schedule_signature,
+from zfbench.analysis.breakdown import summarize
+from zfbench.analysis.validation import (compare_rows, error_summary, schedule_signature,
                                  signature_diff)
-from real.flat import device_dtype
-from real.profile import mean_profile, measure_profile, with_rates
-from real.rate_probe import RateProbe
-from real.runner import RunSpec, train
-from sims.costs import SimSettings
-from sims.simulator import simulate
+from zfbench.real.flat import device_dtype
+from zfbench.real.profile import mean_profile, measure_profile, with_rates
+from zfbench.real.rate_probe import RateProbe
+from zfbench.real.runner import RunSpec, train
+from zfbench.sims.costs import SimSettings
+from zfbench.sims.simulator import simulate
 from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, fail, positive_int
-from zfbench.config import STRATEGIES
-from zfbench.trace import merge_chrome_traces, write_csv_atomic, write_json_atomic
+from zfbench.core.config import STRATEGIES
+from zfbench.core.trace import merge_chrome_traces, write_csv_atomic, write_json_atomic
 
 PAIRS = ((0.1, 4), (0.25, 2))
 PROBE_REPEATS = 3  # host and link rates measured before and after each cell
@@ -197,7 +197,7 @@ def validate_shape(spec: RunSpec, shape_name: str, regime: str, pairs, out: Path
     shape = spec.shape()
     # the machine drifts: the shape is profiled before and after its cells run (the
     # simulator gets the mean of the two), and the memory-bound host and link rates, which
-    # drift most, are measured again right before and after each cell (real.rate_probe)
+    # drift most, are measured again right before and after each cell (zfbench.real.rate_probe)
     before = before or measure_profile(spec)
     cal = before["calibration"]
     probe = RateProbe(shape.total_params, device_dtype(cal["precision"]), cal["host_threads"])
@@ -291,9 +291,9 @@ def build_parser() -> OneLineParser:
 
 def measured_precision(args) -> str:
     """bf16 where this CPU runs the base shape's forward+backward in bf16 about as fast
-    as in fp32 (real.precision_probe, cached per machine), else fp32."""
-    from real.engine import default_thread_split
-    from real.precision_probe import choose_precision
+    as in fp32 (zfbench.real.precision_probe, cached per machine), else fp32."""
+    from zfbench.real.engine import default_thread_split
+    from zfbench.real.precision_probe import choose_precision
 
     try:
         shape = RunSpec(model=args.model, layers=args.layers).shape()
@@ -343,7 +343,7 @@ def checked_args(argv: list[str] | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from zfbench.provenance import provenance
+    from zfbench.core.provenance import provenance
 
     try:
         args, regimes, base = checked_args(argv)

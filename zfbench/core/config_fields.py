@@ -1,6 +1,6 @@
 """Typed readers for config values: each names the full dotted key when it refuses one.
 
-Shared by `zfbench.config` (the DeepSpeed-style config) and `zfbench.config_zenflow`
+Shared by `zfbench.core.config` (the DeepSpeed-style config) and `zfbench.core.config_zenflow`
 (its ZenFlow section); `ConfigError` is the one error type of config validation.
 """
 from __future__ import annotations

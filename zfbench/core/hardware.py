@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from zfbench.hardware_types import (GPU, HostCPU, HostLink, NetLink, Node, NvmeDrive,
+from zfbench.core.hardware_types import (GPU, HostCPU, HostLink, NetLink, Node, NvmeDrive,
                                     _ro)
 
 __all__ = ["GPU", "HostCPU", "HostLink", "NetLink", "Node", "NvmeDrive",

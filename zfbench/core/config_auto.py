@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from zfbench.config_fields import ConfigError, _int
+from zfbench.core.config_fields import ConfigError, _int
 
 # TrainingArguments defaults (transformers 4.x; the same since 4.0)
 HF_DEFAULT_LR = 5e-5

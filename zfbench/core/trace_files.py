@@ -1,6 +1,6 @@
 """Timeline files at scale: columnar spans and the Chrome trace, streamed to disk.
 
-Owns how a `zfbench.trace.Timeline` lands in files and comes back:
+Owns how a `zfbench.core.trace.Timeline` lands in files and comes back:
 - `write_timeline` / `read_timeline`: `<prefix>spans.{csv,parquet}` (every span) and
   `<prefix>steps.{csv,parquet}` (every step's wall interval). CSV always works (written a
   batch of rows at a time, floats as their shortest exact text, which pandas parses back
@@ -9,8 +9,8 @@ Owns how a `zfbench.trace.Timeline` lands in files and comes back:
   `columnar_format()` is "parquet" where pyarrow imports, "csv" otherwise.
 - `write_chrome_trace`: several timelines as one Chrome trace, written event batch by
   event batch (never the whole trace as one string or one list) with the very events
-  `zfbench.trace.merge_chrome_traces` returns, optionally a window of steps
-  (`zfbench.trace.TraceSteps`).
+  `zfbench.core.trace.merge_chrome_traces` returns, optionally a window of steps
+  (`zfbench.core.trace.TraceSteps`).
 Every file is written to a temporary name beside it and renamed into place.
 """
 
@@ -22,7 +22,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from zfbench.trace import (SPAN_COLUMNS, STEP_COLUMNS, Timeline, TraceSteps,
+from zfbench.core.trace import (SPAN_COLUMNS, STEP_COLUMNS, Timeline, TraceSteps,
                            chrome_trace_tail, merged_chrome_events)
 
 FORMATS = ("csv", "parquet")

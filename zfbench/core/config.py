@@ -6,7 +6,7 @@ Every error is a `ConfigError` naming the full dotted key, the bad value and wha
 allowed; an unknown key also gets a "did you mean" suggestion.
 
 Every key DeepSpeed accepts is applied, ignored with a warning, or refused with a reason:
-the one table is `zfbench.config_keys.KEY_RULES` (docs/config_keys.md renders it). The
+the one table is `zfbench.core.config_keys.KEY_RULES` (docs/config_keys.md renders it). The
 warnings of a config land in `EngineConfig.notes`.
 
 Interpretations:
@@ -39,11 +39,11 @@ from dataclasses import asdict, dataclass, field, fields
 STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zenflow")
 _OFFLOAD_STRATEGIES = ("zero-offload", "zero-offload-dpu", "zenflow")
 
-from zfbench.config_auto import AutoValues, derive_batch, resolve_auto  # noqa: F401
-from zfbench.config_fields import (ConfigError, _bool,  # noqa: F401
+from zfbench.core.config_auto import AutoValues, derive_batch, resolve_auto  # noqa: F401
+from zfbench.core.config_fields import (ConfigError, _bool,  # noqa: F401
                                    _choice, _float, _int, _unknown)
-from zfbench.config_keys import triage
-from zfbench.config_zenflow import (ZENFLOW_PREFIX, ZenFlowConfig,  # noqa: F401
+from zfbench.core.config_keys import triage
+from zfbench.core.config_zenflow import (ZENFLOW_PREFIX, ZenFlowConfig,  # noqa: F401
                                     default_zenflow_config, zenflow_from_dict)
 
 
@@ -135,7 +135,7 @@ class EngineConfig:
     select_comm: str = "scores"  # "scores" | "allgather": ZenFlow's cross-rank selection
     inplace_grads: bool = True  # weight gradients accumulated into the flat buffer
     column_major: bool = True  # 2-D weights stored column by column in the flat buffers
-    # one line per ignored key (zfbench.config_keys), printed by the commands
+    # one line per ignored key (zfbench.core.config_keys), printed by the commands
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property

@@ -1,6 +1,6 @@
 """The hardware dataclasses: GPU, HostLink, HostCPU, NetLink, NvmeDrive and Node.
 
-This module owns the frozen objects `zfbench.hardware` builds from data/hardware.json (and
+This module owns the frozen objects `zfbench.core.hardware` builds from data/hardware.json (and
 re-exports): their fields, units (bytes, seconds, bytes/s per direction, FLOP/s,
 parameters/s) and the small derived quantities on them. Split out of hardware.py for size;
 reading, validating and naming presets stays there.
@@ -178,7 +178,7 @@ class Node:
     def with_(self, **changes: Any) -> Node:
         """``dataclasses.replace`` that resolves names for gpu/link/host/net and clamps
         gpus_per_switch to gpus."""
-        from zfbench import hardware  # the preset getters (hardware imports this module)
+        from zfbench.core import hardware  # the preset getters (hardware imports this module)
 
         getters = {"gpu": hardware.get_gpu, "link": hardware.get_link,
                    "host": hardware.get_host, "net": hardware.get_net,

@@ -2,7 +2,7 @@
 
 `KEY_RULES` maps each dotted key that DeepSpeed accepts (and zfbench's own `zfbench.*`
 section) to its treatment in zfbench:
-- **applied**: parsed by `zfbench.config` and it changes what the engine does;
+- **applied**: parsed by `zfbench.core.config` and it changes what the engine does;
 - **ignored**: it cannot change what zfbench measures (logging, NVMe-only knobs, ZeRO-3
   knobs below stage 3, ...). It is dropped and the run prints one warning naming it and
   why; `EngineConfig.notes` keeps the lines and `summary.json` records them;
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from zfbench.config_fields import ConfigError, _unknown
+from zfbench.core.config_fields import ConfigError, _unknown
 
 APPLIED, IGNORED, REFUSED = "applied", "ignored", "refused"
 
@@ -210,7 +210,7 @@ KEY_RULES: dict[str, KeyRule] = {
                                      "row-major, to compare)"),
 }
 
-# ZenFlow's own keys (zfbench.config_zenflow parses them): all applied.
+# ZenFlow's own keys (zfbench.core.config_zenflow parses them): all applied.
 ZENFLOW_NOTES = {
     "topk_ratio": "share of each 2-D weight's columns updated on the device every step",
     "select_strategy": "'auto' | 'step' | 'epoch': how reselection is counted",

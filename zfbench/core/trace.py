@@ -6,7 +6,7 @@ holds the wall-clock interval of every step per rank (a step's stall is its wall
 minus the time its compute lane was busy). A timeline exports to Chrome-trace JSON
 (microseconds; one process per rank, one thread per lane), whole or a window of its steps
 (`TraceSteps`), and to pandas / CSV / Parquet; the files and their streamed writing are
-`zfbench.trace_files`'s, and `Timeline.read_csv` / `read_parquet` read them back.
+`zfbench.core.trace_files`'s, and `Timeline.read_csv` / `read_parquet` read them back.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ OPS = (
     "nvme_read",
     "nvme_write",
 )
-# A step's exposed I/O: the GPU idle while one of these is in flight (analysis.breakdown)
+# A step's exposed I/O: the GPU idle while one of these is in flight (zfbench.analysis.breakdown)
 TRANSFER_LANES = ("d2h", "h2d", "net", "nvme_read", "nvme_write")
 SPAN_COLUMNS = ["rank", "lane", "op", "step", "t_start_s", "t_end_s", "bytes"]
 STEP_COLUMNS = ["rank", "step", "t_start_s", "t_end_s"]
@@ -186,7 +186,7 @@ class Timeline:
     def write_csv(self, directory: str | os.PathLike, prefix: str = "") -> tuple[Path, Path]:
         """Write `<prefix>spans.csv` and `<prefix>steps.csv` (streamed in chunks, each
         through a rename); `read_csv` reads them back equal."""
-        from zfbench.trace_files import write_timeline
+        from zfbench.core.trace_files import write_timeline
 
         return write_timeline(self, directory, prefix, "csv")
 
@@ -194,21 +194,21 @@ class Timeline:
                       prefix: str = "") -> tuple[Path, Path]:
         """Write `<prefix>spans.parquet` and `<prefix>steps.parquet` (needs pyarrow);
         `read_parquet` reads them back equal."""
-        from zfbench.trace_files import write_timeline
+        from zfbench.core.trace_files import write_timeline
 
         return write_timeline(self, directory, prefix, "parquet")
 
     @classmethod
     def read_csv(cls, directory: str | os.PathLike, prefix: str = "",
                  source: str = "simulated") -> "Timeline":
-        from zfbench.trace_files import read_timeline
+        from zfbench.core.trace_files import read_timeline
 
         return read_timeline(cls(source), directory, prefix, "csv")
 
     @classmethod
     def read_parquet(cls, directory: str | os.PathLike, prefix: str = "",
                      source: str = "simulated") -> "Timeline":
-        from zfbench.trace_files import read_timeline
+        from zfbench.core.trace_files import read_timeline
 
         return read_timeline(cls(source), directory, prefix, "parquet")
 
@@ -283,7 +283,7 @@ def chrome_trace_tail(steps: TraceSteps | None = None) -> dict:
 
 def merge_chrome_traces(named: dict[str, Timeline], steps: TraceSteps | None = None) -> dict:
     """One Chrome trace holding several timelines (`merged_chrome_events`) as a dict;
-    `zfbench.trace_files.write_chrome_trace` streams the very same trace to a file."""
+    `zfbench.core.trace_files.write_chrome_trace` streams the very same trace to a file."""
     return {"traceEvents": list(merged_chrome_events(named, steps)),
             **chrome_trace_tail(steps)}
 

@@ -1,13 +1,13 @@
 """The `zero_optimization.zenflow` section: the `ZenFlowConfig` dataclass and its rules.
 
-Keys, defaults and validation follow docs/zenflow.md ("The knobs"); `zfbench.config`
+Keys, defaults and validation follow docs/zenflow.md ("The knobs"); `zfbench.core.config`
 parses the rest of the DeepSpeed config and re-exports everything here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from zfbench.config_fields import (ConfigError, _bool, _check_keys, _choice, _float, _int,
+from zfbench.core.config_fields import (ConfigError, _bool, _check_keys, _choice, _float, _int,
                                    _join)
 
 # ---------------------------------------------------------------- ZenFlow section
