@@ -3,7 +3,9 @@
 # fresh clone (issue 14, item 5). Uses the python that already holds a CUDA torch
 # (GPU_PY, default python3; no venv, nothing of torch installed), the pure-Python
 # dependencies it lacks from ./wheels (`make wheels` on a machine with a package index)
-# or else from the index, and the sources of this checkout (PYTHONPATH, no install).
+# or else from the index, and the sources of this checkout, not installed: a link tree in
+# .gpu-site/src/zfbench maps real/, sims/ and analysis/ to zfbench.real, .sims, .analysis
+# as pyproject's package-dir does for an install (PYTHONPATH, no setuptools needed).
 # Writes bench/results/gpu/<gpu-name>/: machine.txt (nvidia-smi, torch, CPU), and per
 # step its log and files:
 #   cuda_tests.log             tests/test_cuda.py (CUDA against the CPU engine, resume,
@@ -46,7 +48,11 @@ if [ -n "$missing" ]; then
       echo "gpu-check: no package index here: run 'make wheels' on a machine with one and copy ./wheels" >&2; exit 2; }
   fi
 fi
-export PYTHONPATH="$PWD${SITE:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}"
+SRC="$PWD/.gpu-site/src"
+rm -rf "$SRC" && mkdir -p "$SRC/zfbench"
+for entry in "$PWD"/zfbench/*; do ln -s "$entry" "$SRC/zfbench/"; done
+for part in real sims analysis; do ln -s "$PWD/$part" "$SRC/zfbench/$part"; done
+export PYTHONPATH="$SRC${SITE:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 NAME=$($PY -c "import torch, re; print(re.sub(r'[^A-Za-z0-9._-]+', '-', torch.cuda.get_device_name()))")
 OUT="bench/results/gpu/$NAME"
