@@ -10,13 +10,17 @@ table that `zfbench.real.gradcapture` records and `zfbench.gradients` writes as
 
 Covers:
 - `top_share(values, fraction)`: the share of the total held by the top
-  k = max(1, floor(fraction * n)) entries (ZenFlow's k, as `zfbench.core.schedule.topk_count`).
+  k = max(1, floor(fraction * n)) entries (ZenFlow's k: `zfbench.core.schedule.topk_count`,
+  the one definition, used here for every k).
 - `cumulative_curve`: share held by the top x of entries, x on a grid.
 - `skew_table`: top-1/5/10 % shares of the squared norm per matrix, per kind and for the
   whole model (all columns of all matrices pooled; and the mean over matrices), averaged
   over steps.
-- `topk_membership`, `locality_table`: overlap |A_t & A_t+d| / k and Jaccard
-  |A & B| / |A | B| of the top-k column sets (by squared norm) for d = 1..max_d, per kind.
+- `topk_membership`, `overlap_pairs`: the top-k column sets of each matrix per recorded
+  step, and for every pair of steps their overlap |A_a & A_b| / k and Jaccard
+  |A & B| / |A | B| (the one top-k locality computation: `locality_table` and the figure
+  of `zfbench.analysis.plot_measured` aggregate it).
+- `locality_table`: overlap and Jaccard for d = 1..max_d, per kind.
 - `reselection_table`: for select_interval S, how much of the selected set a
   reselection every S steps changes.
 - `spatial_share(sq_grad, fraction)`: of the energy in the top-k elements of a matrix,
@@ -31,17 +35,10 @@ import math
 import numpy as np
 import pandas as pd
 
+from zfbench.core.schedule import topk_count
+
 FRACTIONS = (0.01, 0.05, 0.10)
 KINDS = ("q", "k", "v", "o", "gate", "up", "down", "embedding", "lm_head", "other")
-
-
-def topk_count(n: int, fraction: float) -> int:
-    """max(1, floor(fraction * n)), the product in floating point as ZenFlow writes it."""
-    if n < 1:
-        raise ValueError(f"need at least one entry, got n={n}")
-    if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
-    return max(1, int(math.floor(fraction * n)))
 
 
 def top_share(values, fraction: float) -> float:
@@ -140,25 +137,55 @@ def topk_membership(colnorms: pd.DataFrame, fraction: float, score: str = "sq_no
     return out
 
 
+PAIR_COLUMNS = ["layer", "kind", "start", "gap", "overlap", "jaccard", "random"]
+
+
+def overlap_pairs(colnorms: pd.DataFrame, fraction: float, score: str = "sq_norm",
+                  max_gap: int | None = None) -> pd.DataFrame:
+    """One row per matrix and pair of its recorded steps a < b (b - a <= `max_gap` when
+    given): layer, kind, start (a), gap (b - a, in steps), overlap |A_a & A_b| / k, jaccard
+    |A_a & A_b| / |A_a | A_b| of the top-k column sets by `score`, and random (k / cols:
+    what two independent random k-sets share on average). Empty with fewer than two steps."""
+    parts: list[tuple] = []
+    for layer, (kind, steps, member, k) in topk_membership(colnorms, fraction, score).items():
+        steps = np.asarray(steps)
+        for d in range(1, len(steps)):  # pairs (i, i + d); steps ascend, so gaps grow with d
+            gap = steps[d:] - steps[:-d]
+            keep = np.ones(len(gap), dtype=bool) if max_gap is None else gap <= max_gap
+            if not keep.any():
+                break
+            inter = (member[:-d] & member[d:]).sum(axis=1)[keep]
+            union = (member[:-d] | member[d:]).sum(axis=1)[keep]
+            parts.append((layer, kind, steps[:-d][keep], gap[keep], inter / k, inter / union,
+                          k / member.shape[1]))
+    if not parts:
+        return pd.DataFrame({c: [] for c in PAIR_COLUMNS})
+    n = [len(p[2]) for p in parts]
+    return pd.DataFrame({
+        "layer": np.repeat([p[0] for p in parts], n), "kind": np.repeat([p[1] for p in parts], n),
+        "start": np.concatenate([p[2] for p in parts]),
+        "gap": np.concatenate([p[3] for p in parts]),
+        "overlap": np.concatenate([p[4] for p in parts]),
+        "jaccard": np.concatenate([p[5] for p in parts]),
+        "random": np.repeat([p[6] for p in parts], n)})
+
+
 def locality_table(colnorms: pd.DataFrame, fraction: float = 0.1, max_d: int = 64,
                    score: str = "sq_norm") -> pd.DataFrame:
     """kind, d, overlap, jaccard, pairs, random_overlap: mean over matrices of that kind
     and start steps t of |A_t & A_t+d| / k and |A & B| / |A | B|, for d = 1..max_d
     (recorded steps must be consecutive for d to be in steps). Also kind "all"."""
-    rows = []
-    for layer, (kind, steps, member, k) in topk_membership(colnorms, fraction, score).items():
+    for layer, g in colnorms.groupby("layer", sort=False):
+        steps = np.sort(g["step"].unique())
         if len(steps) > 1 and not np.all(np.diff(steps) == 1):
             raise ValueError(f"{layer}: recorded steps are not consecutive")
-        cols = member.shape[1]
-        for d in range(1, min(max_d, len(steps) - 1) + 1):
-            inter = (member[:-d] & member[d:]).sum(axis=1)
-            union = (member[:-d] | member[d:]).sum(axis=1)
-            rows.append({"kind": kind, "d": d, "overlap_sum": float((inter / k).sum()),
-                         "jaccard_sum": float((inter / union).sum()), "pairs": len(inter),
-                         "random": k / cols})
-    if not rows:
+    per_pair = overlap_pairs(colnorms, fraction, score, max_gap=max_d)
+    if per_pair.empty:
         raise ValueError("locality needs at least two recorded steps")
-    pairs = pd.DataFrame(rows)
+    pairs = per_pair.groupby(["layer", "kind", "gap"], sort=False).agg(
+        overlap_sum=("overlap", "sum"), jaccard_sum=("jaccard", "sum"),
+        pairs=("overlap", "size"), random=("random", "first")).reset_index()
+    pairs = pairs.rename(columns={"gap": "d"}).drop(columns="layer")
     both = pd.concat([pairs, pairs.assign(kind="all")], ignore_index=True)
     agg = both.groupby(["kind", "d"], sort=False).agg(
         overlap_sum=("overlap_sum", "sum"), jaccard_sum=("jaccard_sum", "sum"),

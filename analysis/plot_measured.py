@@ -43,6 +43,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
+from zfbench.analysis.gradstats import overlap_pairs
 from zfbench.analysis.plots import STRATEGY_STYLE, new_figure, with_style
 
 LAYOUT = {
@@ -284,21 +285,12 @@ def plot_gradient_concentration(heat: pd.DataFrame, norms: pd.DataFrame, topk_ra
 def topk_overlap(norms: pd.DataFrame, topk_ratio: float) -> pd.DataFrame:
     """Overlap |A_s & A_{s+gap}| / k of top-k column sets, per gap in steps (over the
     recorded steps), aggregated over weights and start steps; `random_overlap` is what
-    two independent random k-sets of the same weights would share on average (k / cols)."""
-    rows = []
-    for weight, g in norms.groupby("weight", sort=False):
-        cols = int(g["col"].nunique())
-        k = max(1, int(np.floor(topk_ratio * cols)))
-        sets = {int(s): set(h.nlargest(k, "sq_norm")["col"].astype(int))
-                for s, h in g.groupby("step")}
-        steps = sorted(sets)
-        for i, a in enumerate(steps):
-            for b in steps[i + 1:]:
-                rows.append({"weight": weight, "gap": b - a,
-                             "overlap": len(sets[a] & sets[b]) / k, "random": k / cols})
-    if not rows:
+    two independent random k-sets of the same weights would share on average (k / cols).
+    The pairs are `zfbench.analysis.gradstats.overlap_pairs` (every pair of steps)."""
+    pairs = overlap_pairs(norms.rename(columns={"weight": "layer"}).assign(kind=""),
+                          topk_ratio, "sq_norm")
+    if pairs.empty:
         raise BadData("column_norms: need at least two recorded steps per weight")
-    pairs = pd.DataFrame(rows)
     return pairs.groupby("gap").agg(overlap_mean=("overlap", "mean"),
                                     overlap_min=("overlap", "min"),
                                     overlap_max=("overlap", "max"),

@@ -54,12 +54,15 @@ def import_deepspeed(any_version: bool):
 
 
 def ds_config(batch: int, zenflow: dict, lr: float, wd: float, clip: float) -> dict:
-    return {"train_micro_batch_size_per_gpu": batch,
-            "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd}},
-            "gradient_clipping": clip,
-            "zero_optimization": {"stage": 2, "zenflow": dict(zenflow),
-                                  "offload_optimizer": {"device": "cpu", "pin_memory": False}},
-            "steps_per_print": 1 << 30}
+    """zfbench's zenflow config (zfbench.core.config_build) as DeepSpeed takes it: without
+    the `zfbench` section (`make_zf` puts it back), plus DeepSpeed's own keys."""
+    from zfbench.core.config_build import build_config
+
+    cfg = build_config("zenflow", micro_batch=batch, lr=lr, weight_decay=wd, clip=clip,
+                       pin_memory=False, zenflow=zenflow)
+    del cfg["zfbench"]
+    cfg["steps_per_print"] = 1 << 30
+    return cfg
 
 
 def make_ds(ds, model: nn.Module, cfg: dict):

@@ -7,10 +7,12 @@ DeepSpeed-style config (dict or JSON path, validated by `zfbench.core.config`), 
 - the parameters, re-pointed as views into one flat device buffer, and their gradients
   as views into another (`flat_grads`), into which `zfbench.real.inplace_grads` accumulates the
   weight gradients of `F.linear` / `F.embedding` directly (`zfbench.inplace_grads`);
-- the lanes. With CUDA: a compute stream, a d2h and an h2d stream, pinned host buffers.
-  Without CUDA the accelerator is emulated: the calling thread is the device lane with
-  `device_threads` torch threads, and a `HostLane` worker with `host_threads` threads runs
-  the host optimizer, so asynchronous schedules really overlap and their stalls are real;
+- the lanes, behind one interface (real/backend.py). With CUDA: a compute stream, a d2h
+  and an h2d stream, events, pinned host buffers. Without CUDA the accelerator is
+  emulated: the calling thread is the device lane with `device_threads` torch threads, and
+  a `HostLane` worker with `host_threads` threads runs the host optimizer, so asynchronous
+  schedules really overlap and their stalls are real. `hazard_check=True` runs the CPU
+  lanes under real/hazards.py's checker: every cross-lane access must follow a wait;
 - the span recorder (every op as a span in the shared vocabulary) and the per-step log;
 - gradient accumulation as DeepSpeed does it: `backward` divides the loss by
   gradient_accumulation_steps, and `step()` updates only at the accumulation boundary;
@@ -33,7 +35,10 @@ from pathlib import Path
 
 import torch
 
+from zfbench.real.backend import CpuLanes, CudaBackend
 from zfbench.real.flat import LOW_PRECISION, FlatLayout
+from zfbench.real.grad_buckets import GradBuckets
+from zfbench.real.hazards import HazardChecker
 from zfbench.real.distributed import DistContext, allgather_flat, allreduce_mean_, rank_threads
 from zfbench.real.host_lane import HostLane
 from zfbench.real.inplace_grads import InplaceGrads
@@ -46,7 +51,7 @@ from zfbench.core.config import EngineConfig, load_config
 STRATEGY_CLASSES = {"device": DeviceStrategy, "zero-offload": OffloadStrategy,
                     "zero-offload-dpu": DelayedOffloadStrategy, "zenflow": ZenFlowStrategy}
 CHECKPOINT_FILE = "zfbench_engine.pt"
-COMM_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+from zfbench.real.flat import DTYPES as COMM_DTYPES  # noqa: E402
 
 
 class NonFiniteGradientError(FloatingPointError):
@@ -78,7 +83,8 @@ class Engine:
                  device_threads: int | None = None, host_threads: int | None = None,
                  steps_per_epoch: int | None = None, host_chunk_elems: int = 1 << 22,
                  host_timeout_s: float = 600.0, rank: int = 0,
-                 dist: DistContext | None = None) -> None:
+                 dist: DistContext | None = None, hazard_check: bool = False,
+                 waits_dropped: frozenset[str] = frozenset()) -> None:
         self.config = config
         self.dist = dist if dist is not None else DistContext(rank, 1, rank, "none")
         rank = self.dist.rank
@@ -99,12 +105,15 @@ class Engine:
         self.host_chunk_elems = host_chunk_elems
         self.host_timeout_s = host_timeout_s
         self.model = model.to(self.device)
-        self._flatten_parameters()
         self.recorder = SpanRecorder(rank, use_cuda=self.use_cuda)
-        self.d2h_stream = torch.cuda.Stream() if self.use_cuda else None
-        self.h2d_stream = torch.cuda.Stream() if self.use_cuda else None
+        hazards = HazardChecker() if hazard_check else None
+        self.backend = (CudaBackend(self.recorder, self.device, hazards, waits_dropped)
+                        if self.use_cuda else CpuLanes(self.recorder, hazards, waits_dropped))
+        self._flatten_parameters()
+        self.grads_read = None  # the d2h event after the last read of the gradients
         self.host_lane = HostLane(self.recorder, self.host_threads,
-                                  device=self.device if self.use_cuda else None)
+                                  device=self.device if self.use_cuda else None,
+                                  backend=self.backend)
         self.t = 0
         self.micro_step = 0  # micro-steps since the last optimizer step (accumulation)
         self._micro_losses: list[float] = []
@@ -114,6 +123,15 @@ class Engine:
         self._step_start: float | None = None
         self._loss: float | None = None
         self.strategy = STRATEGY_CLASSES[config.strategy](self)
+        # overlap_comm: gradient buckets go down during backward (real/grad_buckets.py);
+        # one rank (several all-reduce first), no fp16 (its gradients are still scaled)
+        self.buckets = None
+        self.sent_down = None  # (host buffer, d2h event) of this step's bucketed d2h
+        if (config.overlap_comm and config.strategy in ("zero-offload", "zenflow")
+                and not self.dist.active and self.loss_scaler is None):
+            self.buckets = GradBuckets(self, config.bucket_elems)
+            if self.inplace_grads is not None:
+                self.inplace_grads.notify = self.buckets.contributed
 
     # -- parameters as views into one flat buffer -------------------------------------
     def _flatten_parameters(self) -> None:
@@ -139,10 +157,10 @@ class Engine:
         if not self.dist.active:
             self.shard_lo, self.shard_hi = 0, self.layout.total
         self.shard_grad_bytes = (self.shard_hi - self.shard_lo) * self.param_bytes
-        self._staging_buffers: dict[str, torch.Tensor] = {}
+        self.backend.name(self.flat_params, "flat_params")
         # Gradients are views into one buffer: one d2h copy, one all-reduce, one zero,
         # and (InplaceGrads) weight gradients accumulated straight into it.
-        self.flat_grads = torch.zeros_like(self.flat_params)
+        self.flat_grads = self.backend.name(torch.zeros_like(self.flat_params), "flat_grads")
         self._bind_grad_views()
         self.inplace_grads = (InplaceGrads([p for _, p in self.named_params])
                               if self.config.inplace_grads else None)
@@ -161,80 +179,46 @@ class Engine:
     def new_device_flat(self) -> torch.Tensor:
         return torch.zeros_like(self.flat_params)
 
-    def _staging(self, name: str, dtype: torch.dtype) -> torch.Tensor:
-        """A pinned host buffer of the shard's size in the device's dtype (CUDA only), so
-        bf16/fp16 cross the link in their own dtype and are converted on the host: a
-        copy between dtypes with non_blocking converts on the GPU first, into a
-        temporary, and ships 4 B per element."""
-        buf = self._staging_buffers.get(name)
-        if buf is None:
-            buf = torch.empty(self.shard_hi - self.shard_lo, dtype=dtype, pin_memory=True)
-            self._staging_buffers[name] = buf
-        return buf
-
-    def copy_grads_to(self, dst: torch.Tensor) -> None:
-        """d2h: this rank's shard of the gradients into the flat host buffer `dst` (every
-        gradient, into its slot, with one rank)."""
-        stream = self.d2h_stream
-        src = self.flat_grads[self.shard_lo:self.shard_hi]
-        if stream is None:
-            dst.copy_(src)
-            return
-        stream.wait_stream(torch.cuda.current_stream())
-        wire = dst if dst.dtype == src.dtype else self._staging("d2h", src.dtype)
-        with torch.cuda.stream(stream):
-            wire.copy_(src, non_blocking=True)
-        stream.synchronize()
-        if wire is not dst:
-            dst.copy_(wire)  # converted on the host
-
-    def upload_range(self, target: torch.Tensor, master: torch.Tensor, a: int, b: int) -> None:
-        """h2d (from the host worker): master[a:b] (shard-relative indices) into the
-        device buffer `target` at this rank's shard offset, in the device's dtype."""
-        stream = self.h2d_stream
-        lo = self.shard_lo
-        if stream is None:
-            target[lo + a:lo + b].copy_(master[a:b])
-            return
-        wire = master
-        if target.dtype != master.dtype:  # convert on the host, ship 2 B per element
-            wire = self._staging("h2d", target.dtype)
-            wire[a:b].copy_(master[a:b])
-        with torch.cuda.stream(stream):
-            target[lo + a:lo + b].copy_(wire[a:b], non_blocking=True)
-        stream.synchronize()
+    def compute(self, op: str, t: int, reads=(), writes=()):
+        """A block of device work (real/backend.py's `op` on the compute lane)."""
+        return self.backend.op("compute", op, t, reads=reads, writes=writes)
 
     # -- data parallel collectives ----------------------------------------------------
     def reduce_grads(self, t: int) -> None:
         """All-reduce (average) the flat gradient buffer across ranks."""
         dtype = COMM_DTYPES.get(self.config.comm_dtype, self.flat_grads.dtype)
+        grads = (self.flat_grads,)
         if dtype == self.flat_grads.dtype:
-            with self.recorder.span("net", "allreduce", t, nbytes=self.grad_bytes):
+            with self.backend.op("net", "allreduce", t, reads=grads, writes=grads,
+                                 nbytes=self.grad_bytes):
                 allreduce_mean_(self.dist, self.flat_grads)
             return
         # communication_data_type: the all-reduce runs on a copy in that dtype
-        wire = self.flat_grads.to(dtype)
-        with self.recorder.span("net", "allreduce", t,
-                                nbytes=wire.numel() * wire.element_size()):
-            allreduce_mean_(self.dist, wire)
-        self.flat_grads.copy_(wire)
+        with self.backend.op("compute", "allreduce_cast", t, reads=grads, writes=grads,
+                             span=False):
+            wire = self.flat_grads.to(dtype)
+            with self.backend.op("net", "allreduce", t,
+                                 nbytes=wire.numel() * wire.element_size()):
+                allreduce_mean_(self.dist, wire)
+            self.flat_grads.copy_(wire)
 
     def gather_params(self, target: torch.Tensor, t: int) -> None:
         """All-gather every rank's updated shard of `target` (a no-op with one rank)."""
         if not self.dist.active:
             return
         nbytes = self.dist.shard * self.dist.world * target.element_size()
-        with self.recorder.span("net", "allgather", t, nbytes=nbytes):
+        with self.backend.op("net", "allgather", t, reads=(target,), writes=(target,),
+                             nbytes=nbytes):
             allgather_flat(self.dist, target)
 
     # -- the training loop API --------------------------------------------------------
     def __call__(self, *args, **kwargs):
         if self._step_start is None:
             self._step_start = self.recorder.now()
-        with self.recorder.span("compute", "forward", self.t):
+        with self.compute("forward", self.t, reads=(self.flat_params,)):
             if self.inplace_grads is None:
                 return self.model(*args, **kwargs)
-            self.inplace_grads.routed = 0
+            self.inplace_grads.reset()
             with self.inplace_grads:
                 return self.model(*args, **kwargs)
 
@@ -245,8 +229,16 @@ class Engine:
         factor = 1.0 / self.config.grad_accum
         if self.loss_scaler is not None:
             factor *= self.loss_scaler.scale
-        with self.recorder.span("compute", "backward", self.t):
+        landing = None
+        if self.buckets is not None and self.is_gradient_accumulation_boundary():
+            landing = self.strategy.grads_landing(self.t)
+            if landing is not None:
+                self.buckets.arm(self.t, landing, self.buckets.expected(self.inplace_grads))
+        with self.compute("backward", self.t, reads=(self.flat_params,),
+                          writes=(self.flat_grads,)):
             (loss * factor if factor != 1.0 else loss).backward()
+        if landing is not None:  # what backward did not complete goes down now
+            self.sent_down = (landing, self.buckets.finish())
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the next `step()` updates the parameters (DeepSpeed's name)."""
@@ -268,7 +260,7 @@ class Engine:
         self._bind_grad_views()
         if self.dist.active:  # every rank then sees the same (non-)finite gradients
             self.reduce_grads(self.t)
-        with self.recorder.span("compute", "device_optim", self.t):
+        with self.compute("device_optim", self.t, reads=(self.flat_grads,)):
             bad = self._nonfinite_params()
         scaler = self.loss_scaler
         if scaler is not None:
@@ -277,7 +269,8 @@ class Engine:
             if bad:  # an fp16 overflow: skip the step, as DeepSpeed does
                 record["skipped"] = record["overflow"] = True
             elif record["loss_scale"] != 1.0:
-                with self.recorder.span("compute", "device_optim", self.t):
+                with self.compute("device_optim", self.t, reads=(self.flat_grads,),
+                                  writes=(self.flat_grads,)):
                     self.flat_grads.mul_(1.0 / record["loss_scale"])
         if bad and scaler is None:
             if self.config.nonfinite == "raise":
@@ -289,10 +282,13 @@ class Engine:
         if not record["skipped"]:
             with torch.no_grad():
                 self.strategy.step(self.t)
-        with self.recorder.span("compute", "device_optim", self.t):
+        # the gradients are zeroed once the d2h lane has read them
+        self.backend.wait("compute", self.grads_read, "zeroing waits for the d2h")
+        self.grads_read = None
+        with self.compute("device_optim", self.t, writes=(self.flat_grads,)):
             self._zero_grads()
-        if self.use_cuda:  # the step ends when its device work has: sync, then read
-            self.recorder.resolve_cuda()
+        self.backend.end_step()  # the step ends when its device work has, then read
+        self.recorder.resolve_cuda(block=False)
         end = self.recorder.now()
         record.update({"t_start_s": start, "t_end_s": end, "wall_s": end - start})
         self.step_log.append(record)
@@ -337,9 +333,11 @@ class Engine:
                                f"lost; save after the step() that ends the accumulation")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        strategy_state = self.strategy.state_dict()  # waits for the host and the uploads
+        self.backend.declare_state(strategy_state, self.flat_params, write=False)
         state = {"t": self.t, "strategy_name": self.config.strategy,
                  "flat_params": self.flat_params.detach().cpu(),
-                 "strategy": self.strategy.state_dict(), "config": self.config.raw,
+                 "strategy": strategy_state, "config": self.config.raw,
                  "loss_scaler": self.loss_scaler.state_dict() if self.loss_scaler
                  else None}
         path = directory / self.checkpoint_name
@@ -363,6 +361,8 @@ class Engine:
         with torch.no_grad():
             self.flat_params.copy_(state["flat_params"])
             self.strategy.load_state_dict(state["strategy"])
+        self.backend.declare_state(self.strategy.state_dict(), self.flat_params,
+                                   write=True)
         if self.loss_scaler is not None and state.get("loss_scaler"):
             self.loss_scaler.load_state_dict(state["loss_scaler"])
         self.t = state["t"]
@@ -374,7 +374,12 @@ class Engine:
         return f"zfbench_engine.rank{self.dist.rank}of{self.dist.world}.pt"
 
     def close(self) -> None:
+        if self.buckets is not None:
+            self.buckets.close()
         self.host_lane.close()
+        if self.use_cuda:
+            self.recorder.resolve_cuda()
+        self.backend.close()
 
     def release(self) -> None:
         """After close(): drop the model, parameters, gradients and optimizer state; the

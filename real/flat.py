@@ -3,8 +3,10 @@
 The host side of every offloading strategy keeps its fp32 master weights, Adam moments and
 gradient buffers as single flat tensors (fast kernels, one allocation, pinned on CUDA),
 addressed per parameter through views. `FlatLayout` knows where each parameter lives and
-how to cut the buffer into contiguous chunks for the host optimizer; `LOW_PRECISION` maps
-a config precision to the device buffers' dtype.
+how to cut the buffer into contiguous chunks for the host optimizer. `DTYPES` is the
+engine's one map from a config precision to its torch dtype (the device buffers' and the
+gradients' on the wire; `LOW_PRECISION` is its 16-bit part, and the element sizes are
+`zfbench.core.memory_model.ELEMENT_BYTES`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-# the device weights' and gradients' dtype per config precision (fp32 otherwise)
-LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# the torch dtype of each config precision (device weights and gradients, communication)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# the low-precision ones: a precision not in here keeps fp32 device buffers
+LOW_PRECISION = {k: v for k, v in DTYPES.items() if v != torch.float32}
 
 
 def is_column_major(t: torch.Tensor) -> bool:

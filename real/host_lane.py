@@ -7,6 +7,11 @@ next step needs. A job is a list of chunk callables sharing one `Future`; each c
 records its own span. A chunk that raises fails its job's future with the original
 traceback, cancels the job's remaining chunks, and is kept as `error` so the engine's next
 `step()` re-raises it: a dead worker never makes the engine hang.
+
+A job starts only after the events it was given (`after`: the worker blocks on each, e.g.
+the d2h copy of the gradients it reads), and carries the ordering the backend's hazard
+checker needs (real/backend.py): the submitting thread's past before it, the worker's past
+after it, handed to whoever waits for the job.
 """
 
 from __future__ import annotations
@@ -27,17 +32,21 @@ class HostWorkerError(RuntimeError):
 
 class _Job:
     def __init__(self, op: str, step: int, chunks: list[Callable[[], int | None]],
-                 lane: str) -> None:
+                 lane: str, after, clock) -> None:
         self.op, self.step, self.lane = op, step, lane
         self.chunks = deque(chunks)
+        self.after = list(after)  # (event, why) to wait for before the first chunk
+        self.clock = clock  # the submitting thread's clock (hazard checking)
+        self.started = False
         self.future: Future = Future()
 
 
 class HostLane:
     def __init__(self, recorder: SpanRecorder, threads: int, name: str = "host-lane",
-                 device=None) -> None:
+                 device=None, backend=None) -> None:
         self.recorder = recorder
         self.device = device  # a CUDA device: the worker's uploads go to this rank's GPU
+        self.backend = backend  # real.backend: events to wait on, the hazard checker
         self.threads = max(1, int(threads))
         self.error: BaseException | None = None
         self._urgent: deque[_Job] = deque()
@@ -48,11 +57,14 @@ class HostLane:
         self._thread.start()
 
     def submit(self, op: str, step: int, chunks: list[Callable[[], int | None]],
-               urgent: bool = False, lane: str = "host") -> Future:
-        """Queue a job of chunk callables; each returns the bytes it moved (or None)."""
-        job = _Job(op, step, list(chunks), lane)
+               urgent: bool = False, lane: str = "host", after=()) -> Future:
+        """Queue a job of chunk callables; each returns the bytes it moved (or None).
+        `after`: (event, why) pairs the worker waits for before the first chunk."""
+        backend = self.backend
+        job = _Job(op, step, list(chunks), lane, after,
+                   backend.snapshot() if backend is not None else None)
         if not job.chunks:
-            job.future.set_result(None)
+            job.future.set_result(job.clock)
             return job.future
         with self._cv:
             if self._closed:
@@ -75,6 +87,8 @@ class HostLane:
         torch.set_num_threads(self.threads)
         if self.device is not None:  # the current device is per thread: not GPU 0
             torch.cuda.set_device(self.device)
+        if self.backend is not None:
+            self.backend.bind_host_thread()
         while True:
             job = self._next()
             if job is None:
@@ -82,6 +96,10 @@ class HostLane:
             chunk = job.chunks.popleft()
             start = self.recorder.now()
             try:
+                if not job.started:
+                    job.started = True
+                    self._begin(job)
+                    start = self.recorder.now()
                 moved = chunk()
             except BaseException as err:  # keep it for the engine; never die silently
                 self.error = err
@@ -94,7 +112,15 @@ class HostLane:
             if not job.chunks:
                 with self._cv:
                     self._remove(job)
-                job.future.set_result(None)
+                job.future.set_result(self.backend.snapshot() if self.backend else None)
+
+    def _begin(self, job: _Job) -> None:
+        """Before a job's first chunk: ordered after its submitter, then its events."""
+        if self.backend is None:
+            return
+        self.backend.join_thread(job.clock, "host job after its submission")
+        for event, why in job.after:
+            self.backend.wait("host", event, why)
 
     def _remove(self, job: _Job) -> None:
         for queue in (self._urgent, self._normal):
@@ -102,12 +128,15 @@ class HostLane:
                 queue.popleft()
                 return
 
-    def wait(self, future: Future | None, timeout_s: float) -> None:
+    def wait(self, future: Future | None, timeout_s: float,
+             why: str = "main waits for a host job") -> None:
         """Wait for a job; re-raise its error, or fail after `timeout_s` seconds."""
         if future is None:
             return
         try:
-            future.result(timeout=timeout_s)
+            clock = future.result(timeout=timeout_s)
+            if self.backend is not None:
+                self.backend.join_thread(clock, why)
         except TimeoutError:
             raise HostWorkerError(f"host worker did not finish within {timeout_s:.0f} s "
                                   f"(raise zfbench.host_timeout_s if the host is this slow)"

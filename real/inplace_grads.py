@@ -23,6 +23,10 @@ Not routed, so plain autograd handles them: embeddings with `max_norm`, `sparse`
 or sliced weight) and any parameter whose `.grad` is None (set to none by the caller).
 Gradient hooks registered on a routed weight do not fire (the gradient never passes
 through autograd); turn the mode off with `zfbench.inplace_grads: false` for such models.
+For the engine's own bookkeeping (real/grad_buckets.py: is a parameter's gradient
+complete?) the mode counts, in each forward, the routed uses of every parameter (`uses`)
+and notes the parameters that other ops use (`plain`: autograd accumulates those, and its
+hook fires), and `notify(param)` is called after each routed contribution in backward.
 """
 
 from __future__ import annotations
@@ -34,19 +38,22 @@ from torch.overrides import TorchFunctionMode
 __all__ = ["InplaceGrads"]
 
 
-def _accumulate(param: torch.Tensor, grad_fn):
-    """Add grad_fn() into param.grad in place when it is set; else return it for autograd."""
+def _accumulate(param: torch.Tensor, grad_fn, notify=None):
+    """Add grad_fn() into param.grad in place when it is set (and tell `notify`); else
+    return it for autograd."""
     if param.grad is None:
         return grad_fn(None)
     grad_fn(param.grad)
+    if notify is not None:
+        notify(param)
     return None
 
 
 class _LinearIntoGrad(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias):
+    def forward(ctx, x, weight, bias, notify):
         ctx.save_for_backward(x, weight)
-        ctx.bias = bias
+        ctx.bias, ctx.notify = bias, notify
         return F.linear(x, weight, bias)
 
     @staticmethod
@@ -67,18 +74,18 @@ class _LinearIntoGrad(torch.autograd.Function):
         def bias_grad(out):
             return g2.sum(0) if out is None else out.add_(g2.sum(0))
 
-        gw = _accumulate(weight, weight_grad) if ctx.needs_input_grad[1] else None
+        gw = _accumulate(weight, weight_grad, ctx.notify) if ctx.needs_input_grad[1] else None
         gb = None
         if ctx.bias is not None and ctx.needs_input_grad[2]:
-            gb = _accumulate(ctx.bias, bias_grad)
-        return gx, gw, gb
+            gb = _accumulate(ctx.bias, bias_grad, ctx.notify)
+        return gx, gw, gb, None
 
 
 class _EmbeddingIntoGrad(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, ids, weight, padding_idx):
+    def forward(ctx, ids, weight, padding_idx, notify):
         ctx.save_for_backward(ids)
-        ctx.weight, ctx.padding_idx = weight, padding_idx
+        ctx.weight, ctx.padding_idx, ctx.notify = weight, padding_idx, notify
         return F.embedding(ids, weight, padding_idx)
 
     @staticmethod
@@ -99,7 +106,7 @@ class _EmbeddingIntoGrad(torch.autograd.Function):
                 return out.index_put_((flat_ids,), rows.to(out.dtype), accumulate=True)
             return out.index_add_(0, flat_ids, rows.to(out.dtype))
 
-        return None, _accumulate(weight, weight_grad), None
+        return None, _accumulate(weight, weight_grad, ctx.notify), None, None
 
 
 def _arg(args, kwargs, i, name, default=None):
@@ -114,6 +121,28 @@ class InplaceGrads(TorchFunctionMode):
         super().__init__()
         self.ids = {id(p) for p in params}
         self.routed = 0  # calls routed in the last forward (tests read it)
+        self.uses: dict[int, int] = {}  # routed uses per parameter id, this forward
+        self.plain: set[int] = set()  # parameter ids other ops used, this forward
+        self.notify = None  # called with a parameter after each routed contribution
+
+    def reset(self) -> None:
+        """Before a forward: clear the counts."""
+        self.routed = 0
+        self.uses = {}
+        self.plain = set()
+
+    def _route(self, *params) -> None:
+        self.routed += 1
+        for p in params:
+            if p is not None:
+                self.uses[id(p)] = self.uses.get(id(p), 0) + 1
+
+    def _note_plain(self, args, kwargs) -> None:
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, torch.Tensor) and id(a) in self.ids:
+                self.plain.add(id(a))
+            elif isinstance(a, (list, tuple)):
+                self._note_plain(a, {})
 
     def _ours(self, w) -> bool:
         return (isinstance(w, torch.Tensor) and id(w) in self.ids and w.requires_grad
@@ -125,8 +154,8 @@ class InplaceGrads(TorchFunctionMode):
             x, w = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
             b = _arg(args, kwargs, 2, "bias")
             if self._ours(w) and (b is None or id(b) in self.ids):
-                self.routed += 1
-                return _LinearIntoGrad.apply(x, w, b)
+                self._route(w, b)
+                return _LinearIntoGrad.apply(x, w, b, self.notify)
         elif func is F.embedding:
             ids, w = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
             pad = _arg(args, kwargs, 2, "padding_idx")
@@ -136,6 +165,7 @@ class InplaceGrads(TorchFunctionMode):
             if plain and self._ours(w):
                 if pad is not None and pad < 0:
                     pad += w.shape[0]
-                self.routed += 1
-                return _EmbeddingIntoGrad.apply(ids, w, pad)
+                self._route(w)
+                return _EmbeddingIntoGrad.apply(ids, w, pad, self.notify)
+        self._note_plain(args, kwargs)
         return func(*args, **kwargs)

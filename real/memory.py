@@ -14,8 +14,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from zfbench.core.config_zenflow import SCENARIO_ZENFLOW
+from zfbench.core.memory_model import host_bytes_per_param
 from zfbench.core.models import ModelShape
 from zfbench.core.schedule import topk_count
+
+# The top-k ratio a memory check assumes when it is not told: the scenario's.
+TOPK_RATIO = SCENARIO_ZENFLOW["topk_ratio"]
 
 GIB = 2 ** 30
 # Framework overhead, allocator slack and the Python process itself (judgment: torch's
@@ -46,25 +51,23 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, elem_bytes: int) -
 
 
 def estimate(shape: ModelShape, strategy: str, batch: int, seq: int, elem_bytes: int = 4,
-             topk_ratio: float = 0.1) -> MemoryEstimate:
+             topk_ratio: float = TOPK_RATIO) -> MemoryEstimate:
     p = shape.total_params
     device = 2 * p * elem_bytes + activation_bytes(shape, batch, seq, elem_bytes)
-    host = 0.0
     if strategy == "device":  # m, v, scratch; fp32 master and gradient copies if not fp32
         device += 12 * p + (8 * p if elem_bytes != 4 else 0)
-    elif strategy in ("zero-offload", "zero-offload-dpu"):
-        host += 16 * p
-        if strategy == "zero-offload-dpu":
-            device += p * elem_bytes
+    elif strategy == "zero-offload-dpu":
+        device += p * elem_bytes  # upload buffer
     elif strategy == "zenflow":
         selected = sum(m.rows * topk_count(m.cols, topk_ratio) for m in shape.matrices())
         selected += sum(v.numel for v in shape.vectors())
         # upload buffer; per selected element fp32 values, gradient, scratch, m, v and a
         # low-precision staging copy
         device += p * elem_bytes + (20 + elem_bytes) * selected
-        host += 24 * p  # master, m, v, staging and two window buffers (fp32)
-    else:
+    elif strategy != "zero-offload":
         raise ValueError(f"unknown strategy {strategy!r}")
+    # fp32 master, m, v and the strategy's gradient buffers (zfbench.core.memory_model)
+    host = float(host_bytes_per_param(strategy) * p)
     return MemoryEstimate(device * HEADROOM, host * HEADROOM)
 
 
@@ -106,7 +109,7 @@ def process_baseline_bytes() -> float:
 
 
 def machine_need(shape: ModelShape, strategy: str, batch: int, seq: int, elem_bytes: int,
-                 topk_ratio: float = 0.1, ranks: int = 1,
+                 topk_ratio: float = TOPK_RATIO, ranks: int = 1,
                  baseline: float = 0.0) -> MemoryEstimate:
     """Memory of the whole run on one machine with `ranks` processes: every rank holds
     its own device replica (parameters, gradients, activations, optimizer state on the
@@ -122,7 +125,7 @@ def machine_need(shape: ModelShape, strategy: str, batch: int, seq: int, elem_by
 
 
 def check_fits(shape: ModelShape, strategies: list[str], batch: int, seq: int,
-               elem_bytes: int, use_cuda: bool, topk_ratio: float = 0.1,
+               elem_bytes: int, use_cuda: bool, topk_ratio: float = TOPK_RATIO,
                host_bytes: float | None = None, device_bytes: float | None = None,
                ranks: int = 1, baseline: float | None = None) -> None:
     """Raise `InsufficientMemoryError` unless every strategy fits (they run one by one)

@@ -68,14 +68,20 @@ class SpanRecorder:
         with self._lock:
             self.timeline.mark_step(self.rank, step, t_start, t_end)
 
-    def resolve_cuda(self) -> None:
-        """Turn recorded CUDA event pairs into spans (synchronizes the device)."""
+    def resolve_cuda(self, block: bool = True) -> None:
+        """Turn recorded CUDA event pairs into spans. `block`: wait for the device first
+        and resolve all; otherwise resolve those whose work is done and keep the rest (a
+        step's end must not wait for an asynchronous update still on the link)."""
         if not self._pending_cuda:
             return
-        torch.cuda.synchronize()
+        if block:
+            torch.cuda.synchronize()
         with self._lock:
-            pending, self._pending_cuda = self._pending_cuda, []
-        for lane, op, step, start, end, nbytes in pending:
+            done, waiting = [], []
+            for item in self._pending_cuda:
+                (done if block or item[4].query() else waiting).append(item)
+            self._pending_cuda = waiting
+        for lane, op, step, start, end, nbytes in done:
             t_start = self._anchor_cpu + self._anchor.elapsed_time(start) / 1e3
             t_end = self._anchor_cpu + self._anchor.elapsed_time(end) / 1e3
             self.add(lane, op, step, t_start, max(t_end, t_start), nbytes)

@@ -32,13 +32,15 @@ from zfbench.real.engine import Engine, initialize
 from zfbench.real.flat import device_dtype
 from zfbench.real.model import build_model
 from zfbench.core.config import AutoValues, EngineConfig, load_config, read_config
-from zfbench.core.models import ModelShape, get_model
-
-
+from zfbench.core.config_build import build_config
 # zfbench's ZenFlow scenario, used when a run asks for the zenflow strategy and the
 # config has no zero_optimization.zenflow section (announced in the config's notes)
-SCENARIO_ZENFLOW = {"topk_ratio": 0.1, "update_interval": 4, "overlap_step": True,
-                    "select_strategy": "step", "select_interval": 0}
+from zfbench.core.config_zenflow import SCENARIO_ZENFLOW
+from zfbench.core.models import ModelShape, get_model
+
+# The config of a run given none: the strategy is set per run (a load_config override).
+DEFAULT_LR = 1e-4
+DEFAULT_WEIGHT_DECAY = 0.01
 
 
 @dataclass
@@ -73,10 +75,8 @@ class RunSpec:
         return shape.with_layers(self.layers) if self.layers is not None else shape
 
     def _load(self, strategy: str | None, world: int, flags: bool = True) -> EngineConfig:
-        base = self.config if self.config is not None else {
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}},
-            "zero_optimization": {"stage": 2, "offload_optimizer": {"pin_memory": True}},
-        }
+        base = self.config if self.config is not None else build_config(
+            None, lr=DEFAULT_LR, weight_decay=DEFAULT_WEIGHT_DECAY, pin_memory=True)
         raw = read_config(base)
         over = dict(self.overrides)
         if flags:
@@ -93,12 +93,19 @@ class RunSpec:
         auto = AutoValues(micro_batch=self.batch or 1, grad_accum=self.grad_accum or 1,
                           precision=self.precision or "fp32")
         cfg = load_config(raw, world_size=world, auto=auto, **over)
+        if self.config is None and self._on_cuda():
+            # zfbench's own default on a GPU: gradients go down during backward, in
+            # DeepSpeed's buckets (on the CPU lanes the copies would only share the thread)
+            cfg = dataclasses.replace(cfg, overlap_comm=True)
         if scenario and self.config is not None:  # without a config it is the default
             said = ", ".join(f"{k} {v}" for k, v in SCENARIO_ZENFLOW.items())
             cfg = dataclasses.replace(cfg, notes=cfg.notes + (
                 f"zero_optimization.zenflow: absent from the config; the zenflow "
                 f"strategy runs zfbench's scenario ({said})",))
         return cfg
+
+    def _on_cuda(self) -> bool:
+        return self.device == "cuda" or (self.device == "auto" and torch.cuda.is_available())
 
     def engine_config(self, strategy: str, world: int | None = None) -> EngineConfig:
         """The effective config of one strategy: the file, then the values given here."""
@@ -139,14 +146,16 @@ def batches(spec: RunSpec, vocab: int, rank: int = 0, world: int = 1):
 
 
 def train(spec: RunSpec, strategy: str, model: torch.nn.Module | None = None,
-          progress: bool = True, dist: DistContext | None = None) -> RunResult:
+          progress: bool = True, dist: DistContext | None = None,
+          hazard_check: bool = False) -> RunResult:
     shape = spec.shape()
     config = spec.engine_config(strategy, world=dist.world if dist is not None else 1)
     torch.manual_seed(spec.seed)
     if model is None:
         model = build_model(shape, dtype=device_dtype(config.precision), seed=spec.seed)
     engine = initialize(model, config, device=spec.device, dist=dist,
-                        device_threads=spec.device_threads, host_threads=spec.host_threads)
+                        device_threads=spec.device_threads, host_threads=spec.host_threads,
+                        hazard_check=hazard_check)
     world = engine.dist.world
     data = batches(spec, shape.vocab, engine.dist.rank, world)
     losses: list[float] = []

@@ -27,15 +27,23 @@ from zfbench.real.host_adam import host_adamw_
 
 
 class Strategy:
-    """What every strategy shares: the engine's parameters, clock and lanes."""
+    """What every strategy shares: the engine's parameters, clock and lanes.
+
+    Device-side work goes through the engine's backend (real/backend.py): every op names
+    its lane and the buffers it reads and writes, and every cross-lane dependency is an
+    explicit wait, so one schedule runs on CUDA streams and on the CPU lanes, and the
+    hazard checker can prove it ordered."""
 
     name = "base"
 
     def __init__(self, engine) -> None:
         self.e = engine
+        self.B = engine.backend
         self.named = engine.named_params
         self.params = [p for _, p in self.named]
         self.opt = engine.config.optimizer
+        self.uploaded = None  # the h2d event after the last host job's uploads
+        self._wires: dict[str, torch.Tensor] = {}
 
     def step(self, t: int) -> None:
         raise NotImplementedError
@@ -49,23 +57,80 @@ class Strategy:
     def load_state_dict(self, state: dict) -> None:
         pass
 
+    # -- the link -------------------------------------------------------------------------
+    def wire(self, name: str) -> torch.Tensor:
+        """A pinned host buffer of the shard in the device's dtype: bf16/fp16 cross the
+        link as themselves (2 B per element) and are converted on the host."""
+        buf = self._wires.get(name)
+        if buf is None:
+            e = self.e
+            buf = self.B.pinned(e.shard_hi - e.shard_lo, e.flat_params.dtype)
+            self._wires[name] = self.B.name(buf, f"wire_{name}")
+            self.B.mark_host(buf)
+        return buf
+
+    def grads_landing(self, t: int) -> torch.Tensor | None:
+        """Where step t's gradients land on the host, free to be written during its
+        backward (overlap_comm); None: this strategy sends them after backward."""
+        return None
+
+    def grads_down(self, t: int, dst: torch.Tensor):
+        """d2h: this rank's shard of the gradients, once the compute lane has produced
+        them, into `dst` (fp32 host) or, in another dtype, into the d2h wire. Returns the
+        host buffer they land in and the event the host waits for before reading it; the
+        compute lane waits for the same event before it zeroes the gradients."""
+        e, B = self.e, self.B
+        if e.sent_down is not None:  # already sent, bucket by bucket, during backward
+            (landed, done), e.sent_down = e.sent_down, None
+            e.grads_read = done
+            return landed, done
+        B.wait("d2h", B.record("compute"), "d2h waits for the gradients")
+        landed = dst if dst.dtype == e.flat_params.dtype else self.wire("d2h")
+        B.copy("d2h", "d2h_grad", t, landed, e.flat_grads[e.shard_lo:e.shard_hi])
+        done = B.record("d2h")
+        e.grads_read = done
+        return landed, done
+
+    def to_host_dtype(self, dst: torch.Tensor, landed: torch.Tensor, op: str) -> None:
+        """On the host lane: the gradients that crossed in the device's dtype into fp32."""
+        if landed is not dst:
+            self.B.access("host", op, reads=(landed,), writes=(dst,))
+            dst.copy_(landed)
+
+    def params_up(self, t: int, target: torch.Tensor, a: int, b: int) -> None:
+        """h2d, from the host worker: master[a:b] (shard-relative) into the device buffer
+        `target` at this rank's shard offset, in the device's dtype (converted on the
+        host into the h2d wire first when it differs)."""
+        e, B, master = self.e, self.B, self.host.master
+        src = master[a:b]
+        if target.dtype != master.dtype:
+            wire = self.wire("h2d")[a:b]
+            B.access("host", "h2d_convert", reads=(src,), writes=(wire,))
+            wire.copy_(src)
+            src = wire
+        B.copy("h2d", "h2d_param", t, target[e.shard_lo + a:e.shard_lo + b], src)
+
     def _adam_upload_chunks(self, t: int, grad: torch.Tensor, step: int,
                             target: torch.Tensor, zero_after: bool = False):
         """One host-lane callable per chunk: AdamW on it at `step` (optionally zeroing the
-        gradient chunk after), then its parameters up into `target` (an h2d span)."""
-        host, opt, e = self.host, self.opt, self.e
+        gradient chunk after), then its parameters up into `target` (an h2d span); the
+        last one records the event after every upload (`self.uploaded`)."""
+        host, opt, B = self.host, self.opt, self.B
         jobs = []
         for a, b in host.chunks:
             def chunk(a=a, b=b) -> None:
+                B.access("host", "host_optim", reads=(grad[a:b],),
+                         writes=(host.master[a:b], host.m[a:b], host.v[a:b])
+                         + ((grad[a:b],) if zero_after else ()))
                 host.adam_chunk(a, b, grad, step, opt)
                 if zero_after:
                     grad[a:b].zero_()
-                start = e.recorder.now()
-                e.upload_range(target, host.master, a, b)
-                e.recorder.add("h2d", "h2d_param", t, start, e.recorder.now(),
-                               (b - a) * e.param_bytes)
+                self.params_up(t, target, a, b)
             jobs.append(chunk)
-        return jobs
+
+        def uploaded() -> None:
+            self.uploaded = B.record("h2d")
+        return jobs + [uploaded]
 
     def _collect_pending(self, t: int) -> bool:
         """Wait for the pending host job and gather every rank's shard of its result into
@@ -74,6 +139,7 @@ class Strategy:
         if self.pending is None and not self.pending_ready:
             return False
         e.host_lane.wait(self.pending, e.host_timeout_s)
+        self.B.wait("compute", self.uploaded, "compute waits for the uploads")
         e.gather_params(self.upload, t)
         return True
 
@@ -112,7 +178,8 @@ class DeviceStrategy(Strategy):
 
     def step(self, t: int) -> None:
         e = self.e
-        with e.recorder.span("compute", "device_optim", t):
+        with self.B.op("compute", "device_optim", t, reads=(e.flat_grads,),
+                       writes=(e.flat_params, e.flat_grads)):
             clip = e.config.gradient_clipping
             if clip > 0:  # the global L2 norm over every gradient, as per parameter
                 torch.nn.utils.clip_grad_norm_([e.flat_grads], clip)
@@ -148,24 +215,27 @@ class HostState:
         self.lo, self.hi = engine.shard_lo, engine.shard_hi
         self.numel = self.hi - self.lo
         self.dist = engine.dist
-        pin = engine.use_cuda and engine.config.pin_memory  # nothing to pin without CUDA
+        backend = engine.backend
+        pin = engine.config.pin_memory  # CpuLanes: nothing to pin, plain buffers
 
-        def new() -> torch.Tensor:
-            buf = torch.zeros(self.numel, dtype=torch.float32)
-            return buf.pin_memory() if pin else buf
-        self.master = new()
+        def new(name: str) -> torch.Tensor:
+            buf = (backend.pinned(self.numel, torch.float32) if pin
+                   else torch.zeros(self.numel, dtype=torch.float32))
+            backend.mark_host(buf)
+            return backend.name(buf, name)
+        self.master = new("host.master")
         self.master.copy_(engine.flat_params[self.lo:self.hi].detach().float().cpu())
-        self.m = new()
-        self.v = new()
-        self.grads = [new() for _ in range(n_grad_buffers)]
+        self.m = new("host.m")
+        self.v = new("host.v")
+        self.grads = [new(f"host.grads[{i}]") for i in range(n_grad_buffers)]
         step = max(1, int(engine.host_chunk_elems))
         self.chunks = [(a, min(a + step, self.numel)) for a in range(0, self.numel, step)]
 
     def sync_master(self, flat_params: torch.Tensor) -> None:
-        """The master shard from the device weights: exact only for fp32 weights (bf16 or
-        fp16 would round the master; ZenFlow then exchanges fp32 values instead,
-        real/zenflow_shard.py)."""
-        self.master.copy_(flat_params[self.lo:self.hi].detach().float().cpu())
+        """The master shard from the device weights (a blocking d2h the caller declares):
+        exact only for fp32 weights (bf16 or fp16 would round the master; ZenFlow then
+        exchanges fp32 values instead, real/zenflow_shard.py)."""
+        self.master.copy_(flat_params[self.lo:self.hi].detach())
 
     def adam_chunk(self, a: int, b: int, grad: torch.Tensor, step: int, opt) -> None:
         host_adamw_(self.master[a:b], grad[a:b], self.m[a:b], self.v[a:b], step=step,
@@ -202,24 +272,27 @@ class OffloadStrategy(Strategy):
     def __init__(self, engine) -> None:
         super().__init__(engine)
         self.host = HostState(engine)
-        self.upload = engine.new_device_flat() if self.stale else None
+        self.upload = (self.B.name(engine.new_device_flat(), "upload") if self.stale
+                       else None)
         self.pending = None  # future of the host step whose parameters are not applied
         self.pending_ready = False  # restored from a checkpoint: upload holds a result
 
-    def grads_down(self, t: int, dst: torch.Tensor, scale: float = 1.0) -> None:
-        """The d2h lane: copy every gradient into the flat host buffer `dst`."""
-        e = self.e
-        with e.recorder.span("d2h", "d2h_grad", t, nbytes=e.shard_grad_bytes,
-                             stream=e.d2h_stream):
-            e.copy_grads_to(dst)
-        if scale != 1.0:
-            dst.mul_(scale)
+    def host_step_chunks(self, t: int, dst: torch.Tensor, landed: torch.Tensor,
+                         step: int, target: torch.Tensor, clip: float):
+        """Chunk callables: the gradients into fp32, (clip,) AdamW on each chunk, then its
+        parameters up."""
+        def prepare() -> None:
+            self.to_host_dtype(dst, landed, "host_optim")
+            if clip > 0:
+                self.B.access("host", "host_optim", reads=(dst,), writes=(dst,))
+                self.host.clip_(dst, clip)
+        return [prepare] + self._adam_upload_chunks(t, dst, step, target)
 
-    def host_step_chunks(self, t: int, grad: torch.Tensor, step: int, target: torch.Tensor,
-                         clip: float):
-        """Chunk callables: (clip, then) AdamW on each chunk, then its parameters up."""
-        jobs = [lambda: self.host.clip_(grad, clip)] if clip > 0 else []
-        return jobs + self._adam_upload_chunks(t, grad, step, target)
+    def grads_landing(self, t: int) -> torch.Tensor | None:
+        if self.stale:  # the pending host step still reads the gradient buffer
+            return None
+        grad = self.host.grads[0]
+        return grad if grad.dtype == self.e.flat_params.dtype else self.wire("d2h")
 
     def step(self, t: int) -> None:
         e = self.e
@@ -227,14 +300,20 @@ class OffloadStrategy(Strategy):
             # the previous host step must be done: its parameters go up now (one step
             # late), and the gradient buffer and upload buffer are free again
             self.apply_pending(t)
-        self.grads_down(t, self.host.grads[0])
+        grad = self.host.grads[0]
+        landed, done = self.grads_down(t, grad)
         target = self.upload if self.stale else e.flat_params
+        # (with `stale`, the uploads overwrite `upload`, which apply_pending read before
+        # the d2h: waiting for the d2h orders them after that read too)
+        after = [(done, "host waits for the d2h of the gradients")]
         job = e.host_lane.submit("host_optim", t, self.host_step_chunks(
-            t, self.host.grads[0], t + 1, target, e.config.gradient_clipping))
+            t, grad, landed, t + 1, target, e.config.gradient_clipping), after=after)
         if self.stale:
             self.pending = job
         else:
             e.host_lane.wait(job, e.host_timeout_s)
+            e.grads_read = None  # the job read them after the d2h: zeroing may follow
+            self.B.wait("compute", self.uploaded, "compute waits for the uploads")
             e.gather_params(e.flat_params, t)
 
     def apply_pending(self, t: int) -> None:
@@ -242,7 +321,8 @@ class OffloadStrategy(Strategy):
         e = self.e
         if not self._collect_pending(t):
             return
-        with e.recorder.span("compute", "device_optim", t):
+        with self.B.op("compute", "device_optim", t, reads=(self.upload,),
+                       writes=(e.flat_params,)):
             e.flat_params.copy_(self.upload)
         self.pending, self.pending_ready = None, False
 
@@ -254,6 +334,7 @@ class OffloadStrategy(Strategy):
         e = self.e
         if self.pending is not None:
             e.host_lane.wait(self.pending, e.host_timeout_s)
+            self.B.wait("compute", self.uploaded, "checkpoint waits for the uploads")
         return {"host": self.host.state_dict(), "upload": self.upload,
                 "pending": self.pending is not None or self.pending_ready}
 

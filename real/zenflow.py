@@ -74,7 +74,7 @@ class ZenFlowStrategy(Strategy):
         self.U = None if self.auto else int(zf.update_interval)
         self.S = zf.select_interval_steps(engine.steps_per_epoch)
         self.host = HostState(engine, n_grad_buffers=3)  # staging + two window buffers
-        self.upload = engine.new_device_flat()
+        self.upload = self.B.name(engine.new_device_flat(), "upload")
         self.matrices = [(n, p) for n, p in self.named if p.dim() == 2]
         self.vectors = [(n, p) for n, p in self.named if p.dim() != 2]
         self.selected: dict[str, torch.Tensor] = {}
@@ -122,48 +122,62 @@ class ZenFlowStrategy(Strategy):
         if is_selection_step(t, self.W, self.S):
             self.select(t)
         staging, window = self.host.grads[2], self.host.grads[self.parity]
-        e.host_lane.wait(self.accum_job, e.host_timeout_s)  # staging is free again
-        with e.recorder.span("d2h", "d2h_grad", t, nbytes=e.shard_grad_bytes,
-                             stream=e.d2h_stream):
-            e.copy_grads_to(staging)
+        e.host_lane.wait(self.accum_job, e.host_timeout_s,
+                         "the d2h waits until the last accumulation read its buffer")
+        landed, done = self.grads_down(t, staging)  # bf16: the wire, added as bf16
         alpha = 1.0 / self.grad_divisor
 
         def accumulate() -> None:
-            window.add_(staging, alpha=alpha)
-        self.accum_job = e.host_lane.submit("host_accum", t, [accumulate], urgent=True)
+            self.B.access("host", "host_accum", reads=(landed,), writes=(window,))
+            window.add_(landed, alpha=alpha)
+        self.accum_job = e.host_lane.submit(
+            "host_accum", t, [accumulate], urgent=True,
+            after=[(done, "host waits for the d2h of the gradients")])
         self.window_len += 1
         boundary = self.is_boundary(t)
         if self.auto:
             self.observe(t)
         if boundary:
             self.flush(t, window)
-        with e.recorder.span("compute", "device_optim", t):
+        with e.compute("device_optim", t, reads=(e.flat_grads,), writes=(e.flat_params,)):
             self.device_update()
+
+    def grads_landing(self, t: int) -> torch.Tensor | None:
+        """The staging buffer (or the d2h wire), once the last accumulation read it."""
+        e = self.e
+        e.host_lane.wait(self.accum_job, e.host_timeout_s,
+                         "the d2h waits until the last accumulation read its buffer")
+        staging = self.host.grads[2]
+        return staging if staging.dtype == e.flat_params.dtype else self.wire("d2h")
 
     def warmup_step(self, t: int) -> None:
         """A plain synchronous offload step on grad / U at step number t + 1."""
         e, host = self.e, self.host
         grad = host.grads[2]
-        with e.recorder.span("d2h", "d2h_grad", t, nbytes=e.shard_grad_bytes,
-                             stream=e.d2h_stream):
-            e.copy_grads_to(grad)
-        grad.div_(self.grad_divisor)
+        landed, done = self.grads_down(t, grad)
         job = e.host_lane.submit("host_optim", t, self.update_chunks(
-            t, grad, e.flat_params, scale=1.0))
+            t, grad, e.flat_params, scale=1.0, landed=landed, divisor=self.grad_divisor),
+            after=[(done, "host waits for the d2h of the gradients")])
         e.host_lane.wait(job, e.host_timeout_s)
+        self.B.wait("compute", self.uploaded, "compute waits for the uploads")
         e.gather_params(e.flat_params, t)
 
     def select(self, t: int) -> None:
         e = self.e
+        B = self.B
         if t != 0:
             self.apply_pending(t)
+            if not self.low or t > self.W:  # the device has values newer than the master
+                B.wait("d2h", B.record("compute"), "select's d2h waits for the weights")
             if not self.low:  # fp32 weights: the device's values are exact
-                with e.recorder.span("d2h", "select", t, nbytes=e.shard_grad_bytes):
+                shard = e.flat_params[e.shard_lo:e.shard_hi]
+                with B.op("d2h", "select", t, reads=(shard,), writes=(self.host.master,),
+                          nbytes=e.shard_grad_bytes, blocking=True):
                     self.host.sync_master(e.flat_params)
-            elif t > self.W:  # the device has updated its fp32 values since the master
+            elif t > self.W:
                 master_from_device(e, self.host, self._fp32_items(), t)
         shared = self.exchange_scores(t) if e.dist.active else None
-        with e.recorder.span("compute", "select", t):
+        with e.compute("select", t, reads=(e.flat_grads,)):
             for name, p in self.matrices:
                 scores = shared[name] if shared is not None else self.column_scores(p.grad)
                 k = topk_count(p.shape[1], self.zf.topk_ratio)
@@ -178,6 +192,7 @@ class ZenFlowStrategy(Strategy):
                 self.dm[name].zero_()
                 self.dv[name].zero_()
         if self.low:
+            # (blocking: the compute lane's later reads are ordered after it)
             device_from_master(e, self.host, self._fp32_items(from_device=False), t)
 
     def _fp32_items(self, from_device: bool = True) -> list:
@@ -201,16 +216,17 @@ class ZenFlowStrategy(Strategy):
         if e.config.select_comm == "allgather":
             full = torch.empty_like(e.flat_grads)
             nbytes = ctx.shard * ctx.world * full.element_size()
-            with e.recorder.span("net", "allgather", t, nbytes=nbytes):
+            with self.B.op("net", "allgather", t, reads=(e.flat_grads,), writes=(full,),
+                           nbytes=nbytes):
                 allgather_flat(ctx, full, e.flat_grads)
             return {name: self.column_scores(e.layout.view(full, name))
                     for name, _ in self.matrices}
         square = e.config.importance == "l2sq"
-        with e.recorder.span("compute", "select", t):
+        with e.compute("select", t, reads=(e.flat_grads,)):
             parts = [shard_column_scores(e.flat_grads, e.layout.by_name[name], ctx.lo,
                                          ctx.hi, square) for name, _ in self.matrices]
             flat = torch.cat(parts)
-        with e.recorder.span("net", "allreduce", t, nbytes=flat.numel() * flat.element_size()):
+        with self.B.op("net", "allreduce", t, nbytes=flat.numel() * flat.element_size()):
             allreduce_sum_(ctx, flat)
         return dict(zip((name for name, _ in self.matrices),
                         torch.split(flat, [p.shape[1] for _, p in self.matrices])))
@@ -252,6 +268,8 @@ class ZenFlowStrategy(Strategy):
             scratch.append(self.vector_scratch[name])
             slices.append((p, None, None))
         self._device_adam(params, grads, ms, vs, [self.device_count] * len(params), scratch)
+        # the fp32 values it wrote (the weights are declared by the caller's op)
+        self.B.access("compute", "device_optim", writes=params)
         for (p, idx, low), new in zip(slices, params):
             if idx is None:
                 if new.data_ptr() != p.data_ptr():
@@ -281,11 +299,19 @@ class ZenFlowStrategy(Strategy):
 
     # -- host update of a window ------------------------------------------------------
     def update_chunks(self, t: int, grad: torch.Tensor, target: torch.Tensor, scale: float,
-                      zero_after: bool = False):
+                      zero_after: bool = False, landed: torch.Tensor | None = None,
+                      divisor: float = 1.0):
+        """Host chunks: the gradient (from the wire, into fp32; divided or scaled), clipped,
+        AdamW chunk by chunk with each chunk's parameters up."""
         host, e = self.host, self.e
         clip = e.config.gradient_clipping
 
         def prepare() -> None:
+            if landed is not None:
+                self.to_host_dtype(grad, landed, "host_optim")
+            self.B.access("host", "host_optim", reads=(grad,), writes=(grad,))
+            if divisor != 1.0:
+                grad.div_(divisor)
             if scale != 1.0:
                 grad.mul_(scale)
             host.clip_(grad, clip)
@@ -299,10 +325,14 @@ class ZenFlowStrategy(Strategy):
             self.tracker.flush()
             self.auto_boundary_next = False
         self.window_len = 0
+        after = []
         if self.zf.overlap_step:
+            # the last window's update goes on the device now, after this step's d2h: the
+            # new uploads overwrite `upload` only once the compute lane has read it
             self.apply_pending(t)
+            after.append((self.B.record("compute"), "uploads wait for the apply"))
         job = e.host_lane.submit("host_optim", t, self.update_chunks(
-            t, window, self.upload, scale, zero_after=True))
+            t, window, self.upload, scale, zero_after=True), after=after)
         self.parity ^= 1
         self.pending = job
         if not self.zf.overlap_step:
@@ -313,7 +343,8 @@ class ZenFlowStrategy(Strategy):
         e = self.e
         if not self._collect_pending(t):
             return
-        with e.recorder.span("compute", "device_optim", t):
+        with e.compute("device_optim", t, reads=(self.upload, e.flat_params),
+                       writes=(e.flat_params,)):
             keep = [(p, idx, take_columns(p.detach(), idx))
                     for (name, p), idx in ((m, self.selected[m[0]]) for m in self.matrices)]
             keep_vec = [(p, p.detach().clone()) for _, p in self.vectors]
@@ -340,7 +371,9 @@ class ZenFlowStrategy(Strategy):
     def state_dict(self) -> dict:
         e = self.e
         e.host_lane.wait(self.accum_job, e.host_timeout_s)
-        e.host_lane.wait(self.pending, e.host_timeout_s)
+        if self.pending is not None:
+            e.host_lane.wait(self.pending, e.host_timeout_s)
+            self.B.wait("compute", self.uploaded, "checkpoint waits for the uploads")
         return {"host": self.host.state_dict(), "upload": self.upload,
                 "selected": self.selected, "dm": self.dm, "dv": self.dv,
                 "device_count": self.device_count, "parity": self.parity,

@@ -140,7 +140,8 @@ def master_from_device(e, host, items, t: int) -> None:
     """Each (slot, idx, fp32 values) of `items` into the rank's master shard (a d2h span):
     the device's values of the old selection and the 1-D parameters at a reselection."""
     nbytes = sum(values.numel() * 4 for _, _, values in items)
-    with e.recorder.span("d2h", "select", t, nbytes=nbytes):
+    with e.backend.op("d2h", "select", t, reads=[v for _, _, v in items],
+                      writes=(host.master,), nbytes=nbytes, blocking=True):
         for slot, idx, values in items:
             master_put(host.master, host.lo, host.hi, slot, idx, values)
 
@@ -151,12 +152,13 @@ def device_from_master(e, host, items, t: int) -> None:
     values (a net span) sums the pieces, exactly: every element comes from one rank."""
     fresh = [values for _, _, values in items]
     nbytes = sum(v.numel() * 4 for v in fresh)
-    with e.recorder.span("h2d", "select", t, nbytes=nbytes):
+    with e.backend.op("h2d", "select", t, reads=(host.master,), writes=fresh,
+                      nbytes=nbytes, blocking=True):
         for slot, idx, values in items:
             master_take(host.master, host.lo, host.hi, slot, idx, values)
     if e.dist.active and fresh:
         flat = torch.cat([v.view(-1) for v in fresh])
-        with e.recorder.span("net", "allreduce", t, nbytes=nbytes):
+        with e.backend.op("net", "allreduce", t, reads=fresh, writes=fresh, nbytes=nbytes):
             allreduce_sum_(e.dist, flat)
         for v, part in zip(fresh, torch.split(flat, [v.numel() for v in fresh])):
             v.view(-1).copy_(part)

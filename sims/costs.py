@@ -15,6 +15,7 @@ from zfbench.sims import collectives, zero3
 from zfbench.sims.settings import (OFFLOAD_PARAMS, PRECISIONS, STRATEGIES, TRANSFER_MODES,
                            SimSettings, SimSettingsError, load_calibration)
 from zfbench.core import hardware, models
+from zfbench.core.memory_model import element_bytes, host_bytes_per_param
 from zfbench.core.schedule import topk_count
 
 __all__ = ["STRATEGIES", "TRANSFER_MODES", "PRECISIONS", "OFFLOAD_PARAMS", "SimSettings",
@@ -137,7 +138,7 @@ class CostModel:
     @property
     def elem_bytes(self) -> int:
         """Bytes of a parameter or gradient element on the device and on the link."""
-        return 4 if self.settings.precision == "fp32" else 2
+        return element_bytes(self.settings.precision)
 
     @property
     def params(self) -> int:
@@ -266,14 +267,14 @@ class CostModel:
         act = self.activation_bytes()
         if strategy == "device":  # ZeRO-2: 16-bit params, partitioned grads and fp32 state
             device = p * b + part * b + part * 12 + act
-            host = 0.0
         elif strategy in ("zero-offload", "zero-offload-dpu"):
             device = p * b + p * b + act  # params + a full gradient buffer
-            host = self.per_node(p * (12 + 4))  # fp32 master, m, v, fp32 grad; node's ranks
-        else:  # zenflow: device Adam state for the selected slice, host state + 2 accumulators
+        else:  # zenflow: device Adam state for the selected slice
             sel = self.selected_params
             device = p * b + p * b + sel * 12 + act
-            host = self.per_node(p * (12 + 2 * 4))
+        # the node's ranks' host state as the engine allocates it (zfbench.core.memory_model:
+        # fp32 master, m, v and the strategy's fp32 gradient buffers; none for device)
+        host = float(self.per_node(p * host_bytes_per_param(strategy)))
         return {"device_bytes_per_rank": device, "host_bytes": host, "nvme_bytes": 0.0}
 
     def fits(self, strategy: str) -> dict[str, float | bool]:

@@ -1,9 +1,10 @@
 """The simulator's knobs: `SimSettings`, validated with messages that name the knob.
 
 This module owns every knob of a simulation (model, node, batch, precision, ZenFlow
-parameters, offload placement, steps) and the names a knob may take (strategies, transfer
-modes, precisions, where offloaded parameters live). `zfbench.sims.costs` turns settings into
-costs and re-exports all of this (split out of costs.py for size). It also reads a
+parameters, offload placement, steps) and the names a knob may take (transfer modes, where
+offloaded parameters live; the strategies and precisions are zfbench.core's, re-exported
+here, and the ZenFlow defaults are zfbench.core's scenario). `zfbench.sims.costs` turns
+settings into costs and re-exports all of this (split out of costs.py for size). It also reads a
 measured profile's calibration (`load_calibration`), which both the checks here and the
 cost model need.
 """
@@ -14,15 +15,14 @@ from dataclasses import asdict, dataclass, replace
 
 from zfbench.sims.update_windows import WindowPlan, window_plan
 from zfbench.core import hardware, models
-from zfbench.core.config import ConfigError, zenflow_from_dict
-
-# zero-infinity is simulated only: the real engine (real/) has no ZeRO-3 path.
-STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zero-infinity", "zenflow")
+from zfbench.core.config import SCENARIO_ZENFLOW, ConfigError, ZenFlowConfig, zenflow_from_dict
+from zfbench.core.memory_model import PRECISIONS
+# Every strategy; zero-infinity is simulated only (the real engine has no ZeRO-3 path).
+from zfbench.core.strategies import SIM_STRATEGIES as STRATEGIES  # noqa: F401
 # design: the paper's data path (unselected share down, unselected parameters up);
 # shipped: DeepSpeed's shipped path (zenflow.md "Data moved per step"); full: the whole
 # gradient down every step and whole parameters up at a boundary (zfbench's engine).
 TRANSFER_MODES = ("design", "shipped", "full")
-PRECISIONS = ("bf16", "fp16", "fp32")
 # Where zero-infinity keeps parameters and optimizer state: host DRAM or NVMe.
 OFFLOAD_PARAMS = ("cpu", "nvme")
 
@@ -58,12 +58,15 @@ class SimSettings:
     precision: str = "bf16"
     mfu: float | None = None
     activation_checkpointing: bool = True
-    topk_ratio: float = 0.1
-    update_interval: int | str = 4  # steps, or "auto" (resolved by zfbench.sims.update_windows)
+    # ZenFlow: zfbench's scenario (zfbench.core.config_zenflow.SCENARIO_ZENFLOW, which
+    # says why it is not DeepSpeed's config defaults); warm-up rounds are DeepSpeed's.
+    topk_ratio: float = SCENARIO_ZENFLOW["topk_ratio"]
+    # steps, or "auto" (resolved by zfbench.sims.update_windows)
+    update_interval: int | str = SCENARIO_ZENFLOW["update_interval"]
     auto_windows: str | None = None  # what "auto" resolves to: N, N1,N2,... or a windows.csv
-    select_interval: int = 0
-    overlap_step: bool = True
-    full_warm_up_rounds: int = 0
+    select_interval: int = SCENARIO_ZENFLOW["select_interval"]  # steps
+    overlap_step: bool = SCENARIO_ZENFLOW["overlap_step"]
+    full_warm_up_rounds: int = ZenFlowConfig.full_warm_up_rounds
     steps: int = 40
     transfers: str = "design"
     bandwidth_scale: float = 1.0

@@ -19,7 +19,7 @@ import simpy
 
 from zfbench.sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
 from zfbench.sims.fluid import FluidPool, NodeCapacities, node_rates
-from zfbench.sims.emulated import EmulatedRankSim, emulated_rates
+from zfbench.sims.emulated import emulated_rates
 from zfbench.sims.strategies import RankSim
 from zfbench.core.trace import Timeline
 
@@ -109,9 +109,8 @@ def simulate(settings: SimSettings, strategy: str) -> SimResult:
     # ranks of different nodes share nothing but the collectives' fixed durations.
     per_node = costs.gpus_per_node
     pools = [node_pool(k) for k in range(settings.nodes)]
-    for rank in range(settings.ranks):
-        rank_sim = EmulatedRankSim if costs.emulated else RankSim
-        env.process(rank_sim(env, timeline, pools[rank // per_node], costs, rank)
+    for rank in range(settings.ranks):  # a CPU-emulated accelerator: costs.emulated
+        env.process(RankSim(env, timeline, pools[rank // per_node], costs, rank)
                     .run(strategy, settings.steps))
     # The run allocates millions of short-lived objects and creates no reference cycles
     # (each is freed as soon as it is done with), so the cyclic collector, which would

@@ -22,6 +22,17 @@ to its lanes with the dependencies the real engine has:
 
 A step's wall interval runs from its forward's start to the moment the next forward may
 start; the stall the analysis reports is that interval minus the compute lane's busy time.
+
+The same schedules run on a CPU-emulated accelerator (`RankSim.emulated`, from the cost
+model: a profile measured without CUDA; what differs there is in `sims/emulated.py`). The
+engine has no copy engines there, so: compute spans are pool work slowed by host work
+beside them; after backward (and the engine's gradient check) the device thread itself
+copies every gradient down in one copy; uploads run on the host worker; applying an
+uploaded update is a device copy, which `zero-offload-dpu` does right before its
+gradients go down (not at the end of the step) and `zenflow` at its boundaries; zenflow's
+selection steps after step 0 first apply what is pending and copy the parameters down
+(the master re-synced from the device), and its device update adds the selected columns'
+gather and scatter; every step ends with the engine zeroing the gradients.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from __future__ import annotations
 import simpy
 
 from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel
+from zfbench.sims.emulated import device_thread_op, grad_check_s, grad_zero_s
 from zfbench.sims.fluid import FluidPool, Job
 from zfbench.sims.lanes import Lane, all_done, run_compute
 from zfbench.sims.zero_infinity import zero_infinity_step
@@ -43,6 +55,7 @@ class RankSim:
                  costs: CostModel, rank: int) -> None:
         self.env, self.timeline, self.costs, self.rank = env, timeline, costs, rank
         self.pool = pool
+        self.emulated = costs.emulated  # a CPU-emulated accelerator (sims/emulated.py)
         self.d2h = Lane(env, timeline, pool, rank, "d2h")
         self.h2d = Lane(env, timeline, pool, rank, "h2d")
         self.host = Lane(env, timeline, pool, rank, "host", priority_ops=("host_accum",))
@@ -52,14 +65,26 @@ class RankSim:
 
     # -- op helpers -------------------------------------------------------------------
     def compute(self, op: str, step: int, seconds: float):
+        if self.emulated:  # pool work, so host-lane work beside it slows it
+            return device_thread_op(self, "compute", op, step, seconds)
         return run_compute(self.env, self.timeline, self.rank, op, step, seconds)
 
     def transfer(self, lane: Lane, op: str, step: int, nbytes: float, deps) -> simpy.Event:
+        """A copy on `lane` once `deps` have fired; emulated, uploads run on the host
+        worker (recorded on the h2d lane)."""
         nbytes = int(round(nbytes))
         if nbytes <= 0:
             return _fired(self.env)
         job = Job(lane.name, self.rank, nbytes)
+        if self.emulated and lane is self.h2d:
+            return self.host.submit(op, step, deps, seconds=self.latency_s, job=job,
+                                    nbytes=nbytes, record_lane="h2d")
         return lane.submit(op, step, deps, seconds=self.latency_s, job=job, nbytes=nbytes)
+
+    def copy_down_now(self, op: str, step: int, nbytes: float):
+        """Emulated: a copy down run by the device thread (the compute lane waits for it)."""
+        nbytes = int(round(nbytes))
+        return device_thread_op(self, "d2h", op, step, nbytes, nbytes)
 
     def host_work(self, op: str, step: int, elems: float, deps) -> simpy.Event:
         if elems <= 0:
@@ -80,10 +105,30 @@ class RankSim:
         return self.net.submit(op, step, deps, seconds=seconds, nbytes=int(round(nbytes)))
 
     def backward(self, step: int, after_bucket):
-        """Backward bucket by bucket (last block first); `after_bucket(i)` runs after each."""
+        """Backward bucket by bucket (last block first); `after_bucket(i)` runs after each;
+        emulated, then the engine's non-finite check over every gradient."""
         for i in reversed(range(self.nb)):
             yield from self.compute("backward", step, self.costs.buckets[i].backward_s)
             after_bucket(i)
+        if self.emulated:
+            yield from self.compute("device_optim", step, grad_check_s(self.costs))
+
+    def apply_update(self, step: int, landed, keep_columns: bool = False):
+        """Wait for an uploaded update (None: none pending). Emulated, the device then
+        copies it into the parameters; zenflow (`keep_columns`) first keeps its selected
+        columns and puts them back after (costed as one step's column I/O)."""
+        if landed is None:
+            return
+        yield from all_done(self.env, [landed])
+        if self.emulated:
+            c = self.costs
+            yield from self.compute("device_optim", step, c.device_copy_s(c.params) + (
+                self.column_io_s() if keep_columns else 0.0))
+
+    def column_io_s(self) -> float:
+        """Emulated: zenflow's gather and scatter of the selected columns, per step (on a
+        GPU it is inside the device update's cost)."""
+        return self.costs.column_io_s() if self.emulated else 0.0
 
     def gather_when_ready(self, step: int, nbytes: float, ready: simpy.Event) -> simpy.Event | None:
         """All-gather updated parameters once `ready` fires: the collective joins the net
@@ -124,9 +169,9 @@ class RankSim:
             self.timeline.mark_step(self.rank, t, start, self.env.now)
 
     def after_step(self, t: int):
-        """Device work that closes every step (none here; the emulated engine zeroes
-        gradients)."""
-        return iter(())
+        """Device work that closes every step: emulated, the engine zeroes every gradient."""
+        if self.emulated:
+            yield from self.compute("device_optim", t, grad_zero_s(self.costs))
 
     def device_step(self, t: int):
         c = self.costs
@@ -140,8 +185,15 @@ class RankSim:
         gathered = self.collective("allgather", t, c.model_bytes, [])
         yield from all_done(self.env, [gathered])
 
+    def _shard_bytes(self, i: int) -> float:
+        """Bytes of this rank's share of bucket i's gradient or parameters."""
+        c = self.costs
+        return c.share(c.buckets[i].numel) * c.elem_bytes
+
     def _grads_down(self, t: int, bytes_of, extra_deps_of=lambda i: ()):
-        """Backward with each bucket's gradient reduced then sent down; returns the events."""
+        """Backward with each bucket's gradient reduced, then sent down (`bytes_of(i)`)
+        once `extra_deps_of(i)` have fired too; returns each bucket's event. Emulated:
+        backward only (returns none); `_copy_grads_down` sends them."""
         c = self.costs
         down: dict[int, simpy.Event] = {}
         self.reduced = []
@@ -151,33 +203,47 @@ class RankSim:
             self.reduced.append(red)
             down[i] = self.transfer(self.d2h, "d2h_grad", t, bytes_of(i),
                                     [red, *extra_deps_of(i)])
-        yield from self.backward(t, after)
+        yield from self.backward(t, (lambda i: None) if self.emulated else after)
         return down
+
+    def _copy_grads_down(self, t: int, bytes_of, extra_deps_of=lambda i: ()):
+        """Emulated: every gradient down in one copy by the device thread, once every
+        `extra_deps_of(i)` has fired (the staging buffer is free); with copy engines
+        `_grads_down` has sent them already."""
+        if not self.emulated:
+            return
+        deps = dict.fromkeys(d for i in range(self.nb) for d in extra_deps_of(i))
+        yield from all_done(self.env, list(deps))
+        yield from self.copy_down_now("d2h_grad", t, sum(bytes_of(i) for i in range(self.nb)))
 
     def offload_step(self, t: int):
         c = self.costs
         yield from self.compute("forward", t, c.forward_s)
-        down = yield from self._grads_down(t, lambda i: c.share(c.buckets[i].numel) * c.elem_bytes)
+        down = yield from self._grads_down(t, self._shard_bytes)
+        yield from self._copy_grads_down(t, self._shard_bytes)
         landed, _ = self.host_update(t, list(down.values()),
-                                     lambda i: c.share(c.buckets[i].numel),
-                                     lambda i: c.share(c.buckets[i].numel) * c.elem_bytes)
+                                     lambda i: c.share(c.buckets[i].numel), self._shard_bytes)
         yield from all_done(self.env, [landed])
 
     def dpu_step(self, t: int):
         c, st = self.costs, self.state
-        yield from all_done(self.env, [st.get(("landed", t - 2))])
+        stale = st.pop(("landed", t - 1), None)  # the update of step t-1
         yield from self.compute("forward", t, c.forward_s)
-        prev_chunks = st.get(("chunks", t - 1), {})
-        down = yield from self._grads_down(
-            t, lambda i: c.share(c.buckets[i].numel) * c.elem_bytes,
-            lambda i: [prev_chunks.get(i)])
+        prev_chunks = st.pop(("chunks", t - 1), {})
+
+        def consumed(i: int) -> list:  # the host is done with step t-1's gradient of i
+            return [prev_chunks.get(i)]
+        down = yield from self._grads_down(t, self._shard_bytes, consumed)
+        if self.emulated:  # the device thread applies it before its gradients go down
+            yield from self.apply_update(t, stale)
+            stale = None
+        yield from self._copy_grads_down(t, self._shard_bytes, consumed)
         last, chunks = self.host_update(t, list(down.values()),
                                         lambda i: c.share(c.buckets[i].numel),
-                                        lambda i: c.share(c.buckets[i].numel) * c.elem_bytes)
+                                        self._shard_bytes)
         st[("chunks", t)], st[("landed", t)] = chunks, last
-        st.pop(("chunks", t - 1), None)
         # The next forward needs the update of step t-1: the step ends when it has landed.
-        yield from all_done(self.env, [st.pop(("landed", t - 1), None)])
+        yield from self.apply_update(t, stale)
 
     def zenflow_step(self, t: int):
         c, s, st = self.costs, self.costs.settings, self.state
@@ -198,21 +264,23 @@ class RankSim:
                     c.buckets[i].numel) * c.elem_bytes, [st.get(("down", t - 1, i))])
         yield from self.compute("forward", t, c.forward_s)
         prev_accum = st.get(("accum", t - 1))
-        if shipped:
-            down = yield from self._grads_down(
-                t, lambda i: c.share(c.buckets[i].numel) * c.elem_bytes,
-                lambda i: [round_trip.get(i)])
-        else:
-            down = yield from self._grads_down(
-                t, lambda i: c.share(unselected[i]) * c.elem_bytes, lambda i: [prev_accum])
+        # Not shipped: the staging buffer is free once the host accumulated the last one.
+        bytes_of = self._shard_bytes if shipped else (
+            lambda i: c.share(unselected[i]) * c.elem_bytes)
+        deps_of = (lambda i: [round_trip.get(i)]) if shipped else (lambda i: [prev_accum])
+        down = yield from self._grads_down(t, bytes_of, deps_of)
         for i, event in down.items():
             st[("down", t, i)] = event
             st.pop(("down", t - 1, i), None)
         if is_selection_step(t, W, S):
+            if self.emulated and t != 0:  # apply what is pending, re-sync the master
+                yield from self.apply_update(t, st.pop("pending", None), True)
+                yield from self.copy_down_now("select", t, c.share(c.params) * c.elem_bytes)
             yield from self.compute("select", t, c.select_s())
             scores = self.collective("allreduce", t, 4 * sum(
                 m.cols for m in c.shape.matrices()), [])
             yield from all_done(self.env, [scores])
+        yield from self._copy_grads_down(t, bytes_of, deps_of)
         if not shipped:
             st[("accum", t)] = self.host_work("host_accum", t, c.share(sum(unselected)),
                                               list(down.values()))
@@ -224,17 +292,18 @@ class RankSim:
                                              c.share(c.params) * 4, window_deps)]
             up_elems = unselected if not shipped else [b.numel for b in c.buckets]
             if s.overlap_step:
-                yield from all_done(self.env, [st.pop("pending", None)])
+                yield from self.apply_update(t, st.pop("pending", None), True)
             landed, _ = self.host_update(t, window_deps,
                                          lambda i: c.share(c.buckets[i].numel),
                                          lambda i: c.share(up_elems[i]) * c.elem_bytes)
             if s.overlap_step:
                 st["pending"] = landed
             else:
-                yield from all_done(self.env, [landed])
+                yield from self.apply_update(t, landed, True)
             st.pop("window_start", None)
         yield from all_done(self.env, self.reduced)  # selected columns need reduced grads
-        yield from self.compute("device_optim", t, c.device_optim_s(c.selected_params))
+        yield from self.compute("device_optim", t, c.device_optim_s(c.selected_params)
+                                + self.column_io_s())
 
 
 def _fired(env: simpy.Environment) -> simpy.Event:

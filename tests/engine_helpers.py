@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 import zfbench.real as real
+from zfbench.core.config_build import build_config
 
 
 class BiasMLP(nn.Module):
@@ -39,16 +40,8 @@ def batches(vocab: int = 32, batch: int = 4, seq: int = 6, seed: int = 1):
 
 def config(strategy: str, lr: float = 1e-2, wd: float = 0.01, clip: float = 0.0,
            **zenflow) -> dict:
-    cfg = {"train_micro_batch_size_per_gpu": 4,
-           "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": wd}},
-           "gradient_clipping": clip,
-           "zero_optimization": {"stage": 2},
-           "zfbench": {"strategy": strategy}}
-    if strategy != "device":
-        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
-    if strategy == "zenflow":
-        cfg["zero_optimization"]["zenflow"] = zenflow
-    return cfg
+    return build_config(strategy, micro_batch=4, lr=lr, weight_decay=wd, clip=clip,
+                        zenflow=zenflow if strategy == "zenflow" else None)
 
 
 def make_engine(model: nn.Module, cfg: dict, **kwargs):

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # trains in subprocesses
+
 WORKER = Path(__file__).parent / "checkpoint_worker.py"
 
 

@@ -6,6 +6,7 @@ import tomllib
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from zfbench.cli import COMMANDS, main
 
@@ -37,6 +38,7 @@ def test_every_command_is_a_module_with_main_and_the_script_is_declared():
     assert scripts["zfbench"] == "zfbench.cli:main"
 
 
+@pytest.mark.slow
 def test_installed_script_runs():
     script = Path(sys.executable).parent / "zfbench"
     assert script.exists(), "reinstall (make setup): pyproject declares the zfbench script"

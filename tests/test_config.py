@@ -105,7 +105,8 @@ def test_full_ds_config_json_file(tmp_path):
         precision="bf16", gradient_clipping=1.0, zero_stage=2, offload_device="cpu",
         pin_memory=True,
         zenflow=ZenFlowConfig(0.05, "step", 300, 4, True, 2, 0.9, 0.25, False),
-        strategy="zenflow", nonfinite="raise", importance="l2sq", world_size=2)
+        strategy="zenflow", nonfinite="raise", importance="l2sq", world_size=2,
+        overlap_comm=True)
     assert c == expected
     assert c.train_batch_size == 16
     assert c.raw == json.loads(DS_CONFIG_JSON)

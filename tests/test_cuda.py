@@ -7,7 +7,8 @@ import torch
 
 from engine_helpers import BiasMLP, batches, config, make_engine, params_of, train_steps
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+              pytest.mark.slow]  # trains the engine for real
 
 ZF = dict(topk_ratio=0.25, update_interval=3, overlap_step=True, select_strategy="step",
           select_interval=6)
@@ -83,7 +84,49 @@ def test_bf16_crosses_the_link_as_bf16():
     cfg["bf16"] = {"enabled": True}
     engine = make_engine(BiasMLP(), cfg, device="cuda")
     train_steps(engine, ((i.cuda(), l.cuda()) for i, l in batches()), 4)
-    staging = engine._staging_buffers
+    wires = engine.strategy._wires  # pinned while the engine is open (close unpins)
+    assert wires["d2h"].dtype == torch.bfloat16 and wires["d2h"].is_pinned()
+    assert wires["h2d"].dtype == torch.bfloat16 and wires["h2d"].is_pinned()
+    # registered exactly: no caching-allocator rounding up to a power of two
+    n = engine.shard_hi - engine.shard_lo
+    assert wires["d2h"].numel() == n
     engine.close()
-    assert staging["d2h"].dtype == torch.bfloat16 and staging["d2h"].is_pinned()
-    assert staging["h2d"].dtype == torch.bfloat16 and staging["h2d"].is_pinned()
+
+
+def test_gradient_buckets_go_down_while_backward_runs():
+    """overlap_comm on a GPU: the buckets' d2h copies run on the d2h stream while the
+    compute stream is still in backward (span intervals intersect), and the run matches
+    the one with a single d2h after backward."""
+    from test_grad_buckets import TiedMLP, bucketed
+    results = {}
+    for on in (True, False):
+        model = TiedMLP(vocab=4096, hidden=256, inner=1024)
+        cfg = bucketed(config("zenflow", **ZF), on, elems=1 << 16)
+        engine = make_engine(model, cfg, device="cuda")
+        data = ((i.cuda(), l.cuda()) for i, l in batches(vocab=4096, batch=8, seq=128))
+        train_steps(engine, data, 6)
+        engine.finish()
+        engine.close()
+        results[on] = {n: p.cpu() for n, p in params_of(model).items()}
+        if on:
+            spans = engine.timeline.spans_frame()
+            overlapped = 0
+            for step in range(1, 6):
+                mine = spans[spans["step"] == step]
+                back = mine[mine["op"] == "backward"].iloc[0]
+                d2h = mine[mine["op"] == "d2h_grad"]
+                assert len(d2h) == len(engine.buckets.buckets)
+                overlapped += int(((d2h["t_start_s"] < back["t_end_s"]) &
+                                   (d2h["t_end_s"] > back["t_start_s"])).any())
+            assert overlapped >= 3, "no bucket's d2h ran during backward"
+    for name, p in results[True].items():
+        assert torch.equal(p, results[False][name]), name
+
+
+def test_gpu_sized_default_run_is_not_the_cpu_lane_shape():
+    """On CUDA, `zfbench.run` with no flags trains a full-depth model at a real batch and
+    sequence (zfbench/run_defaults.py), not the one-layer CPU-lane slice."""
+    from zfbench.run import build_parser, gpu_sized, spec_from_args
+    args = build_parser().parse_args(["--device", "cuda", "--quiet"])
+    spec = gpu_sized(spec_from_args(args, 1, ["zenflow"]), ["zenflow"], 1, args)
+    assert spec.layers is None and spec.seq >= 512 and spec.precision == "bf16"

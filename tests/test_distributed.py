@@ -118,6 +118,7 @@ def single_rank(strategy: str):
     return params_of(model), dict(getattr(engine.strategy, "selected", {}))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_ranks_match_one_rank_on_the_whole_batch(world, tmp_path):
     codes = spawn(world, tmp_path)
@@ -160,6 +161,7 @@ def test_ranks_match_one_rank_on_the_whole_batch(world, tmp_path):
     assert {op for op, _ in scores["net"]} == {"allreduce", "allgather"}
 
 
+@pytest.mark.slow
 def test_a_dead_rank_makes_the_others_fail_fast(tmp_path):
     started = time.monotonic()
     codes = spawn(2, tmp_path, mode="die", join_timeout_s=120)
@@ -195,6 +197,7 @@ def test_selection_bytes_llama2_7b():
     assert row["allgather_over_scores"] > 1000
 
 
+@pytest.mark.slow
 def test_cli_two_ranks_through_the_launcher(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("WORLD_SIZE", None)
@@ -223,6 +226,7 @@ def test_gpus_beyond_the_cuda_devices_is_an_error(monkeypatch, capsys):
     assert code == 2 and "--gpus 3" in err and "1 CUDA device" in err, err
 
 
+@pytest.mark.slow
 def test_launcher_stops_the_other_ranks_when_one_fails():
     from zfbench.real.launch import LaunchError, launch
 

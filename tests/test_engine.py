@@ -39,6 +39,7 @@ def torch_adamw_run(steps: int, late: bool = False) -> dict:
     return params_of(model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["device", "zero-offload"])
 def test_device_and_zero_offload_match_torch_adamw(strategy):
     model = BiasMLP()
@@ -51,6 +52,7 @@ def test_device_and_zero_offload_match_torch_adamw(strategy):
         assert torch.allclose(p, want[name], rtol=1e-5, atol=1e-6), name
 
 
+@pytest.mark.slow
 def test_zero_offload_dpu_is_adamw_one_step_late():
     model = BiasMLP()
     engine = make_engine(model, config("zero-offload-dpu"))
@@ -63,6 +65,7 @@ def test_zero_offload_dpu_is_adamw_one_step_late():
     assert not torch.allclose(got["up.weight"], torch_adamw_run(12)["up.weight"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["device", "zero-offload", "zero-offload-dpu", "zenflow"])
 def test_loss_falls_on_tiny(strategy):
     shape = get_model("tiny")
@@ -84,6 +87,7 @@ def test_loss_falls_on_tiny(strategy):
     assert last < first - 0.5, (strategy, first, last)
 
 
+@pytest.mark.slow
 def test_host_worker_error_surfaces_at_next_step_without_hanging():
     model = BiasMLP()
     engine = make_engine(model, config("zenflow", topk_ratio=0.25, update_interval=2,
@@ -104,6 +108,7 @@ def test_host_worker_error_surfaces_at_next_step_without_hanging():
     engine.close()
 
 
+@pytest.mark.slow
 def test_zero_offload_host_error_raises_in_the_same_step():
     engine = make_engine(BiasMLP(), config("zero-offload"), host_timeout_s=20)
     engine.strategy.host.adam_chunk = lambda *a, **k: 1 / 0
@@ -112,6 +117,7 @@ def test_zero_offload_host_error_raises_in_the_same_step():
     engine.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["device", "zero-offload", "zenflow"])
 def test_nonfinite_gradient_is_skipped_not_written(strategy):
     zf = dict(topk_ratio=0.25, update_interval=2) if strategy == "zenflow" else {}
@@ -145,6 +151,7 @@ def _state_tensors(engine):
     return s.m + s.v
 
 
+@pytest.mark.slow
 def test_nonfinite_gradient_raises_when_configured():
     cfg = config("zero-offload")
     cfg["zfbench"]["nonfinite"] = "raise"

@@ -36,6 +36,7 @@ def _accum_run(strategy: str, accum: int, steps: int, **zenflow):
     return params_of(model), engine, unchanged_between
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, zenflow", [
     ("device", {}), ("zero-offload", {}),
     ("zenflow", {"topk_ratio": 0.25, "update_interval": 2, "select_strategy": "step",
@@ -56,6 +57,7 @@ def test_accumulation_updates_at_the_boundary_like_one_big_batch(strategy, zenfl
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_saving_mid_accumulation_is_refused(tmp_path):
     cfg = config("device")
     cfg["gradient_accumulation_steps"] = 2
@@ -91,6 +93,7 @@ def test_dynamic_loss_scale_follows_deepspeeds_rule():
     assert static.scale == 128.0
 
 
+@pytest.mark.slow
 def test_fp16_overflow_skips_the_step_and_halves_the_scale():
     """A loss scale too large for fp16 makes the gradient overflow: the step is skipped
     (parameters untouched), the scale halves, and training goes on once it fits."""
@@ -131,6 +134,7 @@ def test_pt_reserved_cores_perc_sets_the_zenflow_thread_split(monkeypatch):
     torch.set_num_threads(1)
 
 
+@pytest.mark.slow
 def test_accumulated_gradient_is_the_big_batch_gradient():
     """Before the boundary step, the flat gradient of 4 micro-batches (each loss divided
     by 4) equals the gradient of the 8-row batch's mean loss."""

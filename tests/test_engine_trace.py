@@ -3,9 +3,12 @@
 import time
 
 import pandas as pd
+import pytest
 
 from zfbench.analysis.breakdown import step_breakdown
 from engine_helpers import BiasMLP, batches, config, make_engine, train_steps
+
+pytestmark = pytest.mark.slow  # trains the engine for real
 
 
 def overlapping(a: pd.DataFrame, b: pd.DataFrame) -> float:

@@ -56,6 +56,7 @@ def run_against_reference(zf: dict, overlap: bool, steps: int = 42, clip: float 
     return worst, max(final.values()), engine, ref, params_of(model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("overlap", [False, True])
 def test_engine_matches_reference(case, overlap):
@@ -72,6 +73,7 @@ def test_engine_matches_reference(case, overlap):
         assert len(set(ref.chosen_windows)) > 1  # the tracker really chose
 
 
+@pytest.mark.slow
 def test_overlap_is_deterministic_whatever_the_host_speed():
     """A slowed host worker changes timing, never parameters (one-window-late schedule)."""
     zf = CASES["warmup_reselect"]
@@ -84,6 +86,7 @@ def test_overlap_is_deterministic_whatever_the_host_speed():
     assert waits, "the slowed run recorded its host spans"
 
 
+@pytest.mark.slow
 def test_topk_one_u_one_is_torch_adamw():
     model = BiasMLP()
     twin = BiasMLP()
@@ -102,6 +105,7 @@ def test_topk_one_u_one_is_torch_adamw():
     engine.close()
 
 
+@pytest.mark.slow
 def test_selected_column_gets_exactly_its_own_adamw_step():
     """Between boundaries a selected column moves by AdamW on grad / U with its own state;
     unselected columns do not move."""
@@ -140,6 +144,7 @@ def test_selected_column_gets_exactly_its_own_adamw_step():
     engine2.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap", [False, True])
 def test_finish_can_flush_the_open_window(overlap):
     """The reference discards a window still open at the end; flush_partial runs its host
@@ -161,6 +166,7 @@ def test_finish_can_flush_the_open_window(overlap):
     assert torch.equal(kept["up.weight"][:, idx], flushed["up.weight"][:, idx])
 
 
+@pytest.mark.slow
 def test_bf16_selected_columns_keep_fp32_values_and_round_only_the_weights():
     """With bf16 weights the device AdamW runs on fp32 values of the selected columns,
     which it keeps from step to step, and writes them rounded into the bf16 weights; three
@@ -214,6 +220,7 @@ def test_engine_stores_each_weight_column_by_column():
     engine.close()
 
 
+@pytest.mark.slow
 def test_both_weight_layouts_train_to_the_same_parameters():
     """zfbench.column_major changes where each element lives, not the arithmetic: ZenFlow
     (and the device strategy) end at the same parameters either way."""

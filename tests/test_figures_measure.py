@@ -17,6 +17,7 @@ def measured(tmp_path_factory):
     return root, notes
 
 
+@pytest.mark.slow
 def test_missing_measurements_run_and_land_whole(measured):
     root, notes = measured
     assert [n.split(":")[0] for n in notes] == ["figures 10", "figures 11, 12"]
@@ -32,6 +33,7 @@ def test_missing_measurements_run_and_land_whole(measured):
     assert fm.run_missing(root, {10, 11, 12}, quick=True, quiet=True) == []
 
 
+@pytest.mark.slow
 def test_measured_files_draw_figures_10_to_12(measured, tmp_path):
     root, _ = measured
     rc = figures.main(["--quick", "--quiet", "--no-measure", "--out", str(tmp_path),
@@ -42,6 +44,7 @@ def test_measured_files_draw_figures_10_to_12(measured, tmp_path):
         assert (tmp_path / f"{stem}.png").stat().st_size > 10_000, stem
 
 
+@pytest.mark.slow
 def test_failed_run_leaves_nothing_and_says_so(tmp_path, monkeypatch):
     bad = fm.MeasureJob("validate", (10,), ("validate.csv",),
                         ("zfbench.validate", "--no-such-flag"))

@@ -59,6 +59,7 @@ def test_capture_matches_hand_computed_norms():
     assert cap.heatmap_grad is not None and cap.heatmap_grad.shape == (2, 3)
 
 
+@pytest.mark.slow
 def test_capture_through_the_engine_agrees_with_selection_scores():
     """The L1 column norms recorded are ZenFlow's selection scores for that step."""
     model = BiasMLP()
@@ -87,6 +88,7 @@ def test_capture_through_the_engine_agrees_with_selection_scores():
             assert top == idx, (step, name)
 
 
+@pytest.mark.slow
 def test_tiny_model_capture_feeds_the_statistics():
     model = build_model(get_model("tiny"), seed=0)
     engine = make_engine(model, config("device", lr=1e-3))
@@ -117,6 +119,7 @@ def test_tiny_model_capture_feeds_the_statistics():
     assert {"column", "row", "element"} <= set(details["unit"])
 
 
+@pytest.mark.slow
 def test_gradients_command_on_tiny_writes_the_documented_files(tmp_path):
     out = tmp_path / "runs"
     rc = gradients.main(["--model", "tiny", "--steps", "6", "--random-steps", "2",

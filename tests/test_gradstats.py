@@ -21,12 +21,11 @@ def norms_from_sets(sets: list[set[int]], cols: int = 10, layer: str = "layers.0
     return pd.DataFrame(rows)
 
 
-def test_topk_count_is_floor_with_minimum_one():
+def test_topk_count_is_the_schedules():
+    """One definition of ZenFlow's k (tests/test_schedule.py checks its values)."""
+    from zfbench.core.schedule import topk_count
+    assert gs.topk_count is topk_count
     assert gs.topk_count(100, 0.29) == 28  # 0.29 * 100 = 28.999... in floating point
-    assert gs.topk_count(10, 0.01) == 1
-    assert gs.topk_count(576, 0.1) == 57
-    with pytest.raises(ValueError):
-        gs.topk_count(10, 0.0)
 
 
 def test_top_share_known_values():
@@ -80,6 +79,21 @@ def test_locality_overlap_and_jaccard_known_sets():
     assert set(loc.kind) == {"q", "all"}
 
 
+def test_overlap_pairs_every_pair_of_steps_and_the_figure_aggregates_them():
+    from zfbench.analysis import plot_measured as pm
+    norms = norms_from_sets([{0, 1}, {0, 1}, {1, 2}, {3, 4}])
+    norms.loc[norms.step == 3, "step"] = 5  # gaps need not be consecutive here
+    pairs = gs.overlap_pairs(norms, 0.2)
+    assert len(pairs) == 6 and set(pairs["gap"]) == {1, 2, 3, 4, 5}
+    assert list(gs.overlap_pairs(norms, 0.2, max_gap=1)["overlap"]) == [1.0, 0.5]
+    fig = pm.topk_overlap(norms.drop(columns="kind").rename(columns={"layer": "weight"}), 0.2)
+    one = fig.set_index("gap")
+    assert one.loc[1, "overlap_mean"] == pytest.approx(0.75)  # (0,1) -> 1, (1,2) -> 1/2
+    assert one.loc[1, "pairs"] == 2 and one.loc[5, "overlap_max"] == 0.0
+    assert one.loc[1, "random_overlap"] == pytest.approx(0.2)
+    assert gs.overlap_pairs(norms[norms.step == 0], 0.2).empty
+
+
 def test_locality_refuses_gaps_in_steps():
     norms = norms_from_sets([{0, 1}, {0, 1}, {0, 1}])
     norms.loc[norms.step == 2, "step"] = 5
@@ -115,6 +129,7 @@ def test_pooled_heatmap_block_means():
     assert len(full) == 16 and full["abs_grad"].max() == 15
 
 
+@pytest.mark.slow
 def test_gradstats_does_not_import_torch():
     import subprocess
     import sys

@@ -115,6 +115,7 @@ def test_linear_any_shape_matches_autograd(lead, fin, fout, bias, seed):
     torch.testing.assert_close(torch.autograd.grad(out, x)[0], x_ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["device", "zero-offload", "zenflow"])
 def test_engine_parameters_equal_with_and_without(strategy):
     """The engine with `zfbench.inplace_grads` on (default) and off trains the same."""

@@ -145,7 +145,7 @@ def test_cli_runs_two_nodes(capsys):
 def test_simulation_matches_oracle_over_several_nodes(s, strategy):
     """Nodes are identical and share only the collectives (two-level costs, fixed per
     rank), so the one-node closed form with those costs is the run's mean where exact."""
-    from zfbench.sims.oracle import steady_state
+    from oracle import steady_state
 
     assume(steady_state(s, strategy).exact)
     assert_agrees(s, strategy)

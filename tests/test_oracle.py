@@ -1,4 +1,4 @@
-"""The event simulation agrees with the closed-form oracle (sims/oracle.py) wherever the
+"""The event simulation agrees with the closed-form oracle (tests/oracle/) wherever the
 oracle says its form is exact: steady-state mean step time, compute and stall per step,
 to 1e-6 relative. Hand-picked cases assert exactness directly (so the check cannot pass
 vacuously), and a seeded sample of the hypothesis space shows exactness is common."""
@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings as hsettings, strate
 
 from zfbench.analysis.breakdown import summarize
 from zfbench.sims.costs import STRATEGIES, CostModel, SimSettings
-from zfbench.sims.oracle import steady_state
+from oracle import steady_state
 from zfbench.sims.simulator import simulate
 
 REL = 1e-6

@@ -42,6 +42,7 @@ def test_the_probe_measures_both_precisions_for_real(cache):
     assert not cache.exists()
 
 
+@pytest.mark.slow
 def test_a_default_run_records_the_probe_and_a_flag_skips_it(cache, tmp_path, capsys):
     out = tmp_path / "o"
     base = ["--model", "tiny", "--layers", "1", "--strategy", "device", "--steps", "2",

@@ -188,6 +188,7 @@ def test_paper_bars_carry_their_source_and_add_up():
         assert math.isclose(parts, bar["step_s"], abs_tol=0.015), bar
 
 
+@pytest.mark.slow
 def test_predict_from_a_zfbench_run_reports_the_measured_zenflow(tmp_path, capsys):
     from zfbench.run import main as run_main
 

@@ -234,6 +234,7 @@ def test_rotary_hand_checked_values():
 
 
 # ----------------------------------------------------------------------------- training
+@pytest.mark.slow
 def test_a_few_adamw_steps_on_synthetic_data_lower_the_loss():
     torch.manual_seed(0)
     model = build_model(get_model("tiny"), seed=0)

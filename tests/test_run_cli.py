@@ -14,6 +14,7 @@ TINY = ["--model", "tiny", "--steps", "12", "--batch", "2", "--seq", "16",
         "--device-threads", "1", "--host-threads", "1", "--quiet"]
 
 
+@pytest.mark.slow
 def test_small_run_writes_summary_jsonl_spans_and_trace(tmp_path, capsys):
     assert main(TINY + ["--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
@@ -96,6 +97,7 @@ def test_default_scenario_shape_and_a_config_keeps_its_precision(tmp_path):
     assert spec.engine_config("device").precision == "bf16"
 
 
+@pytest.mark.slow
 def test_a_finished_run_keeps_its_results_but_no_model_sized_memory():
     """Strategies run one after another (the memory check assumes so): a finished run's
     engine drops model, parameters, gradients and optimizer state, keeps its results."""

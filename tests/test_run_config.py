@@ -37,6 +37,7 @@ def test_runspec_with_a_config_path_keeps_the_files_zenflow_and_batch(k05):
     assert RunSpec(config=k05, batch=3).engine_config("zenflow").micro_batch == 3
 
 
+@pytest.mark.slow
 def test_run_with_a_config_records_the_files_settings_in_summary(k05, tmp_path):
     out = tmp_path / "out"
     assert main(FAST + ["--config", k05, "--strategy", "zenflow", "--steps", "2",
@@ -57,6 +58,7 @@ def test_run_with_a_config_records_the_files_settings_in_summary(k05, tmp_path):
     assert row["too_short"] is True and row["steps_needed"] == 24
 
 
+@pytest.mark.slow
 def test_grad_accum_flag_and_update_count(tmp_path):
     out = tmp_path / "out"
     assert main(FAST + ["--strategy", "device", "--steps", "4", "--batch", "1",
@@ -124,6 +126,7 @@ def test_bad_flag_values_are_one_line_exit_2_nothing_written(tmp_path_factory, c
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_deepspeed_examples_zenflow_config_runs_from_the_cli(tmp_path):
     """DeepSpeedExamples' ZenFlow fine-tuning config, as written (train_batch_size 32,
     bf16, pinned offload, zenflow topk 0.1 / U 4 / overlap, clipping 1.0)."""
@@ -141,3 +144,17 @@ def test_deepspeed_examples_zenflow_config_runs_from_the_cli(tmp_path):
             cfg["gradient_clipping"]) == (4, True, 1.0)
     assert cfg["notes"] == ["zero_allow_untested_optimizer: ignored (zfbench's "
                             "optimizers are all tested)"]
+
+
+def test_the_gpu_default_is_the_largest_model_that_fits_at_full_depth():
+    from zfbench.run_defaults import GPU_MODELS, GPU_SEQ, gpu_default
+    asked = []
+
+    def fits(model, batch, seq):
+        asked.append(model)
+        return model == GPU_MODELS[1]
+    pick = gpu_default(fits)
+    assert asked == list(GPU_MODELS[:2])
+    assert pick == {"model": GPU_MODELS[1], "layers": None, "batch": 4, "seq": GPU_SEQ,
+                    "precision": "bf16"}
+    assert gpu_default(lambda *a: False)["batch"] == 1

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from zfbench.sims.costs import SimSettings, SimSettingsError
-from zfbench.sims.oracle import steady_state
+from oracle import steady_state
 from zfbench.sims.simulator import default_skip_steps, simulate, steps_needed
 from zfbench.sims.update_windows import AUTO_ASSUMED_WINDOW_STEPS
 from zfbench.simulate import main

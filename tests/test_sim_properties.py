@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, assume, given, settings as hsettings, strate
 from zfbench.analysis.breakdown import step_breakdown
 from zfbench.sims.costs import (ACCUM_BYTES_PER_ELEMENT, ACCUM_SPEEDUP_OVER_ADAM_PER_CORE,
                         ADAM_BYTES_PER_PARAM, STRATEGIES, CostModel, SimSettings)
-from zfbench.sims.oracle import steady_state
+from oracle import steady_state
 from zfbench.sims.simulator import simulate
 from zfbench.core import models
 from zfbench.core.trace import LANES, OPS

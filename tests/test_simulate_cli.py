@@ -89,6 +89,7 @@ def test_table_marks_strategies_that_do_not_fit(capsys):
     assert "NO (dev" in line
 
 
+@pytest.mark.slow
 def test_module_entry_point_runs():
     proc = subprocess.run([sys.executable, "-m", "zfbench.simulate", *SMALL,
                            "--strategy", "zenflow"], capture_output=True, text=True,

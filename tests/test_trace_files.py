@@ -182,6 +182,7 @@ def test_merge_without_a_window_is_unchanged():
     assert len(steps) == 16
 
 
+@pytest.mark.slow
 def test_worker_processes_write_the_same_files(tmp_path):
     argv = SMALL + ["--steps", "14", "--timeline-format", "csv"]
     assert main(argv + ["--jobs", "1", "--out", str(tmp_path / "one")]) == 0

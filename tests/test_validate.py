@@ -25,6 +25,7 @@ def profile_path(tmp_path_factory):
     return out / "profile.json"
 
 
+@pytest.mark.slow
 def test_profile_is_a_hardware_profile_with_calibration(profile_path):
     parsed = load_profile(profile_path)
     node = parsed["nodes"]["measured"]
@@ -44,6 +45,7 @@ def test_profile_is_a_hardware_profile_with_calibration(profile_path):
                if isinstance(v, dict))
 
 
+@pytest.mark.slow
 def test_simulate_with_profile_uses_measured_costs(profile_path, capsys):
     assert simulate_main(["--profile", str(profile_path), "--steps", "8", "--quiet"]) == 0
     out = capsys.readouterr().out
@@ -84,6 +86,7 @@ def bf16_profile_path(tmp_path_factory):
     return out / "profile.json"
 
 
+@pytest.mark.slow
 def test_simulate_takes_the_profiles_precision(bf16_profile_path, tmp_path, capsys):
     """A bf16 run's profile simulates bf16 transfers: the d2h bytes per step the run
     measured (was fp32: twice as many), unless --precision says otherwise."""
@@ -105,6 +108,7 @@ def test_simulate_takes_the_profiles_precision(bf16_profile_path, tmp_path, caps
     assert sim32["d2h_bytes_per_step"].iloc[0] == 2 * want
 
 
+@pytest.mark.slow
 def test_with_rates_rebuilds_the_hardware_the_simulator_reads(profile_path):
     """A cell's profile: the shape's, with the host and link rates measured around the
     cell; the simulator's node must see the new rates, the blocks must not change."""
@@ -146,6 +150,7 @@ def test_emulated_lanes_slow_each_other_only_when_they_overlap():
     assert rates.job_key is base.job_key
 
 
+@pytest.mark.slow
 def test_lane_contention_lengthens_overlapped_strategies_only(profile_path):
     """Measured factors below 1 make dpu and zenflow (host work beside compute) slower
     and leave zero-offload and device (never both at once) as they were."""
@@ -169,11 +174,13 @@ def test_lane_contention_lengthens_overlapped_strategies_only(profile_path):
         assert step_s("shared", strategy) > step_s("apart", strategy)
 
 
+@pytest.mark.slow
 def test_profile_of_another_model_is_refused(profile_path):
     with pytest.raises(SimSettingsError, match="measured on tiny"):
         SimSettings(model="opt-350m", precision="fp32", profile=str(profile_path))
 
 
+@pytest.mark.slow
 def test_quick_validate_matches_schedules_within_loose_bounds(tmp_path):
     assert validate_main(["--quick", "--quiet", "--out", str(tmp_path)]) == 0
     table = pd.read_csv(tmp_path / "validate.csv")
@@ -200,6 +207,7 @@ def test_quick_validate_matches_schedules_within_loose_bounds(tmp_path):
     assert summary["provenance"]["torch_version"] and summary["provenance"]["machine"]
 
 
+@pytest.mark.slow
 def test_validate_runs_a_subset_of_shapes_and_keeps_finished_shapes_when_stopped(
         tmp_path, monkeypatch, capsys):
     """--shapes picks regimes; each finished shape is on disk before the next starts, so a
@@ -227,6 +235,7 @@ def test_validate_runs_a_subset_of_shapes_and_keeps_finished_shapes_when_stopped
     assert not list(tmp_path.glob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_validate_leaves_out_a_shape_that_would_overrun_its_budget(tmp_path, capsys):
     """A budget already spent after the first shape: the second is left out, and the
     summary and the output say which and how to run it; what finished is kept."""
@@ -279,6 +288,7 @@ def test_error_summary_numbers():
     assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
 
 
+@pytest.mark.slow
 def test_project_reports_full_depth_as_projected(tmp_path, capsys):
     argv = ["--model", "tiny", "--layers", "1", "--steps", "8", "--batch", "2", "--seq",
             "16", "--device-threads", "1", "--host-threads", "1", "--quiet", "--project",

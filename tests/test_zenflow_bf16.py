@@ -18,6 +18,7 @@ def bf16_config(**zf) -> dict:
     return cfg
 
 
+@pytest.mark.slow
 def test_bf16_norm_weight_at_one_moves_at_a_small_lr():
     """A norm weight at 1.0 moves by ~1e-4 a step: below bf16's spacing there (2^-8 below
     1.0), so an update that is rounded every step never moves it. The device keeps its
@@ -38,6 +39,7 @@ def test_bf16_norm_weight_at_one_moves_at_a_small_lr():
     engine.close()
 
 
+@pytest.mark.slow
 def test_bf16_selected_column_at_one_moves_at_a_small_lr():
     """The same for a selected column of a 2-D weight: its fp32 value accumulates."""
     model = BiasMLP()
@@ -91,6 +93,7 @@ def record_selections(engine) -> list[dict]:
     return seen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(RESELECT))
 def test_bf16_reselection_puts_exactly_the_fp32_values_into_the_master(case):
     """At a reselection the master becomes: the master before, with the old selection's
@@ -143,6 +146,7 @@ def test_bf16_reselection_puts_exactly_the_fp32_values_into_the_master(case):
     engine.close()
 
 
+@pytest.mark.slow
 def test_fp32_reselection_still_copies_the_exact_weights_back():
     """fp32 weights: the device's values are exact, the whole shard is copied back (the
     master after a reselection is the device's weights), and no fp32 copies are kept."""
@@ -235,6 +239,7 @@ def _rank_worker(rank: int, world: int, store: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_bf16_reselection_with_shards_across_three_ranks(tmp_path):
     """Three ranks, shards cutting through 2-D weights: the ranks' master shards after a
     reselection are, joined, the joined shards before with the old selection's and the
@@ -277,3 +282,36 @@ def test_bf16_reselection_with_shards_across_three_ranks(tmp_path):
                 assert torch.equal(after["vectors"][n], layout.view(want, n))
             assert torch.equal(r["seen"][i]["weights"], want.to(torch.bfloat16))
     assert [rec["t"] for rec in ranks[0]["seen"]] == [0, 4, 8]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["zenflow", "zero-offload", "device"])
+def test_a_bf16_run_stays_within_a_stated_bound_of_fp32(strategy):
+    """The stated bound: after 40 steps at lr 1e-3, every parameter tensor of the bf16 run
+    is within 2^-7 (two bf16 roundings, 0.78%) relative L2 of the fp32 run's, and every
+    step's loss within 2^-5 relative. The master and the selected/1-D values are fp32, so
+    only the weights' rounding separates the runs (measured on BiasMLP: 0.30% zenflow,
+    0.45% zero-offload and device; losses 0.9-1.2%). Training moved the parameters ~10x
+    further than that (7-9%), so the bound is not met by doing nothing."""
+    zf = dict(topk_ratio=0.25, update_interval=2, select_strategy="step",
+              select_interval=4, overlap_step=True) if strategy == "zenflow" else {}
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        cfg = config(strategy, lr=1e-3, **zf)
+        if precision == "bf16":
+            cfg["bf16"] = {"enabled": True}
+        model = BiasMLP()
+        engine = make_engine(model, cfg)
+        losses = train_steps(engine, batches(), 40)
+        engine.finish()
+        engine.close()
+        runs[precision] = losses, {n: p.detach().float() for n, p in model.named_parameters()}
+    (loss32, p32), (loss16, p16) = runs["fp32"], runs["bf16"]
+    start = {n: p.detach().float() for n, p in BiasMLP().named_parameters()}
+    for name, want in p32.items():
+        drift = float((p16[name] - want).norm() / want.norm())
+        assert drift <= 2 ** -7, (name, drift)
+        moved = float((want - start[name]).norm() / start[name].norm())
+        assert moved > 4 * drift or moved < 1e-3, (name, moved, drift)
+    for a, b in zip(loss32, loss16):
+        assert abs(a - b) <= 2 ** -5 * abs(a), (a, b)

@@ -1,5 +1,5 @@
 """The zero-infinity baseline in the simulator (sims/zero_infinity.py, sims/zero3.py,
-sims/nvme.py, sims/oracle_zero3.py): its schedule's invariants, the bytes it moves per
+sims/nvme.py, tests/oracle/zero3.py): its schedule's invariants, the bytes it moves per
 step, NVMe as a shared drive array, the oracle's closed form, memory, and the real
 engine's refusal."""
 
@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings as hsettings, strate
 
 from zfbench.sims.costs import CostModel, SimSettings, SimSettingsError
 from zfbench.sims.nvme import nvme_spans
-from zfbench.sims.oracle import steady_state
+from oracle import steady_state
 from zfbench.sims.simulator import simulate
 from zfbench.sims import zero3
 from zfbench.core import hardware, models

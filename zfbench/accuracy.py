@@ -52,6 +52,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from zfbench.core.config import STRATEGIES
+from zfbench.core.config_build import build_config
+from zfbench.core.config_zenflow import SCENARIO_ZENFLOW
+
 DEFAULT_VARIANTS = ("device", "zero-offload-dpu", "zenflow-k0.05-u4", "zenflow-k0.1-u4",
                     "zenflow-k0.1-auto")
 
@@ -60,13 +64,12 @@ def parse_variant(name: str) -> tuple[str, dict]:
     """"zenflow-k<ratio>-u<interval>" or "zenflow-k<ratio>-auto" -> ("zenflow", {...});
     any other name must be a strategy."""
     if not name.startswith("zenflow"):
-        from zfbench.core.config import STRATEGIES
         if name not in STRATEGIES:
             raise ValueError(f"unknown variant {name!r}: a strategy {STRATEGIES} or "
                              f"zenflow-k<ratio>-u<interval|auto>")
         return name, {}
     parts = name.split("-")[1:]
-    zf = {"topk_ratio": 0.1, "update_interval": 4}
+    zf = {k: SCENARIO_ZENFLOW[k] for k in ("topk_ratio", "update_interval")}
     for part in parts:
         if part.startswith("k"):
             zf["topk_ratio"] = float(part[1:])
@@ -81,18 +84,12 @@ def parse_variant(name: str) -> tuple[str, dict]:
 
 def engine_config(variant: str, args) -> dict:
     strategy, zf = parse_variant(variant)
-    cfg = {"train_micro_batch_size_per_gpu": args.batch,
-           "optimizer": {"type": "AdamW", "params": {"lr": args.lr,
-                                                     "weight_decay": args.weight_decay}},
-           "gradient_clipping": args.clip,
-           "zero_optimization": {"stage": 2}, "zfbench": {"strategy": strategy}}
-    if strategy != "device":
-        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
-    if strategy == "zenflow":
-        cfg["zero_optimization"]["zenflow"] = dict(
-            zf, overlap_step=True, select_strategy="step",
-            select_interval=args.select_interval, full_warm_up_rounds=0)
-    return cfg
+    zenflow = None
+    if strategy == "zenflow":  # the scenario, with the variant's k and U
+        zenflow = {**SCENARIO_ZENFLOW, **zf, "select_interval": args.select_interval,
+                   "full_warm_up_rounds": 0}
+    return build_config(strategy, micro_batch=args.batch, lr=args.lr,
+                        weight_decay=args.weight_decay, clip=args.clip, zenflow=zenflow)
 
 
 def run_one(module, init, variant, seed, args, train_data, heldout_batches):

@@ -59,6 +59,7 @@ from zfbench.sims.costs import SimSettings
 from zfbench.sims.simulator import default_skip_steps
 from zfbench import predict_inputs
 from zfbench.core import hardware
+from zfbench.core.strategies import SIM_STRATEGIES as STRATEGIES
 from zfbench.figures_data import TIMELINE_STRATEGIES, Dataset, generate, is_fresh
 from zfbench.figures_measure import measure_jobs, run_missing
 from zfbench.simulate import summary_row
@@ -73,7 +74,6 @@ SCALING_INTER_NET = {"a100-8x-gen4": "ib-hdr-200", "h100-8x-gen5": "ib-ndr-400"}
 # Multi-node points of figure 8 run at most this many steps (runtime: a 64-rank run costs
 # 8 x an 8-rank one per step); still above steps_needed (warm-up, 2 skipped windows + 1).
 MULTI_NODE_STEPS = 16
-STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zero-infinity", "zenflow")
 # Figure 5's bars: the two baselines ZenFlow's claims name (DeepSpeed's ZenFlow blog: "up
 # to 5x over ZeRO-Offload and 6.3x over ZeRO-Infinity") and ZenFlow.
 BREAKDOWN_STRATEGIES = ("zero-infinity", "zero-offload", "zenflow")
@@ -173,7 +173,8 @@ def datasets(plan: Plan) -> dict[str, Dataset]:
         jobs = [({"series": "zero-offload", knob: None}, base, "zero-offload"),
                 ({"series": "device", knob: None}, base, "device")]
         for v in values:
-            steps = steps_for_interval(plan, v if knob == "update_interval" else 4)
+            steps = steps_for_interval(
+                plan, v if knob == "update_interval" else base.update_interval)
             for mode in ("design", "shipped"):
                 jobs.append(({"series": f"zenflow-{mode}", knob: v}, node_settings(
                     NODES[0], plan, transfers=mode, steps=steps, **{knob: v}), "zenflow"))

@@ -44,7 +44,8 @@ from zfbench.sims.simulator import steps_needed
 from zfbench import predict_inputs
 from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, fail
 from zfbench.simulate import KNOBS, build_cases, parse_value, run
-from zfbench.simulate_report import json_ready, write_outputs
+from zfbench.report import fits_cell, json_ready, render, times
+from zfbench.simulate_report import write_outputs
 from zfbench.core.trace import write_csv_atomic, write_json_atomic
 
 PROG = "python -m zfbench.predict"
@@ -139,16 +140,14 @@ def format_rows(rows: list[dict], ranged: bool) -> str:
         cells = [r["strategy"], f"{r['step_time_s']:.4g}"]
         if ranged:
             cells.append(f"{r['step_time_low_s']:.4g}-{r['step_time_high_s']:.4g}")
-        cells.append(f"{r['speedup_vs_zero_offload']:.2f}x")
+        cells.append(times(r["speedup_vs_zero_offload"]))
         if ranged:
             cells.append(f"{r['speedup_low']:.2f}-{r['speedup_high']:.2f}x")
         cells += [f"{r['compute_s']:.4g}", f"{r['exposed_io_s']:.4g}",
                   f"{r['host_wait_s']:.4g}", f"{100 * r['stall_fraction']:.1f}",
-                  "yes" if r["fits"] else "NO"]
+                  fits_cell(r)]
         lines.append(cells)
-    widths = [max(len(h), *(len(x[i]) for x in lines)) for i, h in enumerate(head)]
-    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
-    return "\n".join([fmt.format(*head)] + [fmt.format(*x) for x in lines])
+    return render(head, lines)
 
 
 def fit_record(f: Fit, measured: Breakdown) -> dict:
@@ -220,9 +219,7 @@ def format_paper(rows: list[dict]) -> str:
               f"{r['zenflow_step_low_s']:.2f}-{r['zenflow_step_high_s']:.2f}",
               f"{r['speedup']:.2f}x ({r['speedup_low']:.2f}-{r['speedup_high']:.2f})"]
              for r in rows]
-    widths = [max(len(h), *(len(x[i]) for x in lines)) for i, h in enumerate(head)]
-    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
-    return "\n".join([fmt.format(*head)] + [fmt.format(*x) for x in lines])
+    return render(head, lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,13 +25,18 @@ bench/engine_overlap.py, 2026-11-23): forward+backward 0.13-0.14 s, host AdamW a
 uploads left out) 0.19 s (1.36-1.37x), ZeRO-Offload stalls 64% of each step and ZenFlow
 23-24% (stall seconds cut 75-76%); ZenFlow's step is 0.66-0.68x ZeRO-Offload's. On an
 AVX2-only AMD EPYC bf16 backward ran 8x slower than fp32, which is why the precision is
-measured. Then the breakdown table is printed: step time, stall, exposed I/O, host wait,
-achieved link GB/s, host Adam parameters/s, compute utilization, loss.
+measured. Then the breakdown table is printed, the same table `python -m zfbench.simulate`
+prints (zfbench.report): step time, speedup, stall, exposed I/O, host wait, achieved link
+GB/s, host Adam G parameters/s, PCIe bytes over model bytes, achieved TFLOP/s, MFU (empty
+on the CPU lane: no datasheet peak), whether it fits; then the loss.
 
 Before anything is allocated the memory need is estimated and a run that cannot fit is
 refused with the numbers and the `--layers` that would fit. Files written to `--out`:
-`summary.csv`/`.json` (the simulator's columns plus achieved rates), `<strategy>.steps.jsonl`
-(one line per step), `<strategy>.spans.csv`/`.steps.csv` and `trace.json` (Chrome trace).
+`summary.csv`/`.json` (the simulator's columns, zfbench.report.SUMMARY_COLUMNS, plus the
+loss, skipped steps and threads; summary.json says what mfu and fits were measured
+against), `steps.csv` (the per-step breakdown of every strategy, rank and step, as the
+simulator writes it), `<strategy>.steps.jsonl` (one line per step), the timeline
+`<strategy>.spans.csv`/`.steps.csv` and `trace.json` (Chrome trace).
 """
 
 from __future__ import annotations
@@ -48,11 +53,12 @@ from zfbench.cli_checks import (CliError, OneLineParser, check_input_file, check
 from zfbench.core.config import STRATEGIES, ConfigError
 from zfbench.core.models import UnknownModelError
 from zfbench.core.provenance import provenance
-from zfbench.run_probe import (decide_precision, describe_scenario, is_default_scenario,
-                               size_default)
-from zfbench.run_report import (add_speedups, describe_config, format_projection,
-                                format_table, measurement_window, project, summary_row,
-                                write_outputs)
+from zfbench.run_probe import (SHAPE_FLAGS, decide_precision, describe_scenario,
+                               is_default_scenario, size_default)
+from zfbench.report import add_speedups, format_table
+from zfbench.run_report import (MEMORY_NOTE, StepWork, describe_config, measurement_window,
+                                memory_columns, memory_room, peak_flops, project,
+                                summary_row, write_outputs)
 from zfbench.core.trace import write_json_atomic
 from zfbench.sims.settings import STRATEGIES as SIM_STRATEGIES
 
@@ -112,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the --layers slice, calibrate, and report beside it the "
                         "simulated full-depth step time and stall of each strategy "
                         "(projected, not measured)")
+    p.add_argument("--hazard-check", action="store_true",
+                   help="run each strategy's real schedule on the CPU lanes under the "
+                        "hazard checker: every cross-lane buffer access must follow a "
+                        "wait (prints accesses checked and hazards; exit 1 on a hazard)")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -201,6 +211,12 @@ def main(argv: list[str] | None = None) -> int:
         strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
         spec = spec_from_args(args, world, strategies)
         shape = spec.shape()
+        if args.hazard_check:
+            if world > 1:
+                raise ValueError("--hazard-check runs one rank (tests/test_hazards.py "
+                                 "checks two); drop --gpus")
+            from zfbench.run_hazards import check_schedules
+            return check_schedules(args, spec, strategies)
         from zfbench.real.engine import resolve_device
 
         use_cuda = resolve_device(spec.device).type == "cuda"
@@ -211,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
         elem = 2 if spec.engine_config(strategies[0]).precision != "fp32" else 4
         check_fits(shape, strategies, spec.batch, spec.seq, elem, use_cuda, ranks=world)
         args.scenario = None
+        given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+        if use_cuda and not given & set(SHAPE_FLAGS):  # a GPU-sized run, not the slice
+            spec = gpu_sized(spec, strategies, world, args)
+            shape, elem = spec.shape(), 2
+            argv = argv + ["--model", spec.model, "--seq", str(spec.seq), "--batch",
+                           str(spec.batch), "--precision", spec.precision]
         if is_default_scenario(argv, use_cuda, world):  # sized on this machine
             args.scenario = size_default(spec, quiet=args.quiet)
             spec.seq, spec.precision = args.scenario["seq"], args.scenario["precision"]
@@ -240,6 +262,29 @@ def main(argv: list[str] | None = None) -> int:
     if launched:
         return run_rank(args, spec, shape, strategies, elem, use_cuda)
     return run_all(args, spec, shape, strategies, elem)
+
+
+def gpu_sized(spec: RunSpec, strategies, world: int, args) -> RunSpec:
+    """The run `gpu_default` picks (full depth), replacing the CPU lane's slice."""
+    from zfbench.core.models import get_model
+    from zfbench.run_defaults import gpu_default
+
+    def fits(model: str, batch: int, seq: int) -> bool:
+        try:
+            check_fits(get_model(model), strategies, batch, seq, 2, True, ranks=world)
+        except InsufficientMemoryError:
+            return False
+        return True
+    pick = gpu_default(fits)
+    if not args.quiet:
+        print(f"GPU-sized default: {pick['model']} full depth, batch {pick['batch']} x "
+              f"seq {pick['seq']}, {pick['precision']} (give --model/--layers/--seq/"
+              f"--batch to choose)", file=sys.stderr)
+    args.layers = None
+    return RunSpec(model=pick["model"], layers=None, batch=pick["batch"], seq=pick["seq"],
+                   steps=spec.steps, seed=spec.seed, device=spec.device,
+                   device_threads=spec.device_threads, host_threads=spec.host_threads,
+                   text=spec.text, precision=pick["precision"], world=world)
 
 
 def run_rank(args, spec, shape, strategies, elem, use_cuda) -> int:
@@ -291,37 +336,43 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
     tokens = spec.batch * spec.grad_accum * spec.seq
     flops = (shape.forward_flops_per_token(spec.seq) +
              shape.backward_flops_per_token(spec.seq)) * tokens
+    use_cuda = engine_on_cuda(spec)
+    precision = configs[strategies[0]].precision
+    peak, mfu_note = peak_flops(use_cuda, precision) if lead else (None, "")
+    work = StepWork(shape.total_params * elem, shape.total_params, flops, tokens, peak)
+    room = memory_room(use_cuda) if lead else None  # before any strategy allocates
     for strategy in strategies:
         result = train(spec, strategy, progress=not args.quiet, dist=ctx)
         results[strategy] = result
         if not lead:
             continue
-        row = summary_row(result, shape.total_params * elem, shape.total_params, flops,
-                          skip, max(windows[strategy][1], skip + 2))
+        zf = configs[strategy].zenflow
+        memory = memory_columns(shape, strategy, spec.batch, spec.seq, elem,
+                                zf.topk_ratio if zf is not None else None, ranks, room)
+        row = summary_row(result, work, skip, max(windows[strategy][1], skip + 2), memory)
         row.update(device_threads=result.engine.device_threads,
                    host_threads=result.engine.host_threads)
         rows.append(row)
     if not lead:
         return 0
-    for r in rows:
-        r["ranks"] = ranks
     add_speedups(rows)
-    print(format_table(rows))
+    print(format_table(rows, loss=True))
     if args.profile or args.project:
         profile_path = write_profile(spec, args.out)
         if args.project:
             projected = project(spec, shape, strategies, profile_path)
             print(f"\nPROJECTED (simulated with the profile measured above, not measured): "
                   f"{projected[0]['model']} at full depth")
-            print(format_projection(projected))
+            print(format_table(projected))
             rows.extend({**r, "projected": True} for r in projected)
     if args.out:
         meta = {"settings": run_settings(spec, shape, ranks, args),
                 "configs": {s: c.as_dict() for s, c in configs.items()},
+                "column_notes": {"mfu": mfu_note, "fits": MEMORY_NOTE},
                 **provenance(args.argv, "python -m zfbench.run")}
         write_outputs(args.out, rows, results, meta)
-        print(f"wrote {args.out}/summary.csv, per-step JSONL, spans and trace.json "
-              f"(open in https://ui.perfetto.dev)")
+        print(f"wrote {args.out}/summary.csv, summary.json, steps.csv, per-step JSONL, "
+              f"spans and trace.json (open in https://ui.perfetto.dev)")
     return 0
 
 

@@ -1,11 +1,18 @@
-"""What `python -m zfbench.run` reports: the header, the table, the files.
+"""What `python -m zfbench.run` adds to the shared report (`zfbench.report`: the columns,
+the table, summary.csv/json and steps.csv): the header, a measured run's summary row, and
+its files.
 
 Owns the effective-config header (one line per strategy: batch arithmetic, precision,
 optimizer, ZeRO stage, offload, ZenFlow knobs, lanes, then the config's notes), the
 too-short check (a run must hold the skipped warm-up windows plus one measured window),
-the summary rows and table, and the output directory: `summary.json` holds the rows, the
-run's settings, every strategy's effective config, and where the numbers came from
-(`zfbench.core.provenance`); every file lands through a staging directory and a rename.
+the measured summary row (`zfbench.report.SUMMARY_COLUMNS`, the simulator's columns, plus
+`MEASURED_ONLY`): `mfu` against the datasheet peak of the hardware preset matching the
+GPU's name (`peak_flops`; empty on the CPU lane, which has no datasheet peak, with the
+reason in summary.json), memory per rank and `fits` from the engine's own estimate
+(`zfbench.real.memory`, `memory_columns`), and the output directory: summary.csv/json
+(the rows, the run's settings, every strategy's effective config, where the numbers came
+from, and what mfu and fits were measured against), steps.csv (the per-step breakdown),
+per-strategy JSONL, spans and trace.json, all through a staging directory and renames.
 
 Part of the command `python -m zfbench.run` (split out of its main module for size):
 like the command, it imports real/, sims/ or analysis/ (docs/design.md's arrows).
@@ -13,16 +20,14 @@ like the command, it imports real/, sims/ or analysis/ (docs/design.md's arrows)
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
-from zfbench.analysis.breakdown import summarize
+from zfbench.analysis.breakdown import step_breakdown, summarize
 from zfbench.core.config import EngineConfig
 from zfbench.core.trace import merge_chrome_traces, write_json_atomic
+from zfbench.report import (add_speedups, complete_row, json_ready, land, staging_dir,
+                            steps_rows, write_steps, write_summary)
 
 # assumed window of update_interval "auto" when counting the steps a run needs
 AUTO_WINDOW_GUESS = 4
@@ -68,85 +73,152 @@ def describe_config(cfg: EngineConfig, threads: tuple[int, int] | None = None,
     return ", ".join(parts)
 
 
-def summary_row(result, model_bytes: float, params: int, flops_per_step: float,
-                skip: int, needed: int) -> dict:
+@dataclass(frozen=True)
+class StepWork:
+    """What one optimizer step of one rank does, known before it runs, and the device's
+    peak to measure it against (None where there is no datasheet peak)."""
+
+    model_bytes: float
+    params: int
+    flops_per_step: float  # model FLOPs (forward + backward) of one rank's step
+    tokens_per_step: int  # one rank's
+    peak_flops_per_s: float | None = None
+
+
+def gpu_preset(device_name: str) -> str | None:
+    """The hardware preset (zfbench/data/hardware.json) whose datasheet describes the GPU
+    torch names `device_name`, or None: NVL and Grace-Hopper parts, and any other GPU,
+    have no preset of their own."""
+    name = device_name.upper().replace("-", " ")
+    if "NVL" in name or "GH200" in name:
+        return None
+    if "H200" in name:
+        return "h200"
+    if "H100" in name:
+        return "h100-pcie" if "PCIE" in name else "h100-sxm"
+    if "A100" in name:
+        return "a100-80g" if "80GB" in name else "a100-40g" if "40GB" in name else None
+    return None
+
+
+def peak_flops(use_cuda: bool, precision: str, device_name: str | None = None
+               ) -> tuple[float | None, str]:
+    """(the device's dense peak FLOP/s for `precision`, or None; the note summary.json
+    keeps on what mfu was measured against)."""
+    if not use_cuda:
+        return None, ("empty: the accelerator is emulated on the CPU, which has no "
+                      "datasheet peak FLOP/s (achieved_flops_per_s is measured)")
+    if device_name is None:
+        import torch
+
+        device_name = torch.cuda.get_device_name(0)
+    preset = gpu_preset(device_name)
+    if preset is None:
+        return None, (f"empty: no hardware preset matches the GPU {device_name!r} "
+                      f"(zfbench/data/hardware.json)")
+    if precision not in ("bf16", "fp16"):
+        return None, (f"empty: {preset}'s datasheet peaks are bf16/fp16 tensor-core rates "
+                      f"and this run computes in {precision}")
+    from zfbench.core.hardware import get_gpu
+
+    peak = get_gpu(preset).peak_flops_per_s(precision)
+    return peak, (f"model FLOPs per step (forward + backward, zfbench.core.models) / "
+                  f"(step_time_s x {peak / 1e12:.0f} TFLOP/s, the dense {precision} peak "
+                  f"of preset {preset}, matched to {device_name!r})")
+
+
+def memory_room(use_cuda: bool) -> dict:
+    """What the machine offers a run, measured once before the first strategy: the GPU's
+    free bytes (None on the CPU lane) and the host's MemAvailable."""
+    from zfbench.real.memory import available_device_bytes, available_host_bytes
+
+    return {"device": available_device_bytes(use_cuda, 1), "host": available_host_bytes()}
+
+
+MEMORY_NOTE = ("device_bytes_per_rank and host_bytes (the machine's, every rank's shard) "
+               "are zfbench.real.memory's estimate of the engine's buffers and activations "
+               "(with its headroom); the capacities are the GPU's free memory and the "
+               "host's MemAvailable before the run; on the CPU lane device and host share "
+               "RAM (device_capacity_bytes empty) and fits compares device x ranks + host "
+               "with it")
+
+
+def memory_columns(shape, strategy: str, batch: int, seq: int, elem_bytes: int,
+                   topk_ratio: float | None, ranks: int, room: dict) -> dict:
+    """Memory per rank and `fits`, as `zfbench.real.memory.check_fits` decides it
+    (`topk_ratio`: zenflow's; None: the estimate's default)."""
+    from zfbench.real.memory import (InsufficientMemoryError, check_fits, machine_need,
+                                     process_baseline_bytes)
+
+    baseline = process_baseline_bytes() if ranks > 1 else 0.0
+    topk = {} if topk_ratio is None else {"topk_ratio": topk_ratio}
+    need = machine_need(shape, strategy, batch, seq, elem_bytes, ranks=ranks,
+                        baseline=baseline, **topk)
+    try:
+        check_fits(shape, [strategy], batch, seq, elem_bytes, room["device"] is not None,
+                   host_bytes=room["host"], device_bytes=room["device"], ranks=ranks,
+                   baseline=baseline, **topk)
+        fits = True
+    except InsufficientMemoryError:
+        fits = False
+    return {"device_bytes_per_rank": need.device_bytes,
+            "device_capacity_bytes": float("nan") if room["device"] is None
+            else room["device"], "host_bytes": need.host_bytes,
+            "host_capacity_bytes": room["host"], "fits": fits}
+
+
+def summary_row(result, work: StepWork, skip: int, needed: int,
+                memory: dict | None = None) -> dict:
+    """`zfbench.report.SUMMARY_COLUMNS` and `MEASURED_ONLY` of one measured strategy."""
     tl = result.timeline
     skip = min(skip, max(0, len(result.losses) - 2))  # leave the first windows out
     strategy = result.strategy
-    per_step_params = 0.0 if strategy == "device" else float(params)
-    zf = result.engine.config.zenflow
+    cfg = result.engine.config
+    per_step_params = 0.0 if strategy == "device" else work.params / cfg.world_size
+    zf = cfg.zenflow
     if strategy == "zenflow" and zf is not None and zf.update_interval != "auto":
-        per_step_params = params / int(zf.update_interval)
+        per_step_params /= int(zf.update_interval)
     row = {"strategy": strategy}
-    row.update(summarize(tl.spans_frame(), tl.steps_frame(), skip, model_bytes,
-                         per_step_params))
-    row["achieved_flops_per_s"] = flops_per_step / row["step_time_s"]
+    row.update(summarize(tl.spans_frame(), tl.steps_frame(), skip, work.model_bytes,
+                         per_step_params, work.flops_per_step, work.peak_flops_per_s))
+    row["achieved_flops_per_s"] = work.flops_per_step / row["step_time_s"]
+    row["tokens_per_s"] = work.tokens_per_step * row["ranks"] / row["step_time_s"]
+    row.update(memory or {})
     row["loss_first"] = result.losses[0]
     row["loss_last"] = result.losses[-1]
     row["skipped_steps"] = sum(r["skipped"] for r in result.engine.step_log)
     row["steps_left_out"] = skip
     row["steps_needed"] = needed
     row["too_short"] = len(result.losses) < needed
-    return row
-
-
-def times(ratio: float) -> str:
-    """A speedup, or "-" when there is no zero-offload row to compare with."""
-    return "-" if ratio != ratio else f"{ratio:.2f}x"
-
-
-def add_speedups(rows: list[dict]) -> None:
-    base = next((r for r in rows if r["strategy"] == "zero-offload"), None)
-    for r in rows:
-        r["speedup_vs_zero_offload"] = base["step_time_s"] / r["step_time_s"] if base \
-            else float("nan")
-
-
-def format_table(rows: list[dict]) -> str:
-    head = ["strategy", "step_s", "speedup", "stall%", "exp_io_s", "host_wait_s",
-            "d2h_GB/s", "h2d_GB/s", "hostAdam_Mp/s", "GFLOP/s", "util%", "loss"]
-    lines = []
-    for r in rows:
-        lines.append([r["strategy"] + (" (too short)" if r.get("too_short") else ""),
-                      f"{r['step_time_s']:.3f}",
-                      times(r['speedup_vs_zero_offload']),
-                      f"{100 * r['stall_fraction']:.1f}", f"{r['exposed_io_s']:.3f}",
-                      f"{r['host_wait_s']:.3f}", f"{r['d2h_gb_per_s']:.2f}",
-                      f"{r['h2d_gb_per_s']:.2f}",
-                      f"{r.get('host_adam_params_per_s', 0) / 1e6:.0f}",
-                      f"{r['achieved_flops_per_s'] / 1e9:.1f}",
-                      f"{100 * r['compute_utilization']:.0f}",
-                      f"{r['loss_first']:.3f}->{r['loss_last']:.3f}"])
-    widths = [max(len(h), *(len(x[i]) for x in lines)) for i, h in enumerate(head)]
-    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
-    return "\n".join([fmt.format(*head)] + [fmt.format(*x) for x in lines])
+    return complete_row(row)
 
 
 def write_outputs(out: Path, rows: list[dict], results: dict, meta: dict) -> None:
     """Every file into a staging directory, then renamed into `out`; `meta` (settings,
-    configs, provenance) goes into summary.json beside the rows."""
-    out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
-    try:
-        pd.DataFrame(rows).to_csv(staging / "summary.csv", index=False)
-        write_json_atomic(staging / "summary.json", {**meta, "rows": rows})
+    configs, provenance, column notes) goes into summary.json before the rows."""
+    with staging_dir(out) as staging:
+        write_summary(staging, meta, rows)
+        tables = []
         for strategy, result in results.items():
-            result.timeline.write_csv(staging, prefix=f"{strategy}.")
+            tl = result.timeline
+            tables.append(steps_rows(step_breakdown(tl.spans_frame(), tl.steps_frame()),
+                                     strategy))
+            tl.write_csv(staging, prefix=f"{strategy}.")
             with open(staging / f"{strategy}.steps.jsonl", "w") as handle:
                 for record, loss in zip(result.engine.step_log, result.losses):
-                    handle.write(json.dumps({**record, "loss": loss}) + "\n")
+                    handle.write(json.dumps(json_ready({**record, "loss": loss})) + "\n")
+        write_steps(staging, tables)
         write_json_atomic(staging / "trace.json", merge_chrome_traces(
             {s: r.timeline for s, r in results.items()}))
-        for path in staging.iterdir():
-            os.replace(path, out / path.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        land(staging, out)
 
 
 def project(spec, shape, strategies: list[str], profile_path: Path) -> list[dict]:
-    """Simulate the full-depth model with the slice's profile, one row per strategy."""
+    """Simulate the full-depth model with the slice's profile: one row per strategy, the
+    simulator's summary columns (zfbench.simulate_report.summary_row)."""
     from zfbench.sims.costs import SimSettings
-    from zfbench.sims.simulator import simulate
+    from zfbench.sims.simulator import simulate, steps_needed
+    from zfbench.simulate_report import summary_row as simulated_row
 
     full = shape.name.split("[")[0]
     config = spec.engine_config("zenflow")
@@ -156,23 +228,9 @@ def project(spec, shape, strategies: list[str], profile_path: Path) -> list[dict
                            profile=str(profile_path), steps=max(spec.steps, 24),
                            topk_ratio=zf.topk_ratio, update_interval=zf.update_interval,
                            overlap_step=zf.overlap_step, select_interval=0)
-    rows = []
-    for strategy in strategies:
-        result = simulate(settings, strategy)
-        tl = result.timeline
-        row = summarize(tl.spans_frame(), tl.steps_frame(), result.skip_steps)
-        rows.append({"model": full, "strategy": strategy, **row})
+    need = steps_needed(settings)
+    rows = [{**simulated_row(simulate(settings, strategy)), "model": full,
+             "steps_needed": need, "too_short": settings.steps < need}
+            for strategy in strategies]
     add_speedups(rows)
     return rows
-
-
-def format_projection(rows: list[dict]) -> str:
-    head = f"{'strategy':>16}  {'step_s':>8}  {'speedup':>8}  {'stall%':>6}  " \
-           f"{'exp_io_s':>8}  {'host_wait_s':>11}"
-    lines = [head]
-    for r in rows:
-        lines.append(f"{r['strategy']:>16}  {r['step_time_s']:8.3f}  "
-                     f"{times(r['speedup_vs_zero_offload']):>8}  "
-                     f"{100 * r['stall_fraction']:6.1f}  "
-                     f"{r['exposed_io_s']:8.3f}  {r['host_wait_s']:11.3f}")
-    return "\n".join(lines)

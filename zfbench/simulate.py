@@ -35,7 +35,8 @@ are the same either way.
 
 Files written to `--out` (all complete or none: everything is validated before the first
 write, and each file lands through a rename out of a staging directory): `summary.csv` and
-`summary.json` (one row per strategy, or per swept case and strategy; summary.json also
+`summary.json` (one row per strategy, or per swept case and strategy, with the columns of
+`zfbench.report.SUMMARY_COLUMNS`, the same as `python -m zfbench.run`'s; summary.json also
 holds the effective settings, the sweep, what "auto" resolved to, the trace rule and the
 steps drawn, and the provenance: versions, machine, command line), `steps.csv` (the
 per-step breakdown), `<strategy>.spans.parquet` / `<strategy>.steps.parquet` (every span
@@ -64,9 +65,9 @@ from zfbench.sims.costs import STRATEGIES, SimSettings, SimSettingsError
 from zfbench.sims.simulator import steps_needed
 from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, check_profile, fail
 from zfbench.core.provenance import machine
+from zfbench.report import format_table, staging_dir
 from zfbench.simulate_report import (TRACE_STEPS_DEFAULT, FilePlan, TraceRule, case_label,
-                                     format_table, staging_dir, summary_row,
-                                     too_short_warning, write_outputs)
+                                     summary_row, too_short_warning, write_outputs)
 from zfbench.simulate_runs import auto_jobs, run
 from zfbench.core.trace_files import columnar_format
 

@@ -1,14 +1,14 @@
-"""What `python -m zfbench.simulate` prints and writes: summary rows, the table, the files.
+"""What `python -m zfbench.simulate` adds to the shared report (`zfbench.report`: the
+columns, the table, summary.csv/json and steps.csv): a simulated run's summary row, the
+too-short warning, and the timeline and trace files.
 
-`summary_row` turns one simulated run into the summary's columns (units in the names:
-`_s` seconds, `_bytes` bytes, `_per_s` per second, `_fraction` of the step, `_steps`
-steps), `too_short_warning` is the one line naming runs too short to contain a steady
-state, `format_table` prints the rows (speedup `-` when there is no zero-offload row).
-`finish_run` summarizes one run and, with a `FilePlan`, writes its timeline files into the
-staging directory and keeps the window of it the Chrome trace draws (`TraceRule`), so a
-worker process can do it all and hand back only small things; `write_outputs` writes the
-rest (summary, steps.csv, the streamed trace.json) and lands every file through a staging
-directory and renames.
+`summary_row` turns one simulated run into `zfbench.report.SUMMARY_COLUMNS` (the same
+columns `python -m zfbench.run` writes for a measured run), `too_short_warning` is the
+one line naming runs too short to contain a steady state. `finish_run` summarizes one run
+and, with a `FilePlan`, writes its timeline files into the staging directory and keeps
+the window of it the Chrome trace draws (`TraceRule`), so a worker process can do it all
+and hand back only small things; `write_outputs` writes the rest (summary, steps.csv, the
+streamed trace.json) and lands every file through a staging directory and renames.
 
 Part of the command `python -m zfbench.simulate` (split out of its main module for size):
 like the command, it imports real/, sims/ or analysis/ (docs/design.md's arrows).
@@ -16,12 +16,9 @@ like the command, it imports real/, sims/ or analysis/ (docs/design.md's arrows)
 
 from __future__ import annotations
 
-import math
 import os
 import re
-import shutil
-import tempfile
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,15 +27,18 @@ import pandas as pd
 from zfbench.analysis.breakdown import step_breakdown, summarize
 from zfbench.sims.costs import SimSettings
 from zfbench.sims.simulator import SimResult, steps_needed
-from zfbench.core.trace import Timeline, TraceSteps, write_json_atomic
+from zfbench.core.trace import Timeline, TraceSteps
 from zfbench.core.trace_files import columnar_format, write_chrome_trace, write_timeline
+from zfbench.report import (complete_row, land, staging_dir, steps_rows, write_steps,
+                            write_summary)
 
 TRACE_STEPS_DEFAULT = "left-out+10"
 
 
 def summary_row(result: SimResult, spans=None, steps=None, table=None) -> dict:
-    """The summary's columns for one run; `spans`, `steps` (the timeline's frames) and
-    `table` (their step breakdown) when the caller already has them."""
+    """`zfbench.report.SUMMARY_COLUMNS` for one run (mfu NaN with a measured profile: its
+    compute is measured, not a peak times an MFU); `spans`, `steps` (the timeline's
+    frames) and `table` (their step breakdown) when the caller already has them."""
     tl, c = result.timeline, result.costs
     spans = tl.spans_frame() if spans is None else spans
     steps = tl.steps_frame() if steps is None else steps
@@ -48,25 +48,15 @@ def summary_row(result: SimResult, spans=None, steps=None, table=None) -> dict:
                          None if c.calibration else result.flops_per_step(),
                          c.flops_per_s / c.mfu, table=table))
     s = result.settings
+    row["steps_left_out"] = result.skip_steps
+    row["achieved_flops_per_s"] = result.flops_per_step() / row["step_time_s"]
     row["tokens_per_s"] = s.micro_batch * s.seq * s.ranks / row["step_time_s"]
     fit = c.fits(result.strategy)
     row.update({"device_bytes_per_rank": fit["device_bytes_per_rank"],
                 "device_capacity_bytes": fit["device_capacity_bytes"],
                 "host_bytes": fit["host_bytes"], "host_capacity_bytes":
                 fit["host_capacity_bytes"], "fits": fit["fits"]})
-    return row
-
-
-def add_speedups(rows: list[dict]) -> None:
-    base = next((r for r in rows if r["strategy"] == "zero-offload"), None)
-    for r in rows:
-        r["speedup_vs_zero_offload"] = (base["step_time_s"] / r["step_time_s"]
-                                        if base else math.nan)
-
-
-def times(ratio: float) -> str:
-    """A speedup, or "-" when there is no zero-offload row to compare with."""
-    return "-" if ratio is None or ratio != ratio else f"{ratio:.2f}x"
+    return complete_row(row)
 
 
 def case_label(labels: dict) -> str:
@@ -84,39 +74,6 @@ def too_short_warning(cases: list[tuple[dict, SimSettings]]) -> str | None:
         return None
     return (f"warning: too short to contain a steady state (warm-up + 2 update windows "
             f"left out + 1 measured window; rows marked too_short): {'; '.join(short)}")
-
-
-def format_table(rows: list[dict], sweep_knobs: list[str] = ()) -> str:
-    head = list(sweep_knobs) + [
-        "strategy", "step_s", "speedup", "stall%", "exp_io_s", "host_wait_s",
-        "d2h_GB/s", "h2d_GB/s", "hostAdam_Gp/s", "pcie/model", "mfu%", "fits"]
-    lines = []
-    for r in rows:
-        cells = [str(r[k]) for k in sweep_knobs] + [
-            r["strategy"], f"{r['step_time_s']:.3f}", times(r["speedup_vs_zero_offload"]),
-            f"{100 * r['stall_fraction']:.1f}", f"{r['exposed_io_s']:.3f}",
-            f"{r['host_wait_s']:.3f}", f"{r['d2h_gb_per_s']:.1f}", f"{r['h2d_gb_per_s']:.1f}",
-            f"{r.get('host_adam_params_per_s', 0) / 1e9:.2f}",
-            f"{r.get('pcie_bytes_per_step_over_model_bytes', 0):.2f}",
-            f"{100 * r['mfu']:.1f}" if "mfu" in r else "-",
-            "yes" if r["fits"] else
-            f"NO (dev {r['device_bytes_per_rank'] / 2**30:.0f}/"
-            f"{r['device_capacity_bytes'] / 2**30:.0f} GiB)"]
-        lines.append(cells)
-    widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(head)]
-    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
-    return "\n".join([fmt.format(*head)] + [fmt.format(*row) for row in lines])
-
-
-def json_ready(value):
-    """NaN and infinities as null (JSON has no NaN); containers walked."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_ready(v) for v in value]
-    return value
 
 
 def _prefix(labels: dict, strategy: str) -> str:
@@ -198,24 +155,11 @@ def finish_run(result: SimResult, labels: dict, plan: FilePlan | None):
         return row, None
     del spans, steps
     paths = write_timeline(tl, plan.staging, _prefix(labels, result.strategy), plan.fmt)
-    table.insert(0, "strategy", result.strategy)
-    for i, (knob, value) in enumerate(labels.items()):
-        table.insert(i, knob, value)
+    table = steps_rows(table, result.strategy, labels)
     window = plan.trace.steps(result.skip_steps) if plan.chrome_trace else None
     return row, RunFiles(result.strategy, labels, row, table,
                          tl.window(window) if window else None, window,
                          [p.name for p in paths])
-
-
-@contextmanager
-def staging_dir(out: Path):
-    """A fresh hidden directory inside `out` (made if missing), removed on the way out."""
-    out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
-    try:
-        yield staging
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def write_outputs(out: Path, head: dict, rows: list[dict], results: dict,
@@ -239,16 +183,14 @@ def write_outputs(out: Path, head: dict, rows: list[dict], results: dict,
             "steps_drawn": {s: steps_drawn(r.trace) for (_, s), r in done.items()
                             if chrome and r.trace is not None},
             "timeline_format": plan.fmt}}
-        pd.DataFrame(rows).to_csv(stage / "summary.csv", index=False)
-        write_json_atomic(stage / "summary.json", json_ready({**head, "rows": rows}))
-        pd.concat([r.steps for r in done.values()], ignore_index=True).to_csv(
-            stage / "steps.csv", index=False)
+        knobs = list(dict(next(iter(results))[0])) if results else []
+        write_summary(stage, head, rows, knobs)
+        write_steps(stage, [r.steps for r in done.values()])
         if chrome:  # one case: every strategy has the same window
             window = next(iter(done.values())).trace_steps
             write_chrome_trace(stage / "trace.json",
                                {s: r.trace for (_, s), r in done.items()}, window)
-        for path in stage.iterdir():
-            os.replace(path, out / path.name)
+        land(stage, out)
 
 
 def steps_drawn(timeline: Timeline) -> dict[str, str]:

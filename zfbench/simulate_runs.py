@@ -27,7 +27,8 @@ from tqdm import tqdm
 
 from zfbench.sims.costs import SimSettings
 from zfbench.sims.simulator import simulate, steps_needed
-from zfbench.simulate_report import FilePlan, add_speedups, case_label, finish_run
+from zfbench.report import add_speedups
+from zfbench.simulate_report import FilePlan, case_label, finish_run
 
 # Below this many simulated rank-steps in all, runs stay in this process (forking and
 # shipping results back costs more than it saves on a few short runs).

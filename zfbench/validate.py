@@ -49,7 +49,7 @@ from zfbench.real.runner import RunSpec, train
 from zfbench.sims.costs import SimSettings
 from zfbench.sims.simulator import simulate
 from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, fail, positive_int
-from zfbench.core.config import STRATEGIES
+from zfbench.core.config import SCENARIO_ZENFLOW, STRATEGIES
 from zfbench.core.trace import merge_chrome_traces, write_csv_atomic, write_json_atomic
 
 PAIRS = ((0.1, 4), (0.25, 2))
@@ -103,8 +103,8 @@ def sized_shapes(base: RunSpec, low: dict, high: dict, max_seq: int) -> dict[str
 
 
 def zenflow_overrides(topk: float, interval: int) -> dict:
-    return {"topk_ratio": topk, "update_interval": interval, "overlap_step": True,
-            "select_strategy": "step", "select_interval": 0}
+    """zfbench's ZenFlow scenario with one (topk_ratio, update_interval) pair."""
+    return {**SCENARIO_ZENFLOW, "topk_ratio": topk, "update_interval": interval}
 
 
 def measure_cell(spec: RunSpec, strategy: str, pair, progress: bool):
@@ -120,8 +120,9 @@ def simulate_cell(spec: RunSpec, strategy: str, pair, profile_path: Path, skip: 
                            micro_batch=spec.batch, seq=spec.seq,
                            precision=spec.engine_config(strategy).precision,
                            transfers="full", profile=str(profile_path), steps=spec.steps,
-                           topk_ratio=pair[0], update_interval=pair[1], overlap_step=True,
-                           select_interval=0)
+                           topk_ratio=pair[0], update_interval=pair[1],
+                           overlap_step=SCENARIO_ZENFLOW["overlap_step"],
+                           select_interval=SCENARIO_ZENFLOW["select_interval"])
     sim = simulate(settings, strategy).timeline
     simulated = summarize(sim.spans_frame(), sim.steps_frame(), skip)
     diffs = signature_diff(schedule_signature(tl.spans_frame(), skip, spec.steps - 1),

@@ -34,17 +34,17 @@ import os
 import pathlib
 from dataclasses import asdict, dataclass, field, fields
 
-# The engine's strategies. The simulator also has zero-infinity (sims/settings.py), which
-# the engine does not implement (no ZeRO-3 path in real/): not a valid zfbench.strategy.
-STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zenflow")
-_OFFLOAD_STRATEGIES = ("zero-offload", "zero-offload-dpu", "zenflow")
-
 from zfbench.core.config_auto import AutoValues, derive_batch, resolve_auto  # noqa: F401
 from zfbench.core.config_fields import (ConfigError, _bool,  # noqa: F401
                                    _choice, _float, _int, _unknown)
 from zfbench.core.config_keys import triage
-from zfbench.core.config_zenflow import (ZENFLOW_PREFIX, ZenFlowConfig,  # noqa: F401
-                                    default_zenflow_config, zenflow_from_dict)
+from zfbench.core.config_zenflow import (SCENARIO_ZENFLOW, ZENFLOW_PREFIX,  # noqa: F401
+                                    ZenFlowConfig, default_zenflow_config,
+                                    zenflow_from_dict)
+# The engine's strategies (zfbench.core.strategies: the simulator also has zero-infinity,
+# which the engine does not implement, so it is not a valid zfbench.strategy).
+from zfbench.core.strategies import ENGINE_STRATEGIES as STRATEGIES
+from zfbench.core.strategies import OFFLOAD_STRATEGIES as _OFFLOAD_STRATEGIES
 
 
 # ---------------------------------------------------------------- the other sections
@@ -135,6 +135,9 @@ class EngineConfig:
     select_comm: str = "scores"  # "scores" | "allgather": ZenFlow's cross-rank selection
     inplace_grads: bool = True  # weight gradients accumulated into the flat buffer
     column_major: bool = True  # 2-D weights stored column by column in the flat buffers
+    # zero_optimization.overlap_comm: gradient buckets go down during backward (one rank)
+    overlap_comm: bool = False
+    bucket_elems: int = 500_000_000  # zero_optimization.reduce_bucket_size (DeepSpeed's)
     # one line per ignored key (zfbench.core.config_keys), printed by the commands
     notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -270,6 +273,13 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
     device = _choice(off.get("device", "none"), dev_key, ("none", "cpu"))
     pin = _bool(off.get("pin_memory", False),
                 "zero_optimization.offload_optimizer.pin_memory")
+    overlap_comm = _bool(zero.get("overlap_comm", False), "zero_optimization.overlap_comm")
+    bucket = zero.get("reduce_bucket_size", "auto")
+    if bucket == "auto":  # DeepSpeed's default (the HF Trainer would use hidden^2)
+        bucket = 500_000_000
+    elif isinstance(bucket, float) and bucket.is_integer():  # configs write 5e8
+        bucket = int(bucket)
+    bucket_elems = _int(bucket, "zero_optimization.reduce_bucket_size", lo=1)
 
     zf_section = zero.get("zenflow")
     own = d.get("zfbench", {})
@@ -319,4 +329,5 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
                         raw=raw, world_size=world, loss_scale=loss_scale,
                         comm_dtype=comm_dtype, select_comm=select_comm,
                         inplace_grads=inplace_grads, column_major=column_major,
+                        overlap_comm=overlap_comm, bucket_elems=bucket_elems,
                         notes=tuple(notes))

@@ -140,11 +140,15 @@ KEY_RULES: dict[str, KeyRule] = {
                                                 "implements stages 0-2: remove it"),
     "zero_optimization.zenflow": _applied("ZenFlow's knobs (docs/config_keys.md)",
                                           section=True),
-    "zero_optimization.overlap_comm": _ignored(_COMM),
+    "zero_optimization.overlap_comm": _applied(
+        "gradient buckets go down (d2h) during backward, as each is complete, for "
+        "zero-offload and zenflow on one rank (real/grad_buckets.py); with several ranks "
+        "the gradients are all-reduced whole after backward first"),
     "zero_optimization.contiguous_gradients": _ignored("gradients always live in one flat "
                                                        "buffer in zfbench"),
     "zero_optimization.reduce_scatter": _ignored(_COMM),
-    "zero_optimization.reduce_bucket_size": _ignored(_COMM),
+    "zero_optimization.reduce_bucket_size": _applied(
+        "elements per gradient bucket sent down during backward (with overlap_comm)"),
     "zero_optimization.allgather_partitions": _ignored(_COMM),
     "zero_optimization.allgather_bucket_size": _ignored(_COMM),
     "zero_optimization.round_robin_gradients": _ignored(_COMM),

@@ -1,7 +1,9 @@
 """The `zero_optimization.zenflow` section: the `ZenFlowConfig` dataclass and its rules.
 
 Keys, defaults and validation follow docs/zenflow.md ("The knobs"); `zfbench.core.config`
-parses the rest of the DeepSpeed config and re-exports everything here.
+parses the rest of the DeepSpeed config and re-exports everything here. Also owns
+`SCENARIO_ZENFLOW`, zfbench's own ZenFlow scenario (why it differs from these defaults:
+its comment).
 """
 from __future__ import annotations
 
@@ -95,6 +97,21 @@ class ZenFlowConfig:
 
 def default_zenflow_config() -> ZenFlowConfig:
     return ZenFlowConfig()
+
+
+# zfbench's ZenFlow *scenario*: what the simulator's settings default to, what the engine
+# runs for the zenflow strategy when a run's config has no zero_optimization.zenflow
+# section (zfbench.real.runner, which says so in the config's notes), and what the
+# validation and accuracy commands start from. It differs from the config defaults above
+# on purpose: those are DeepSpeed's (a config file must mean what it means to DeepSpeed),
+# whose update_interval "auto" and overlap_step off make the windows depend on the
+# gradients and put the host update in the critical path; the scenario pins one known
+# schedule instead - a fixed window of 4 steps, the host update overlapped with the next
+# window, columns selected once (select_strategy "step", select_interval 0) - so that
+# simulated and measured runs follow the same steps whatever the gradients. Every knob not named here
+# (full_warm_up_rounds, auto_ratio, ...) keeps its ZenFlowConfig default.
+SCENARIO_ZENFLOW = {"topk_ratio": 0.1, "update_interval": 4, "overlap_step": True,
+                    "select_strategy": "step", "select_interval": 0}
 
 
 def zenflow_from_dict(d: dict, prefix: str = ZENFLOW_PREFIX) -> ZenFlowConfig:

@@ -94,10 +94,6 @@ class Timeline:
             check_span(lane, op, t_start_s, t_end_s)
         self._spans.append((rank, lane, op, step, t_start_s, t_end_s, int(nbytes)))
 
-    def add_span(self, span: Span) -> None:
-        self._spans.append((span.rank, span.lane, span.op, span.step, span.t_start_s,
-                            span.t_end_s, span.bytes))
-
     def mark_step(self, rank: int, step: int, t_start_s: float, t_end_s: float) -> None:
         """Record the wall interval of `step` on `rank` (from its start to the next's)."""
         if not t_end_s >= t_start_s:
@@ -179,9 +175,6 @@ class Timeline:
         return {"traceEvents": list(self.chrome_events(label, pid_offset)),
                 "displayTimeUnit": "ms",
                 "otherData": {"source": self.source, **_jsonable(self.meta)}}
-
-    def write_chrome_trace(self, path: str | os.PathLike, label: str | None = None) -> Path:
-        return write_json_atomic(path, self.to_chrome_trace(label))
 
     def write_csv(self, directory: str | os.PathLike, prefix: str = "") -> tuple[Path, Path]:
         """Write `<prefix>spans.csv` and `<prefix>steps.csv` (streamed in chunks, each

@@ -19,9 +19,9 @@ time; a zero-sized transfer or host job is done at submission, as the strategies
   lane is not first-in-first-out (accumulations go ahead of Adam chunks not yet started):
   the window map merges them by that rule.
 - `zero-infinity`: a one-step period map from one step's last backward to the next
-  (`sims/oracle_zero3.py`); with parameters on NVMe only a lower bound, never exact.
+  (`tests/oracle/zero3.py`); with parameters on NVMe only a lower bound, never exact.
 
-The lanes, per-op terms, checks and the period-map iteration are in `sims/oracle_parts.py`.
+The lanes, per-op terms, checks and the period-map iteration are in `tests/oracle/parts.py`.
 
 `exact` is True when the closed form is exact for the input: every rank of a switch group
 moves the same bytes at the same moments (so m GPUs behind a switch each get rate/m);
@@ -38,10 +38,11 @@ import math
 from dataclasses import dataclass
 
 from zfbench.sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
-from zfbench.sims.oracle_parts import (_CONVERGED, _MAX_PERIODS, _TIE, NEG, _cycle_intervals,
-                               _dram_ok, _fixed_point, _groups, _interferes, _Lane, _Terms)
-from zfbench.sims.oracle_zero3 import zero_infinity
 from zfbench.sims.update_windows import fixed_interval
+
+from .parts import (_CONVERGED, _MAX_PERIODS, _TIE, NEG, _cycle_intervals, _dram_ok,
+                    _fixed_point, _groups, _interferes, _Lane, _Terms)
+from .zero3 import zero_infinity
 
 
 @dataclass(frozen=True)

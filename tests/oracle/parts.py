@@ -1,10 +1,10 @@
 """The oracle's building blocks: in-order lanes of fixed durations, per-op terms, checks.
 
-This module owns what every closed form of `sims/oracle.py` (and `sims/oracle_zero3.py`)
+This module owns what every closed form of `oracle/steady.py` (and `oracle/zero3.py`)
 is built from: `_Lane` (an in-order lane, item j ending at `max(ready_j, end_{j-1}) + d_j`),
 `_Terms` (each op's duration for one switch group moving in step), the exactness checks
 (`_dram_ok`, `_interferes`) and the period-map iteration (`_fixed_point`,
-`_cycle_intervals`). Split out of oracle.py for size; it never runs SimPy either.
+`_cycle_intervals`). Split out of steady.py for size; it never runs SimPy either.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Closed-form steady state of `zero-infinity` (sims/zero_infinity.py), for `zfbench.sims.oracle`.
+"""Closed-form steady state of `zero-infinity` (sims/zero_infinity.py), for `oracle.steady`.
 
 This module owns the oracle's form of the zero-infinity step, built like the others from
-in-order lanes of fixed durations (`zfbench.sims.oracle_parts`), never running SimPy:
+in-order lanes of fixed durations (`oracle.parts`), never running SimPy:
 
 - Parameters on cpu: a period map from one *boundary* (the device finishing a step's last
   backward, when it submits that step's host update and the next step's first d+1
@@ -24,9 +24,10 @@ from __future__ import annotations
 import math
 
 from zfbench.sims import zero3
-from zfbench.sims.oracle_parts import (_CONVERGED, _MAX_PERIODS, NEG, _cycle_intervals,
-                               _fixed_point, _interferes, _Lane, _Terms)
 from zfbench.sims.zero_infinity import op_buckets
+
+from .parts import (_CONVERGED, _MAX_PERIODS, NEG, _cycle_intervals, _fixed_point,
+                    _interferes, _Lane, _Terms)
 
 
 class _Zero3:

@@ -1,0 +1,276 @@
+"""One schedule, two backends: the device-side operations every strategy uses.
+
+A strategy says what runs where and what waits for what; a backend makes it so:
+- `op(lane, name, t, reads=, writes=)`: a block of work on a lane (timed as a span, its
+  buffer accesses declared); `copy(lane, name, t, dst, src)`: a copy on a link lane;
+- `record(lane)` -> an `Event`; `wait(lane, event, why)`: the lane goes on only after it;
+- `pinned(numel, dtype)`: a host buffer the link can read and write asynchronously;
+- `end_step()`: the step's device work is done (the step's end is read after it).
+Lanes: `compute`, `d2h`, `h2d` (streams on a GPU), `host` (the host worker thread) and
+`main` (the thread issuing the schedule); `net` spans run in the compute lane's order.
+
+`CudaBackend` runs the lanes as CUDA streams with events, so a wait is a stream waiting
+on an event (or a thread blocking on one), never a whole-device synchronization.
+`CpuLanes` is the emulated accelerator: the main thread is the device, copies run where
+they are issued, and every event is complete when recorded. Given a `HazardChecker`
+(real/hazards.py) it also checks the schedule: each access against the waits declared,
+as the streams of a GPU would need them, whatever order the CPU happened to run them in.
+`waits_dropped` leaves named waits out, which is how tests plant a missing wait.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+import torch
+
+from zfbench.real.hazards import THREAD_LANES, HazardChecker
+
+
+class Event:
+    """A point in a lane's work: a CUDA event, and the lane's clock for the checker."""
+    __slots__ = ("cuda", "clock")
+
+    def __init__(self, cuda=None, clock=None) -> None:
+        self.cuda, self.clock = cuda, clock
+
+
+class Backend:
+    """The interface, with what both implementations share (threads, the checker)."""
+
+    def __init__(self, recorder, hazards: HazardChecker | None = None,
+                 waits_dropped: frozenset[str] = frozenset()) -> None:
+        self.recorder = recorder
+        self.hazards = hazards
+        self.waits_dropped = frozenset(waits_dropped)
+        self.waits_used: set[str] = set()  # the `why` of every wait this run declared
+        self._host_thread: int | None = None
+        self._host_storages: set[int] = set()
+
+    # -- which thread is issuing --------------------------------------------------------
+    def bind_host_thread(self) -> None:
+        """Called by the host worker when it starts: its work is the `host` lane."""
+        self._host_thread = threading.get_ident()
+
+    def thread_lane(self) -> str:
+        return "host" if threading.get_ident() == self._host_thread else "main"
+
+    @staticmethod
+    def exec_lane(lane: str) -> str:
+        return "compute" if lane == "net" else lane
+
+    def _declare(self, lane: str, name: str, reads, writes) -> None:
+        if self.hazards is None:
+            return
+        run = self.exec_lane(lane)
+        issuer = self.thread_lane()
+        if run in THREAD_LANES and run != issuer:
+            raise RuntimeError(f"{name}: {issuer} thread ran work declared on {run}")
+        self.hazards.enqueue(issuer, run)
+        self.hazards.access(run, name, reads, writes)
+
+    def mark_host(self, tensor: torch.Tensor) -> None:
+        """`tensor` lives in host memory (whatever device the emulated lanes put it on)."""
+        if tensor.numel():
+            self._host_storages.add(tensor.untyped_storage().data_ptr())
+
+    def is_host(self, tensor: torch.Tensor) -> bool:
+        return (tensor.numel() > 0
+                and tensor.untyped_storage().data_ptr() in self._host_storages)
+
+    def name(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        if self.hazards is not None:
+            self.hazards.name(tensor, name)
+        return tensor
+
+    def access(self, lane: str, name: str, reads=(), writes=()) -> None:
+        """Declare accesses of work already done on `lane` with no span of its own."""
+        self._declare(lane, name, reads, writes)
+
+    def declare_state(self, state: dict, flat_params: torch.Tensor, write: bool) -> None:
+        """A checkpoint's accesses: the main thread reads (or writes) the host buffers in
+        `state`, the compute lane the device ones and the parameters."""
+        tensors = list(_tensors_in(state))
+        host = [x for x in tensors if self.is_host(x)]
+        device = [x for x in tensors if not self.is_host(x)] + [flat_params]
+        for lane, group in (("main", host), ("compute", device)):
+            self.access(lane, "checkpoint", reads=() if write else group,
+                        writes=group if write else ())
+
+    # -- events -----------------------------------------------------------------------
+    def record(self, lane: str) -> Event:
+        run = self.exec_lane(lane)
+        clock = None
+        if self.hazards is not None:
+            self.hazards.enqueue(self.thread_lane(), run)
+            clock = self.hazards.snapshot(run)
+        return Event(self._record_cuda(run), clock)
+
+    def wait(self, lane: str, event: Event | None, why: str) -> None:
+        """`lane` goes on only after `event` (None: nothing to wait for)."""
+        if event is None:
+            return
+        self.waits_used.add(why)
+        if why in self.waits_dropped:
+            return
+        run = self.exec_lane(lane)
+        self._wait_cuda(run, event)
+        if self.hazards is not None:
+            self.hazards.enqueue(self.thread_lane(), run)
+            self.hazards.join(run, event.clock)
+
+    def snapshot(self) -> dict | None:
+        """The issuing thread's clock (a host job carries it to the worker)."""
+        return None if self.hazards is None else self.hazards.snapshot(self.thread_lane())
+
+    def join_thread(self, clock: dict | None, why: str) -> None:
+        """The issuing thread is ordered after `clock` (a job it submitted or waited)."""
+        self.waits_used.add(why)
+        if self.hazards is not None and why not in self.waits_dropped:
+            self.hazards.join(self.thread_lane(), clock)
+
+    # -- what the implementations provide ------------------------------------------------
+    def _record_cuda(self, lane: str):
+        return None
+
+    def _wait_cuda(self, lane: str, event: Event) -> None:
+        pass
+
+    @contextmanager
+    def op(self, lane: str, name: str, t: int, *, reads=(), writes=(),
+           nbytes: int = 0, blocking: bool = False, span: bool = True):
+        """Work on `lane`, timed as span `name` (an op of the span vocabulary) unless
+        `span` is False; `blocking`: the issuing thread goes on only when it is done (a
+        synchronous copy)."""
+        raise NotImplementedError
+
+    def _block(self, lane: str) -> None:
+        run = self.exec_lane(lane)
+        if run not in THREAD_LANES:
+            self.wait(self.thread_lane(), self.record(run), "a thread blocks on a copy")
+
+    def copy(self, lane: str, name: str, t: int, dst: torch.Tensor,
+             src: torch.Tensor, nbytes: int | None = None) -> None:
+        """dst <- src on a link lane (d2h or h2d), as one span moving `nbytes`
+        (default: the source's bytes)."""
+        nbytes = src.numel() * src.element_size() if nbytes is None else nbytes
+        with self.op(lane, name, t, reads=(src,), writes=(dst,), nbytes=nbytes):
+            dst.copy_(src, non_blocking=self.is_cuda)
+
+    is_cuda = False
+
+    def pinned(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(numel, dtype=dtype)
+
+    def end_step(self) -> None:
+        """The step's device work (all the compute lane has been given) is done."""
+
+    def close(self) -> None:
+        pass
+
+
+class CpuLanes(Backend):
+    """The emulated accelerator: work runs on the thread that issues it, at once."""
+
+    @contextmanager
+    def op(self, lane: str, name: str, t: int, *, reads=(), writes=(),
+           nbytes: int = 0, blocking: bool = False, span: bool = True):
+        self._declare(lane, name, reads, writes)
+        if not span:
+            yield
+        else:
+            with self.recorder.span(lane, name, t, nbytes=nbytes):
+                yield
+        if blocking:
+            self._block(lane)
+
+
+class CudaBackend(Backend):
+    """Streams and events: compute on the current stream, one stream per link direction,
+    pinned host buffers registered exactly (no caching-allocator rounding)."""
+
+    is_cuda = True
+
+    def __init__(self, recorder, device: torch.device, hazards=None,
+                 waits_dropped=frozenset()) -> None:
+        super().__init__(recorder, hazards, waits_dropped)
+        self.device = device
+        with torch.cuda.device(device):
+            self.streams = {"compute": torch.cuda.current_stream(device),
+                            "d2h": torch.cuda.Stream(device), "h2d": torch.cuda.Stream(device)}
+        self._registered: list[torch.Tensor] = []
+
+    def stream(self, lane: str):
+        return self.streams[self.exec_lane(lane)]
+
+    def _record_cuda(self, lane: str):
+        if lane in THREAD_LANES:
+            return None  # a thread's work is done when it returns
+        event = torch.cuda.Event()
+        event.record(self.streams[lane])
+        return event
+
+    def _wait_cuda(self, lane: str, event: Event) -> None:
+        if event.cuda is None:
+            return
+        if lane in THREAD_LANES:
+            event.cuda.synchronize()  # this thread blocks until the stream got there
+        else:
+            self.streams[lane].wait_event(event.cuda)
+
+    @contextmanager
+    def op(self, lane: str, name: str, t: int, *, reads=(), writes=(),
+           nbytes: int = 0, blocking: bool = False, span: bool = True):
+        self._declare(lane, name, reads, writes)
+        run = self.exec_lane(lane)
+        if run in THREAD_LANES:
+            if not span:
+                yield
+            else:
+                with self.recorder.span(lane, name, t, nbytes=nbytes):
+                    yield
+            return
+        stream = self.streams[run]
+        with torch.cuda.stream(stream):
+            if not span:
+                yield
+            else:
+                with self.recorder.span(lane, name, t, nbytes=nbytes, stream=stream):
+                    yield
+        if blocking:
+            self._block(lane)
+
+    def pinned(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Page-locked by cudaHostRegister on a plain allocation of exactly this size
+        (`pin_memory()` and `empty(pin_memory=True)` go through the caching host
+        allocator, which rounds each block up to a power of two: up to 2x)."""
+        buf = torch.zeros(numel, dtype=dtype)
+        if buf.numel():
+            nbytes = buf.numel() * buf.element_size()
+            err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)
+            if int(err) != 0:  # fall back to the allocator rather than run unpinned
+                return buf.pin_memory()
+            self._registered.append(buf)
+        return buf
+
+    def end_step(self) -> None:
+        self.streams["compute"].synchronize()
+
+    def close(self) -> None:
+        torch.cuda.synchronize(self.device)
+        for buf in self._registered:
+            torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+        self._registered = []
+
+
+def _tensors_in(state):
+    """Every tensor in a nested state dict."""
+    if isinstance(state, torch.Tensor):
+        yield state
+    elif isinstance(state, dict):
+        for value in state.values():
+            yield from _tensors_in(value)
+    elif isinstance(state, (list, tuple)):
+        for value in state:
+            yield from _tensors_in(value)

@@ -1,0 +1,50 @@
+"""Bytes: the size of one element per precision, and the host bytes per parameter of each
+strategy.
+
+This module owns the two numbers that the engine's memory estimate (real/memory.py) and the
+simulator's memory fit check (sims/costs.py) must agree on:
+
+- `ELEMENT_BYTES` / `element_bytes(precision)`: bytes of one device weight or gradient
+  element (and of one element on the link) per config precision. The torch dtype of each
+  precision lives in one place in the engine (`zfbench.real.flat.DTYPES`); a test holds
+  the two to the same sizes.
+- `host_bytes_per_param(strategy)`: what an offloading strategy keeps in host memory per
+  parameter, as the engine allocates it (real/strategies.py `HostState`): an fp32 master,
+  fp32 Adam moments m and v, and fp32 gradient buffers - one for ZeRO-Offload (with or
+  without the delayed parameter update), three for ZenFlow (a staging buffer the gradient
+  lands in, and two window buffers that alternate: one accumulates while the other's host
+  update runs, real/zenflow.py).
+"""
+from __future__ import annotations
+
+# Bytes of one element per precision (the simulator's order of precisions).
+ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+PRECISIONS = tuple(ELEMENT_BYTES)
+FP32_BYTES = ELEMENT_BYTES["fp32"]
+
+# Host optimizer state per parameter: fp32 master weights, Adam's m and v.
+HOST_OPTIMIZER_STATE_BYTES = 3 * FP32_BYTES
+# fp32 gradient buffers per parameter in host memory, per strategy (device: none).
+HOST_GRAD_BUFFERS = {"device": 0, "zero-offload": 1, "zero-offload-dpu": 1, "zenflow": 3}
+
+
+def element_bytes(precision: str) -> int:
+    """Bytes of one device weight / gradient element in `precision`."""
+    try:
+        return ELEMENT_BYTES[precision]
+    except KeyError:
+        raise ValueError(f"precision {precision!r} is not known; choose one of: "
+                         f"{', '.join(PRECISIONS)}") from None
+
+
+def host_bytes_per_param(strategy: str) -> int:
+    """Host bytes per parameter the engine allocates for `strategy` (0 for device): the
+    optimizer state plus the strategy's fp32 gradient buffers."""
+    try:
+        buffers = HOST_GRAD_BUFFERS[strategy]
+    except KeyError:
+        raise ValueError(f"strategy {strategy!r} has no host memory model; known: "
+                         f"{', '.join(HOST_GRAD_BUFFERS)}") from None
+    if buffers == 0:
+        return 0
+    return HOST_OPTIMIZER_STATE_BYTES + buffers * FP32_BYTES
