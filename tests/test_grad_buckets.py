@@ -59,6 +59,7 @@ def test_bucketed_d2h_trains_exactly_as_one_copy_after_backward(strategy, bf16, 
         assert torch.equal(got[name], p), name
 
 
+@pytest.mark.slow
 def test_buckets_go_down_during_backward():
     engine, _ = run("zenflow", True, steps=3)
     spans = engine.timeline.spans_frame()

@@ -137,6 +137,7 @@ def test_every_wait_is_needed(name):
     assert not missed, f"{name}: leaving out {missed} went unnoticed"
 
 
+@pytest.mark.slow
 def test_the_zenflow_overlap_race_is_caught_without_its_wait():
     """The race a code read found: with overlap_step, the next window's uploads write
     `upload` right after the compute lane applied it."""
