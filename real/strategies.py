@@ -74,6 +74,11 @@ class Strategy:
         backward (overlap_comm); None: this strategy sends them after backward."""
         return None
 
+    def landing_for(self, dst: torch.Tensor) -> torch.Tensor:
+        """The host buffer gradients bound for `dst` cross into: `dst` itself when it has
+        the device's dtype, else the d2h wire (converted on the host afterwards)."""
+        return dst if dst.dtype == self.e.flat_params.dtype else self.wire("d2h")
+
     def grads_down(self, t: int, dst: torch.Tensor):
         """d2h: this rank's shard of the gradients, once the compute lane has produced
         them, into `dst` (fp32 host) or, in another dtype, into the d2h wire. Returns the
@@ -85,7 +90,7 @@ class Strategy:
             e.grads_read = done
             return landed, done
         B.wait("d2h", B.record("compute"), "d2h waits for the gradients")
-        landed = dst if dst.dtype == e.flat_params.dtype else self.wire("d2h")
+        landed = self.landing_for(dst)
         B.copy("d2h", "d2h_grad", t, landed, e.flat_grads[e.shard_lo:e.shard_hi])
         done = B.record("d2h")
         e.grads_read = done
@@ -291,8 +296,7 @@ class OffloadStrategy(Strategy):
     def grads_landing(self, t: int) -> torch.Tensor | None:
         if self.stale:  # the pending host step still reads the gradient buffer
             return None
-        grad = self.host.grads[0]
-        return grad if grad.dtype == self.e.flat_params.dtype else self.wire("d2h")
+        return self.landing_for(self.host.grads[0])
 
     def step(self, t: int) -> None:
         e = self.e

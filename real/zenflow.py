@@ -44,10 +44,10 @@ from dataclasses import dataclass
 
 import torch
 
-from zfbench.real.distributed import allgather_flat, allreduce_sum_
 from zfbench.real.flat import put_columns, selected_shape, take_columns
 from zfbench.real.strategies import HostState, Strategy
-from zfbench.real.zenflow_shard import device_from_master, master_from_device, shard_column_scores
+from zfbench.real.zenflow_shard import (device_from_master, exchange_scores,
+                                        master_from_device)
 from zfbench.core.schedule import (AutoIntervalTracker, is_selection_step, is_update_boundary,
                               is_warmup, topk_count)
 
@@ -121,10 +121,9 @@ class ZenFlowStrategy(Strategy):
             return
         if is_selection_step(t, self.W, self.S):
             self.select(t)
-        staging, window = self.host.grads[2], self.host.grads[self.parity]
-        e.host_lane.wait(self.accum_job, e.host_timeout_s,
-                         "the d2h waits until the last accumulation read its buffer")
-        landed, done = self.grads_down(t, staging)  # bf16: the wire, added as bf16
+        window = self.host.grads[self.parity]
+        # into staging (bf16: the wire, added as bf16) once the last accumulation read it
+        landed, done = self.grads_down(t, self.grads_landing(t))
         alpha = 1.0 / self.grad_divisor
 
         def accumulate() -> None:
@@ -147,8 +146,7 @@ class ZenFlowStrategy(Strategy):
         e = self.e
         e.host_lane.wait(self.accum_job, e.host_timeout_s,
                          "the d2h waits until the last accumulation read its buffer")
-        staging = self.host.grads[2]
-        return staging if staging.dtype == e.flat_params.dtype else self.wire("d2h")
+        return self.landing_for(self.host.grads[2])
 
     def warmup_step(self, t: int) -> None:
         """A plain synchronous offload step on grad / U at step number t + 1."""
@@ -176,7 +174,8 @@ class ZenFlowStrategy(Strategy):
                     self.host.sync_master(e.flat_params)
             elif t > self.W:
                 master_from_device(e, self.host, self._fp32_items(), t)
-        shared = self.exchange_scores(t) if e.dist.active else None
+        shared = (exchange_scores(e, self.matrices, self.column_scores, t)
+                  if e.dist.active else None)
         with e.compute("select", t, reads=(e.flat_grads,)):
             for name, p in self.matrices:
                 scores = shared[name] if shared is not None else self.column_scores(p.grad)
@@ -208,28 +207,6 @@ class ZenFlowStrategy(Strategy):
         if self.e.config.importance == "l2sq":
             return g.pow(2).sum(0)
         return g.abs().sum(0)
-
-    def exchange_scores(self, t: int) -> dict[str, torch.Tensor]:
-        """Per-column scores of every 2-D weight, identical on every rank (see above)."""
-        e = self.e
-        ctx = e.dist
-        if e.config.select_comm == "allgather":
-            full = torch.empty_like(e.flat_grads)
-            nbytes = ctx.shard * ctx.world * full.element_size()
-            with self.B.op("net", "allgather", t, reads=(e.flat_grads,), writes=(full,),
-                           nbytes=nbytes):
-                allgather_flat(ctx, full, e.flat_grads)
-            return {name: self.column_scores(e.layout.view(full, name))
-                    for name, _ in self.matrices}
-        square = e.config.importance == "l2sq"
-        with e.compute("select", t, reads=(e.flat_grads,)):
-            parts = [shard_column_scores(e.flat_grads, e.layout.by_name[name], ctx.lo,
-                                         ctx.hi, square) for name, _ in self.matrices]
-            flat = torch.cat(parts)
-        with self.B.op("net", "allreduce", t, nbytes=flat.numel() * flat.element_size()):
-            allreduce_sum_(ctx, flat)
-        return dict(zip((name for name, _ in self.matrices),
-                        torch.split(flat, [p.shape[1] for _, p in self.matrices])))
 
     def observe(self, t: int) -> None:
         per_weight = []

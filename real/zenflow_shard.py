@@ -10,7 +10,10 @@ boundary can cut through a weight anywhere. This module owns the arithmetic of t
 - `master_from_device` / `device_from_master`: with bf16 or fp16 weights the device keeps
   fp32 values of exactly those elements, and a selection exchanges them with the master
   (real/zenflow.py): the old selection's values go in, the new selection's come out, the
-  shards' pieces summed over the ranks by one all-reduce.
+  shards' pieces summed over the ranks by one all-reduce;
+- `exchange_scores`: every 2-D weight's column scores, the same on every rank, from one
+  all-reduce of the shards' partial scores (or, `select_comm: allgather`, from the
+  all-gathered gradient).
 Indices into `master` are shard-relative (`master[i]` is flat element `lo + i`).
 """
 
@@ -20,7 +23,7 @@ import dataclasses
 
 import torch
 
-from zfbench.real.distributed import allreduce_sum_
+from zfbench.real.distributed import allgather_flat, allreduce_sum_
 from zfbench.real.flat import FlatLayout, Slot, put_columns, take_columns
 
 
@@ -162,3 +165,25 @@ def device_from_master(e, host, items, t: int) -> None:
             allreduce_sum_(e.dist, flat)
         for v, part in zip(fresh, torch.split(flat, [v.numel() for v in fresh])):
             v.view(-1).copy_(part)
+
+
+def exchange_scores(e, matrices, column_scores, t: int) -> dict[str, torch.Tensor]:
+    """Per-column scores of every 2-D weight in `matrices` ((name, param) pairs),
+    identical on every rank of engine `e`; `column_scores(grad)` scores a full matrix."""
+    ctx, B = e.dist, e.backend
+    if e.config.select_comm == "allgather":
+        full = torch.empty_like(e.flat_grads)
+        nbytes = ctx.shard * ctx.world * full.element_size()
+        with B.op("net", "allgather", t, reads=(e.flat_grads,), writes=(full,),
+                  nbytes=nbytes):
+            allgather_flat(ctx, full, e.flat_grads)
+        return {name: column_scores(e.layout.view(full, name)) for name, _ in matrices}
+    square = e.config.importance == "l2sq"
+    with e.compute("select", t, reads=(e.flat_grads,)):
+        parts = [shard_column_scores(e.flat_grads, e.layout.by_name[name], ctx.lo, ctx.hi,
+                                     square) for name, _ in matrices]
+        flat = torch.cat(parts)
+    with B.op("net", "allreduce", t, nbytes=flat.numel() * flat.element_size()):
+        allreduce_sum_(ctx, flat)
+    return dict(zip((name for name, _ in matrices),
+                    torch.split(flat, [p.shape[1] for _, p in matrices])))

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine_helpers import BiasMLP, batches, config, make_engine, params_of  # noqa: E402
 from zfbench.real.distributed import selection_bytes  # noqa: E402
-from zfbench.real.zenflow import shard_column_scores  # noqa: E402
+from zfbench.real.zenflow_shard import shard_column_scores  # noqa: E402
 from zfbench.core.models import get_model  # noqa: E402
 
 STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zenflow")

@@ -80,26 +80,18 @@ def test_trace_steps_all_draws_every_span(tmp_path):
     assert len(spans) == len(pd.read_csv(tmp_path / "zenflow.spans.csv"))
 
 
-def test_csv_spans_read_back_equal_to_the_simulation(tmp_path):
+@pytest.mark.parametrize("fmt,other", [("csv", "*.parquet"), ("parquet", "*.spans.csv")])
+def test_spans_read_back_equal_to_the_simulation(tmp_path, fmt, other):
+    if fmt == "parquet":
+        pytest.importorskip("pyarrow")
     assert main(SMALL + ["--steps", "16", "--out", str(tmp_path), "--timeline-format",
-                         "csv"]) == 0
-    assert not list(tmp_path.glob("*.parquet"))
+                         fmt]) == 0
+    assert not list(tmp_path.glob(other))
+    read = Timeline.read_csv if fmt == "csv" else Timeline.read_parquet
     for strategy in STRATEGIES:
         want = simulate(SETTINGS.with_(steps=16), strategy).timeline
-        back = Timeline.read_csv(tmp_path, prefix=f"{strategy}.")
+        back = read(tmp_path, prefix=f"{strategy}.")
         assert back.spans == want.spans  # exact floats
-        assert back.steps_frame().equals(want.steps_frame())
-
-
-def test_parquet_spans_read_back_equal_to_the_simulation(tmp_path):
-    pytest.importorskip("pyarrow")
-    assert main(SMALL + ["--steps", "16", "--out", str(tmp_path), "--timeline-format",
-                         "parquet"]) == 0
-    assert not list(tmp_path.glob("*.spans.csv"))
-    for strategy in STRATEGIES:
-        want = simulate(SETTINGS.with_(steps=16), strategy).timeline
-        back = Timeline.read_parquet(tmp_path, prefix=f"{strategy}.")
-        assert back.spans == want.spans
         assert back.steps_frame().equals(want.steps_frame())
 
 
