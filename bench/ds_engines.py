@@ -1,7 +1,8 @@
 """DeepSpeed and zfbench side by side on one model and ZenFlow config: import DeepSpeed
 (pinned release, CPU accelerator), build either engine, run a step, and the sequential-mode
 correctness cases of bench/vs_deepspeed.py (parameter differences after N steps, with and
-without the same column selection). Used only by that benchmark (an optional extra).
+without the same column selection). Used by that benchmark and by bench/ds_wallclock.py
+(engines, steps and seeded batches); both are an optional extra.
 """
 
 from __future__ import annotations

@@ -26,7 +26,10 @@ step 0 (select_strategy step, select_interval 0) unless changed; the first
 run's step time is the mean over its steady steps (whole windows: one host-Adam boundary
 each). Thread budgets as there: zero_offload and zenflow_seq get all cores; zenflow_overlap
 gets cores//2 torch threads and DeepSpeed pins training to half the cores and its optimizer
-process to the rest (restored after). Engines and the DeepSpeed import: bench/ds_engines.py.
+process to the rest (restored after). Engines and the DeepSpeed import: bench/ds_engines.py;
+what is observed around each step (machine, CPU accounting, DeepSpeed's printed timers):
+bench/ds_wallclock_observe.py; steady means, pooling and the printed table:
+bench/ds_wallclock_summary.py.
 """
 
 from __future__ import annotations
@@ -35,14 +38,9 @@ import argparse
 import contextlib
 import csv
 import gc
-import io
 import json
-import logging
 import os
-import re
 import signal
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,107 +50,14 @@ BENCH = Path(__file__).resolve().parent
 for p in (str(ROOT), str(BENCH)):
     if p not in sys.path:
         sys.path.insert(0, p)
+from ds_wallclock_observe import capture_deepspeed, cpu_sample, machine, parse_timers  # noqa: E402
+from ds_wallclock_summary import pool, report, summarize  # noqa: E402
 
 ENGINES = ("zero_offload", "zenflow_seq", "zenflow_overlap")
 DEFAULT_SHAPES = "opt-350m[1L]:1:32,opt-350m[2L]:1:128,opt-350m[4L]:1:64,tinyllama-1.1b[1L]:1:32"
-ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-             "amx_tile", "amx_bf16", "amx_int8")
-TIMER_LINE = re.compile(r"time \(ms\)\s*\|(.*)$")
 CSV_FIELDS = ("shape", "engine", "mode", "repeat", "dtype", "batch", "seq", "step", "steady",
               "update", "step_s", "fwd_s", "bwd_s", "opt_s", "foreign_cpu_s", "own_cpu_s",
               "runq_wait_s")
-
-
-# ------------------------------------------------------------------ machine
-def machine() -> dict:
-    import torch
-
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        text = ""
-    info = {k.strip(): v.strip() for k, _, v in
-            (line.partition(":") for line in text.splitlines()) if v}
-    flags = set(info.get("Flags", "").split())
-    return {"cpu_model": info.get("Model name"), "sockets": info.get("Socket(s)"),
-            "cores_per_socket": info.get("Core(s) per socket"),
-            "threads_per_core": info.get("Thread(s) per core"), "cpus": os.cpu_count(),
-            "cores": len(os.sched_getaffinity(0)),
-            "l3": info.get("L3 cache"), "hypervisor": info.get("Hypervisor vendor"),
-            "isa": {f: f in flags for f in ISA_FLAGS}, "torch_threads": torch.get_num_threads(),
-            "torch_config_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "mem_total_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-                                   / 2**30, 1)}
-
-
-def cpu_sample(pids=()) -> tuple[float, float, float]:
-    """(busy CPU s of the machine, CPU s of our threads, s our threads sat runnable on a
-    run queue): over a step, busy - own is what other processes took meanwhile, and the
-    run-queue wait of this process and `pids` (/proc/PID/task/*/schedstat) what they cost us."""
-    with open("/proc/stat") as f:
-        user, nice, system, _, _, irq, softirq = (int(x) for x in f.readline().split()[1:8])
-    own = wait = 0
-    for pid in (os.getpid(), *pids):
-        for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
-            with contextlib.suppress(OSError, ValueError):
-                run_ns, wait_ns, _ = stat.read_text().split()
-                own, wait = own + int(run_ns), wait + int(wait_ns)
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"), own / 1e9, wait / 1e9
-
-
-# ------------------------------------------------------------------ capture
-class Capture(io.TextIOBase):
-    """stdout replacement: every line DeepSpeed prints goes to the log file as printed,
-    and is also kept in `pending` for the step being run (and echoed if asked)."""
-
-    def __init__(self, path: Path, echo: bool):
-        self.file, self.echo, self.buf, self.pending = open(path, "w"), echo, "", []
-
-    def write(self, s: str) -> int:
-        self.file.write(s)
-        if self.echo:
-            sys.__stdout__.write(s)
-        self.buf += s
-        *lines, self.buf = self.buf.split("\n")
-        self.pending += lines
-        return len(s)
-
-    def take(self) -> list[str]:
-        self.file.flush()
-        out, self.pending = self.pending, []
-        return out
-
-
-@contextlib.contextmanager
-def capture_deepspeed(path: Path, echo: bool):
-    """DeepSpeed's prints and its logger's INFO records into `path`; its own stdout
-    handler is muted meanwhile (restored after)."""
-    from deepspeed.utils import logger
-
-    cap = Capture(path, echo)
-    handler = logging.StreamHandler(cap)
-    handler.setFormatter(logger.handlers[0].formatter if logger.handlers else None)
-    saved = (logger.level, [(h, h.level) for h in logger.handlers])
-    for h in logger.handlers:
-        h.setLevel(logging.WARNING)
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        with contextlib.redirect_stdout(cap):
-            yield cap
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(saved[0])
-        for h, level in saved[1]:
-            h.setLevel(level)
-        cap.file.close()
-
-
-def parse_timers(lines: list[str]) -> dict:
-    """All `time (ms) | name: value | ...` fields of these lines, in seconds."""
-    fields = [f.partition(":") for m in map(TIMER_LINE.search, lines) if m
-              for f in m.group(1).split("|")]
-    return {k.strip(): float(v) / 1e3 for k, sep, v in fields if sep}
 
 
 # ------------------------------------------------------------------ one run
@@ -253,37 +158,6 @@ def _pids(engine) -> tuple:
     return (proc.pid,) if proc is not None and proc.is_alive() else ()
 
 
-def summarize(rows: list, U: int, cores: int) -> dict:
-    steady = [r for r in rows if r["steady"]]
-    if not steady:
-        return {"steady_steps": 0}
-    times = [r["step_s"] for r in steady]
-    wins = [steady[i:i + U] for i in range(0, len(steady) - U + 1, U)]
-    windows = [sum(r["step_s"] for r in w) / U for w in wins]
-    quiet = [m for m, w in zip(windows, wins)  # our threads waited < 5 % of the window
-             if sum(r["runq_wait_s"] for r in w) < 0.05 * U * m]
-    timers = {k: {"mean_s": _mean(r["timers"][k] for r in steady if k in r["timers"]),
-                  "n": sum(k in r["timers"] for r in steady)}
-              for k in sorted({k for r in steady for k in r["timers"]})}
-    foreign = sum(r["foreign_cpu_s"] for r in steady)
-    return {"steady_steps": len(steady), "step_s_mean": statistics.fmean(times),
-            "step_s_median": statistics.median(times),
-            "window_means_s": [round(w, 5) for w in windows],
-            "update_step_s_mean": _mean(r["step_s"] for r in steady if r["update"]),
-            "other_step_s_mean": _mean(r["step_s"] for r in steady if not r["update"]),
-            "phase_mean_s": {k: statistics.fmean(r[k] for r in steady)
-                             for k in ("fwd_s", "bwd_s", "opt_s")},
-            "foreign_cpu_share": foreign / (sum(times) * cores),
-            "runq_wait_share": sum(r["runq_wait_s"] for r in steady) / sum(times),
-            "quiet_windows": len(quiet), "quiet_step_s_mean": _mean(quiet),
-            "timers_mean_over_steady_steps_printing_them": timers}
-
-
-def _mean(xs):
-    xs = list(xs)
-    return statistics.fmean(xs) if xs else None
-
-
 # ------------------------------------------------------------------ main
 def parse_shapes(text: str) -> list[tuple]:
     from zfbench.core.models import get_model
@@ -294,49 +168,6 @@ def parse_shapes(text: str) -> list[tuple]:
         get_model(name)  # refuses unknown names with the list of known ones
         out.append((name, int(batch), int(seq)))
     return out
-
-
-def pool(summaries: list) -> list[dict]:
-    """Per (shape, engine): the repeats' steady means averaged (equal step counts)."""
-    groups: dict[tuple, list] = {}
-    for s in summaries:
-        groups.setdefault((s["shape"], s["batch"], s["seq"], s["engine"]), []).append(s)
-    out = []
-    for (name, batch, seq, engine), runs in groups.items():
-        tm = [r["timers_mean_over_steady_steps_printing_them"] for r in runs]
-        quiet = [r["quiet_step_s_mean"] for r in runs if r["quiet_step_s_mean"] is not None]
-        out.append({"shape": name, "batch": batch, "seq": seq, "engine": engine,
-                    "n_params": runs[0]["n_params"], "repeats": len(runs),
-                    "step_s_mean": _mean(r["step_s_mean"] for r in runs),
-                    "step_s_mean_per_repeat": [r["step_s_mean"] for r in runs],
-                    "step_s_median_of_repeat_medians": statistics.median(
-                        r["step_s_median"] for r in runs),
-                    "quiet_step_s_mean_of_repeats": _mean(quiet),
-                    "foreign_cpu_share": _mean(r["foreign_cpu_share"] for r in runs),
-                    "runq_wait_share": _mean(r["runq_wait_share"] for r in runs),
-                    "timers_mean_s": {k: _mean(t[k]["mean_s"] for t in tm if k in t)
-                                      for k in sorted({k for t in tm for k in t})}})
-    return out
-
-
-def report(pooled: list) -> None:
-    print("\n== steady step time, s (mean over steady steps and repeats); ZeRO-Offload timers ==")
-    hdr = ("params", "zero_off", "fwd", "bwd_inner", "bwd_allred", "step", "opt_step",
-           "zf_seq", "zf_overlap", "runq_wait")
-    print(f"{'shape':<28}" + "".join(f"{h:>11}" for h in hdr))
-    by: dict[tuple, dict] = {}
-    for p in pooled:
-        by.setdefault((p["shape"], p["batch"], p["seq"]), {})[p["engine"]] = p
-    for (name, b, q), runs in by.items():
-        z = runs.get("zero_offload", {})
-        cells = [z.get("step_s_mean")] + [z.get("timers_mean_s", {}).get(k) for k in
-                                          ("fwd", "bwd_inner", "bwd_allreduce", "step",
-                                           "optimizer_step")]
-        cells += [runs.get(e, {}).get("step_s_mean") for e in ("zenflow_seq", "zenflow_overlap")]
-        wait = 100 * max(r["runq_wait_share"] for r in runs.values())  # worst engine
-        print(f"{f'{name} b{b} s{q}':<28}{next(iter(runs.values()))['n_params'] / 1e6:>10.1f}M"
-              + "".join(f"{c:>11.4f}" if c is not None else f"{'n/a':>11}" for c in cells)
-              + f"{wait:>10.0f}%")
 
 
 def main(argv=None) -> int:

@@ -33,6 +33,7 @@ STRATEGIES = ("zero-offload", "zenflow")
 RUNS = (("zero-offload", "zero-offload", True), ("zenflow", "zenflow", True),
         ("zenflow-row-major", "zenflow", False), ("device", "device", True))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from zfbench.core.memory_model import element_bytes  # noqa: E402
 from zfbench.core.provenance import machine  # noqa: E402
 from zfbench.run_defaults import DEFAULT_SEQ  # noqa: E402
 
@@ -49,7 +50,7 @@ def measure(args) -> list[dict]:
     spec = RunSpec(**base)
     # refuse, as `zfbench.run` does, a shape that cannot fit (instead of the OOM killer)
     check_fits(spec.shape(), [r[1] for r in RUNS], spec.batch, spec.seq,
-               2 if args.precision == "bf16" else 4, use_cuda=False)
+               element_bytes(args.precision), use_cuda=False)
     rows = []
     for repeat in range(args.repeats):
         order = RUNS if repeat % 2 == 0 else RUNS[::-1]

@@ -16,7 +16,11 @@
 #   profile/                   python -m zfbench.run --profile at that size
 #   predict/                   python -m zfbench.predict --from-run run_<model>: ZenFlow
 #                              predicted from the ZeRO-Offload row, beside the measured one
+#   validate/                  python -m zfbench.validate --device cuda: engine against
+#                              simulator on the GPU (VALIDATE_MIN minutes at most, default 15)
 #   status.txt                 each step's exit code (a failed step does not stop the rest)
+# ONLY="profile validate" runs only the named steps (cuda_tests run_default run_model
+# profile predict validate), e.g. to fit each call of a time-limited session.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${GPU_PY:-python3}
@@ -24,6 +28,8 @@ MODEL=${MODEL:-qwen2.5-1.5b}
 SEQ=${SEQ:-1024}
 STEPS=${STEPS:-24}
 GPU_PRESET=${GPU_PRESET:-h100-sxm}
+VALIDATE_MIN=${VALIDATE_MIN:-15}
+ONLY=${ONLY:-}
 
 if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "gpu-check: $PY's torch sees no CUDA device; run this where one is (GPU_PY=... to pick the python)" >&2
@@ -57,13 +63,17 @@ export PYTHONUNBUFFERED=1
 NAME=$($PY -c "import torch, re; print(re.sub(r'[^A-Za-z0-9._-]+', '-', torch.cuda.get_device_name()))")
 OUT="bench/results/gpu/$NAME"
 mkdir -p "$OUT"
-: > "$OUT/status.txt"
+[ -n "$ONLY" ] || : > "$OUT/status.txt"  # ONLY: append to the earlier steps' codes
+touch "$OUT/status.txt"
 { nvidia-smi 2>&1 || true
   $PY -c "import torch, platform; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', platform.python_version())"
   lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)' || true; } > "$OUT/machine.txt"
 
 step() {  # step NAME COMMAND...: run, log, record the exit code, go on
   local name=$1; shift
+  local key=$name
+  case $name in run_default) ;; run_*) key=run_model ;; esac
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $key "* ]]; then return 0; fi
   echo "== gpu-check: $name: $*"
   "$@" 2>&1 | tee "$OUT/$name.log"
   local rc=${PIPESTATUS[0]}
@@ -77,6 +87,8 @@ step profile $PY -m zfbench.run --device cuda --model "$MODEL" --seq "$SEQ" \
   --precision bf16 --profile --quiet --out "$OUT/profile"
 step predict $PY -m zfbench.predict --from-run "$OUT/run_$MODEL" --gpu "$GPU_PRESET" \
   --quiet --out "$OUT/predict"
+step validate $PY -m zfbench.validate --device cuda --budget-min "$VALIDATE_MIN" --quiet \
+  --out "$OUT/validate"
 echo "== gpu-check: wrote $OUT (exit codes in status.txt)"
 cat "$OUT/status.txt"
 ! grep -qv ' 0$' "$OUT/status.txt"

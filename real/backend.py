@@ -4,7 +4,8 @@ A strategy says what runs where and what waits for what; a backend makes it so:
 - `op(lane, name, t, reads=, writes=)`: a block of work on a lane (timed as a span, its
   buffer accesses declared); `copy(lane, name, t, dst, src)`: a copy on a link lane;
 - `record(lane)` -> an `Event`; `wait(lane, event, why)`: the lane goes on only after it;
-- `pinned(numel, dtype)`: a host buffer the link can read and write asynchronously;
+- `pinned(numel, dtype)`: a host buffer the link can read and write asynchronously
+  (on a GPU `register_pinned`, which `zfbench.real.rate_probe` uses too);
 - `end_step()`: the step's device work is done (the step's end is read after it).
 Lanes: `compute`, `d2h`, `h2d` (streams on a GPU), `host` (the host worker thread) and
 `main` (the thread issuing the schedule); `net` spans run in the compute lane's order.
@@ -242,16 +243,10 @@ class CudaBackend(Backend):
             self._block(lane)
 
     def pinned(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """Page-locked by cudaHostRegister on a plain allocation of exactly this size
-        (`pin_memory()` and `empty(pin_memory=True)` go through the caching host
-        allocator, which rounds each block up to a power of two: up to 2x)."""
-        buf = torch.zeros(numel, dtype=dtype)
-        if buf.numel():
-            nbytes = buf.numel() * buf.element_size()
-            err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)
-            if int(err) != 0:  # fall back to the allocator rather than run unpinned
-                return buf.pin_memory()
-            self._registered.append(buf)
+        """A pinned host buffer of exactly this size (`register_pinned`), unpinned by
+        `close`."""
+        buf = register_pinned(numel, dtype)
+        self._registered.append(buf)
         return buf
 
     def end_step(self) -> None:
@@ -260,8 +255,34 @@ class CudaBackend(Backend):
     def close(self) -> None:
         torch.cuda.synchronize(self.device)
         for buf in self._registered:
-            torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+            unregister_pinned(buf)
         self._registered = []
+
+
+_REGISTERED: set[int] = set()  # host addresses register_pinned page-locked itself
+
+
+def register_pinned(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A host buffer the link can copy asynchronously: page-locked by cudaHostRegister on
+    a plain allocation of exactly this size (`pin_memory()` and `empty(pin_memory=True)`
+    go through the caching host allocator, which rounds each block up to a power of
+    two: up to 2x). Release it with `unregister_pinned` before dropping it (once no
+    copy uses it any more)."""
+    buf = torch.zeros(numel, dtype=dtype)
+    if buf.numel():
+        nbytes = buf.numel() * buf.element_size()
+        err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)
+        if int(err) != 0:  # fall back to the allocator rather than run unpinned
+            return buf.pin_memory()
+        _REGISTERED.add(buf.data_ptr())
+    return buf
+
+
+def unregister_pinned(buf: torch.Tensor) -> None:
+    """Undo `register_pinned` (nothing for an empty buffer or the allocator's fallback)."""
+    if buf.numel() and buf.data_ptr() in _REGISTERED:
+        _REGISTERED.discard(buf.data_ptr())
+        torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
 
 
 def _tensors_in(state):

@@ -37,6 +37,7 @@ import torch
 
 from zfbench.real.backend import CpuLanes, CudaBackend
 from zfbench.real.flat import LOW_PRECISION, FlatLayout
+from zfbench.core.strategies import gradient_buckets_apply
 from zfbench.real.grad_buckets import GradBuckets
 from zfbench.real.hazards import HazardChecker
 from zfbench.real.distributed import DistContext, allgather_flat, allreduce_mean_, rank_threads
@@ -122,13 +123,15 @@ class Engine:
         self.step_log: list[dict] = []
         self._step_start: float | None = None
         self._loss: float | None = None
+        # overlap_comm: gradient buckets are all-reduced (several ranks) and go down
+        # during backward (real/grad_buckets.py); not with fp16 (its gradients are still
+        # scaled)
+        self.bucketed = gradient_buckets_apply(config.strategy, config.precision,
+                                               config.overlap_comm)
         self.strategy = STRATEGY_CLASSES[config.strategy](self)
-        # overlap_comm: gradient buckets go down during backward (real/grad_buckets.py);
-        # one rank (several all-reduce first), no fp16 (its gradients are still scaled)
         self.buckets = None
         self.sent_down = None  # (host buffer, d2h event) of this step's bucketed d2h
-        if (config.overlap_comm and config.strategy in ("zero-offload", "zenflow")
-                and not self.dist.active and self.loss_scaler is None):
+        if self.bucketed:
             self.buckets = GradBuckets(self, config.bucket_elems)
             if self.inplace_grads is not None:
                 self.inplace_grads.notify = self.buckets.contributed
@@ -184,23 +187,25 @@ class Engine:
         return self.backend.op("compute", op, t, reads=reads, writes=writes)
 
     # -- data parallel collectives ----------------------------------------------------
-    def reduce_grads(self, t: int) -> None:
-        """All-reduce (average) the flat gradient buffer across ranks."""
+    def reduce_grads(self, t: int, lo: int = 0, hi: int | None = None) -> None:
+        """All-reduce (average) the flat gradient buffer, or its elements [lo, hi) (one
+        gradient bucket, real/grad_buckets.py), across ranks."""
         dtype = COMM_DTYPES.get(self.config.comm_dtype, self.flat_grads.dtype)
-        grads = (self.flat_grads,)
-        if dtype == self.flat_grads.dtype:
+        part = self.flat_grads[lo:hi]
+        grads = (part,)
+        if dtype == part.dtype:
             with self.backend.op("net", "allreduce", t, reads=grads, writes=grads,
-                                 nbytes=self.grad_bytes):
-                allreduce_mean_(self.dist, self.flat_grads)
+                                 nbytes=part.numel() * part.element_size()):
+                allreduce_mean_(self.dist, part)
             return
         # communication_data_type: the all-reduce runs on a copy in that dtype
         with self.backend.op("compute", "allreduce_cast", t, reads=grads, writes=grads,
                              span=False):
-            wire = self.flat_grads.to(dtype)
+            wire = part.to(dtype)
             with self.backend.op("net", "allreduce", t,
                                  nbytes=wire.numel() * wire.element_size()):
                 allreduce_mean_(self.dist, wire)
-            self.flat_grads.copy_(wire)
+            part.copy_(wire)
 
     def gather_params(self, target: torch.Tensor, t: int) -> None:
         """All-gather every rank's updated shard of `target` (a no-op with one rank)."""
@@ -258,7 +263,9 @@ class Engine:
         start = self._step_start if self._step_start is not None else self.recorder.now()
         record = {"step": self.t, "loss": self._loss, "skipped": False}
         self._bind_grad_views()
-        if self.dist.active:  # every rank then sees the same (non-)finite gradients
+        # every rank then sees the same (non-)finite gradients; with buckets
+        # (sent_down) each was all-reduced during backward already
+        if self.dist.active and self.sent_down is None:
             self.reduce_grads(self.t)
         with self.compute("device_optim", self.t, reads=(self.flat_grads,)):
             bad = self._nonfinite_params()

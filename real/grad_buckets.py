@@ -13,8 +13,16 @@ autograd, and `InplaceGrads` (real/inplace_grads.py) reports each contribution i
 straight into the buffer; it also counts, in the forward, how many each parameter will get.
 A bucket is therefore never sent early; sent late, it is only less overlap.
 
-Used for one rank, bf16 or fp32, by the strategies that take the step's gradients into a
-free host buffer at backward time (zero-offload and zenflow; see `grads_landing`).
+With several ranks each bucket is first all-reduced (averaged) across ranks, then the part
+of it inside this rank's shard goes down (ZeRO-2: each rank's host holds its shard). Every
+rank must issue the same collectives in the same order, so there a bucket is sent only
+after every bucket before it (in bucket order, the order backward completes them); with
+one rank a bucket goes as soon as it is complete.
+
+Used in bf16 or fp32 by every offloading strategy (`zfbench.core.strategies.
+gradient_buckets_apply`): each names a host buffer free to be written during backward
+(`grads_landing`); zero-offload-dpu alternates two, since its pending host step still
+reads the previous step's gradients.
 """
 
 from __future__ import annotations
@@ -68,9 +76,10 @@ class GradBuckets:
         self.waiting = [sum(1 for pid in ids if self.left.get(pid, 1) > 0)
                         for _, _, ids in self.buckets]
         self.sent = [False] * len(self.buckets)
+        self.next = 0  # several ranks: the first bucket not yet sent
         for index, count in enumerate(self.waiting):
             if count == 0:
-                self._send(index)
+                self._ready(index)
 
     def _autograd_done(self, param: torch.Tensor) -> None:
         self.contributed(param)
@@ -86,7 +95,17 @@ class GradBuckets:
             index = self.bucket_of[pid]
             self.waiting[index] -= 1
             if self.waiting[index] == 0:
-                self._send(index)
+                self._ready(index)
+
+    def _ready(self, index: int) -> None:
+        """Bucket `index` is complete: send it, or (several ranks) every bucket up to the
+        first one still incomplete, in order."""
+        if not self.e.dist.active:
+            self._send(index)
+            return
+        while self.next < len(self.buckets) and self.waiting[self.next] == 0:
+            self._send(self.next)
+            self.next += 1
 
     def _send(self, index: int) -> None:
         if self.sent[index]:
@@ -94,12 +113,18 @@ class GradBuckets:
         self.sent[index] = True
         e, B = self.e, self.e.backend
         lo, hi, _ = self.buckets[index]
+        if e.dist.active:
+            e.reduce_grads(self.t, lo, hi)
+        a, b = max(lo, e.shard_lo), min(hi, e.shard_hi)  # this rank's part of it
+        if a >= b:
+            return
         B.wait("d2h", B.record("compute"), "a bucket's d2h waits for its gradients")
-        B.copy("d2h", "d2h_grad", self.t, self.landing[lo:hi], e.flat_grads[lo:hi])
+        B.copy("d2h", "d2h_grad", self.t, self.landing[a - e.shard_lo:b - e.shard_lo],
+               e.flat_grads[a:b])
 
     def finish(self):
         """After backward: send what is left; the d2h event after the last bucket."""
-        for index, sent in enumerate(self.sent):
+        for index, sent in enumerate(self.sent):  # in bucket order
             if not sent:
                 self._send(index)
         self.armed = False

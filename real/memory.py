@@ -1,8 +1,8 @@
 """Memory the engine will need, estimated before anything is allocated, and the refusal.
 
 `estimate(shape, strategy, ...)` counts the engine's own buffers (flat parameters and
-gradients, device optimizer state, upload buffer, host fp32 master, moments and gradient
-buffers) plus activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in
+gradients, device optimizer state, upload buffer, host fp32 master, moments, gradient
+buffers and 16-bit wires: zfbench.core.memory_model) plus activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in
 Large Transformer Models": s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit; doubled for
 fp32). `check_fits` compares it with what the machine has (CUDA free memory, host
 MemAvailable; on the emulated accelerator both live in the same RAM) and raises
@@ -51,7 +51,9 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, elem_bytes: int) -
 
 
 def estimate(shape: ModelShape, strategy: str, batch: int, seq: int, elem_bytes: int = 4,
-             topk_ratio: float = TOPK_RATIO) -> MemoryEstimate:
+             topk_ratio: float = TOPK_RATIO, bucketed: bool = False) -> MemoryEstimate:
+    """The engine's buffers for `strategy` (`bucketed`: the run sends gradients in
+    buckets, zfbench.core.strategies.buckets_on), with HEADROOM."""
     p = shape.total_params
     device = 2 * p * elem_bytes + activation_bytes(shape, batch, seq, elem_bytes)
     if strategy == "device":  # m, v, scratch; fp32 master and gradient copies if not fp32
@@ -67,7 +69,7 @@ def estimate(shape: ModelShape, strategy: str, batch: int, seq: int, elem_bytes:
     elif strategy != "zero-offload":
         raise ValueError(f"unknown strategy {strategy!r}")
     # fp32 master, m, v and the strategy's gradient buffers (zfbench.core.memory_model)
-    host = float(host_bytes_per_param(strategy) * p)
+    host = float(host_bytes_per_param(strategy, elem_bytes, bucketed) * p)
     return MemoryEstimate(device * HEADROOM, host * HEADROOM)
 
 
@@ -110,13 +112,13 @@ def process_baseline_bytes() -> float:
 
 def machine_need(shape: ModelShape, strategy: str, batch: int, seq: int, elem_bytes: int,
                  topk_ratio: float = TOPK_RATIO, ranks: int = 1,
-                 baseline: float = 0.0) -> MemoryEstimate:
+                 baseline: float = 0.0, bucketed: bool = False) -> MemoryEstimate:
     """Memory of the whole run on one machine with `ranks` processes: every rank holds
     its own device replica (parameters, gradients, activations, optimizer state on the
     device, plus the all-gather's staging buffer when ranks > 1) and 1/ranks of the host
     state; each rank and the launcher add one process `baseline`. Device bytes are per
     rank (each rank has its own GPU), host bytes are the machine's total."""
-    one = estimate(shape, strategy, batch, seq, elem_bytes, topk_ratio)
+    one = estimate(shape, strategy, batch, seq, elem_bytes, topk_ratio, bucketed)
     if ranks == 1:
         return one
     device = one.device_bytes + shape.total_params * elem_bytes * HEADROOM
@@ -127,7 +129,8 @@ def machine_need(shape: ModelShape, strategy: str, batch: int, seq: int, elem_by
 def check_fits(shape: ModelShape, strategies: list[str], batch: int, seq: int,
                elem_bytes: int, use_cuda: bool, topk_ratio: float = TOPK_RATIO,
                host_bytes: float | None = None, device_bytes: float | None = None,
-               ranks: int = 1, baseline: float | None = None) -> None:
+               ranks: int = 1, baseline: float | None = None,
+               bucketed: bool = False) -> None:
     """Raise `InsufficientMemoryError` unless every strategy fits (they run one by one)
     with `ranks` processes on this machine."""
     host_avail = available_host_bytes() if host_bytes is None else host_bytes
@@ -138,7 +141,7 @@ def check_fits(shape: ModelShape, strategies: list[str], batch: int, seq: int,
 
     def need(s: ModelShape, strategy: str) -> MemoryEstimate:
         return machine_need(s, strategy, batch, seq, elem_bytes, topk_ratio, ranks,
-                            baseline)
+                            baseline, bucketed)
 
     def machine_total(m: MemoryEstimate) -> float:  # emulated: every rank's device in RAM
         return m.device_bytes * ranks + m.host_bytes

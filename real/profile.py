@@ -1,8 +1,9 @@
 """Calibration: measure, on this machine, the costs the simulator needs.
 
-`measure_profile(spec)` builds the run's model in the run's precision, warms up, then
-measures with the engine's own lanes, thread split and gradient path (in place into one
-flat buffer, `zfbench.real.inplace_grads`):
+`measure_profile(spec)` builds the run's model in the run's precision on the run's device
+(`spec.device`, as the engine resolves it: "auto" is CUDA when torch sees a GPU), warms up,
+then measures with the engine's own lanes, thread split and gradient path (in place into
+one flat buffer, `zfbench.real.inplace_grads`):
 - forward and backward seconds of each block kind (embedding, one decoder layer, head
   with the loss), from module hooks around a real training step, median of repeats;
 - the device optimizer rate on the selected columns (elements/s), the selection cost and
@@ -13,16 +14,22 @@ flat buffer, `zfbench.real.inplace_grads`):
 - how much the device and host lanes slow each other when they run at once (both are
   cores over the same DRAM here): rate factors of forward+backward while host AdamW runs
   and of host AdamW while forward+backward runs.
+On CUDA the model, the flat buffers, the selected columns and the device optimizer live on
+the GPU in the run's dtype and every device time is the GPU's: `median_time` synchronizes
+before starting and before reading the clock, and the per-block times come from CUDA
+events recorded in the hooks (`zfbench.real.rate_probe.Clock`); the links are the engine's
+CUDA copies between the GPU and pinned host buffers on their own streams (`RateProbe`),
+and the host lane stays on the CPU threads.
 The result is a hardware profile in the layout of `zfbench/data/hardware.json` (every
 number with its source: this measurement) plus a `calibration` section with the
-per-block times, which `python -m zfbench.simulate --profile FILE` reads.
+per-block times and the device measured on (`device`, `transfers`: "cuda" or "emulated"),
+which `python -m zfbench.simulate --profile FILE` reads.
 """
 
 from __future__ import annotations
 
 import datetime
 import statistics
-import time
 from types import SimpleNamespace
 
 import torch
@@ -31,7 +38,7 @@ from zfbench.real.adamw import adamw_foreach_
 from zfbench.real.flat import FlatLayout, device_dtype, put_columns, take_columns
 from zfbench.real.inplace_grads import InplaceGrads
 from zfbench.real.model import build_model
-from zfbench.real.rate_probe import RateProbe, lane_contention, median_time
+from zfbench.real.rate_probe import Clock, RateProbe, lane_contention, median_time
 from zfbench.real.runner import RunSpec, batches
 from zfbench.core.models import get_model
 from zfbench.core.provenance import machine
@@ -39,22 +46,24 @@ from zfbench.core.schedule import topk_count
 
 
 def block_times(model, data, repeats: int, inplace: InplaceGrads,
-                flat_grads: torch.Tensor) -> dict[str, dict[str, float]]:
+                flat_grads: torch.Tensor, device=None) -> dict[str, dict[str, float]]:
     """Median forward/backward seconds per block kind, from hooks on a training step run
-    as the engine runs it (gradients accumulated in place into `flat_grads`)."""
+    as the engine runs it (gradients accumulated in place into `flat_grads`); the hooks
+    mark `Clock(device)` time: perf_counter on the CPU, CUDA events on a GPU."""
+    clock = Clock(device)
     stamps: list[tuple[str, str, float]] = []
     blocks = [("embedding", model.embed), *[("decoder", m) for m in model.layers],
               ("head", model.head)]
     handles = []
     for kind, module in blocks:
         handles.append(module.register_forward_pre_hook(
-            lambda *_, k=kind: stamps.append(("fwd", k, time.perf_counter()))))
+            lambda *_, k=kind: stamps.append(("fwd", k, clock.mark()))))
         # a tensor hook on the block's output marks the start of the block's backward; a
         # module full-backward hook would wrap the block's inputs (the tied embedding
         # weight the head receives), which takes them off the in-place gradient path
         def mark_backward(_module, _inputs, out, k=kind) -> None:
             if isinstance(out, torch.Tensor) and out.requires_grad:
-                out.register_hook(lambda grad: stamps.append(("bwd", k, time.perf_counter())))
+                out.register_hook(lambda grad: stamps.append(("bwd", k, clock.mark())))
         handles.append(module.register_forward_hook(mark_backward))
     samples: dict[tuple[str, str], list[float]] = {}
     try:
@@ -63,10 +72,12 @@ def block_times(model, data, repeats: int, inplace: InplaceGrads,
             stamps.clear()
             with inplace:
                 loss = model(batch["input_ids"], batch["labels"])
-            mid = time.perf_counter()
+            mid = clock.mark()
             loss.backward()
-            end = time.perf_counter()
+            end = clock.mark()
             flat_grads.zero_()
+            *marks, mid, end = clock.seconds([s[2] for s in stamps] + [mid, end])
+            stamps[:] = [(phase, k, t) for (phase, k, _), t in zip(stamps, marks)]
             fwd = [s for s in stamps if s[0] == "fwd"] + [("fwd", "end", mid)]
             # backward runs head -> layers -> embedding; the loss's own backward counts
             # as the head's, so the head's backward starts when loss.backward() is called
@@ -119,7 +130,7 @@ def _selected_columns(mats, dtype, ratio: float):
     return sel, sel_g, ms, vs, scratch, column_io
 
 
-def _master_copy_s(params, repeats: int) -> float:
+def _master_copy_s(params, repeats: int, device=None) -> float:
     """The `device` strategy's extra work with low-precision weights: gradients copied to
     fp32 and the fp32 master copied back into the weights (0 with fp32 weights)."""
     if all(p.dtype == torch.float32 for p in params):
@@ -132,28 +143,36 @@ def _master_copy_s(params, repeats: int) -> float:
         for p, m in zip(params, master):
             p.data.copy_(m)
     copies()
-    return median_time(copies, repeats)
+    return median_time(copies, repeats, device)
 
 
 def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) -> dict:
-    from zfbench.real.engine import default_thread_split
+    from zfbench.real.engine import default_thread_split, resolve_device
 
     shape = spec.shape()
+    device = resolve_device(spec.device)
+    cuda = device.type == "cuda"
+    if cuda and device.index is None:  # this process's GPU, by index (as the engine)
+        device = torch.device("cuda", torch.cuda.current_device())
     dev_threads, host_threads = default_thread_split()
     dev_threads = spec.device_threads or dev_threads
     host_threads = spec.host_threads or host_threads
-    torch.set_num_threads(dev_threads)
+    if not cuda:  # as the engine: the device lane's threads are the CPU lanes' own
+        torch.set_num_threads(dev_threads)
     precision = spec.engine_config("device").precision
     dtype = device_dtype(precision)
-    model = build_model(shape, dtype=dtype, seed=spec.seed)
+    model = build_model(shape, dtype=dtype, device=device, seed=spec.seed)
     named = list(model.named_parameters())
     params = [p for _, p in named]
     # as the engine: parameters and gradients are views of flat buffers, 2-D weights
     # stored column by column
     layout = FlatLayout(named, column_major=spec.engine_config("device").column_major)
     total = layout.total
-    flat_params = layout.new(dtype)
-    flat_grads = layout.new(dtype)
+
+    def new_flat() -> torch.Tensor:  # layout.new on the run's device
+        return torch.zeros(total, dtype=dtype, device=device)
+    flat_params = new_flat()
+    flat_grads = new_flat()
     for name, p in named:
         view = layout.view(flat_params, name)
         view.copy_(p.detach())
@@ -161,8 +180,10 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
         p.grad = layout.view(flat_grads, name)
     inplace = InplaceGrads(params)
     data = batches(spec, shape.vocab)
-    block_times(model, data, 2, inplace, flat_grads)  # warm-up
-    blocks = block_times(model, data, repeats, inplace, flat_grads)
+    if cuda:
+        data = ({k: v.to(device) for k, v in batch.items()} for batch in data)
+    block_times(model, data, 2, inplace, flat_grads, device)  # warm-up
+    blocks = block_times(model, data, repeats, inplace, flat_grads, device)
     tokens = spec.batch * spec.seq
     for kind, block in zip(("embedding", "decoder", "head"),
                            (shape.blocks()[0], shape.blocks()[1], shape.blocks()[-1])):
@@ -184,23 +205,23 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
                        eps=1e-8, weight_decay=0.01, scratch=scratch)
     column_io()
     device_adam()
-    optim_s = median_time(device_adam, repeats)
+    optim_s = median_time(device_adam, repeats, device)
     # the column gather/scatter costs a part per 2-D element (cache lines touched) and a
     # part per selected element: measured at two ratios, split by a line through both
-    io_s = median_time(column_io, repeats)
+    io_s = median_time(column_io, repeats, device)
     wide = _selected_columns(mats, dtype, WIDE_TOPK_RATIO)
     wide_sel = sum(s.numel() for s in wide[0])
     wide[-1]()
-    wide_io_s = median_time(wide[-1], repeats)
+    wide_io_s = median_time(wide[-1], repeats, device)
     per_selected = max(0.0, (wide_io_s - io_s) / max(wide_sel - sel_elems, 1))
     per_matrix = max(0.0, io_s - per_selected * sel_elems) / mat_elems
     del wide
-    master_s = _master_copy_s(params, repeats)
+    master_s = _master_copy_s(params, repeats, device)
 
     def select():
         for p in mats:
             torch.topk(p.grad.float().abs().sum(0), topk_count(p.shape[1], topk_ratio))
-    select_s = median_time(select, repeats)
+    select_s = median_time(select, repeats, device)
 
     # the engine's own per-step device work: the non-finite check and zeroing gradients
     def check():  # as Engine._nonfinite_params
@@ -208,28 +229,31 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
 
     def zero():  # as Engine._zero_grads
         flat_grads.zero_()
-    check_s = median_time(check, repeats)
-    zero_s = median_time(zero, repeats)
+    check_s = median_time(check, repeats, device)
+    zero_s = median_time(zero, repeats, device)
     # applying an uploaded update: one device buffer copied into another (as the engine's
     # `flat_params.copy_(upload)`); a same-dtype copy, not the d2h conversion
-    apply_src = layout.new(dtype)
+    apply_src = new_flat()
 
     def apply_copy():
         flat_grads.copy_(apply_src)
     apply_copy()
-    apply_s = median_time(apply_copy, repeats)
+    apply_s = median_time(apply_copy, repeats, device)
 
     # links (d2h on the device thread, h2d on the host worker) and the host lane's rates,
     # on buffers in the engine's precisions (zfbench.real.rate_probe)
-    probe = RateProbe(total, dtype, host_threads)
-    rates = probe.measure(repeats)
+    probe = RateProbe(total, dtype, host_threads, device)
+    try:
+        rates = probe.measure(repeats)
 
-    def train_step():  # the device lane's forward+backward (gradients pile up: harmless)
-        batch = next(data)
-        with inplace:
-            step_loss = model(batch["input_ids"], batch["labels"])
-        step_loss.backward()
-    rates.update(lane_contention(probe, train_step, dev_threads, repeats))
+        def train_step():  # the device lane's forward+backward (gradients pile up: harmless)
+            batch = next(data)
+            with inplace:
+                step_loss = model(batch["input_ids"], batch["labels"])
+            step_loss.backward()
+        rates.update(lane_contention(probe, train_step, dev_threads, repeats))
+    finally:
+        probe.close()
     del probe
     return build_profile(spec, shape, blocks, dev_threads, host_threads, {
         "device_optim_elems_per_s": sel_elems / optim_s,
@@ -238,7 +262,7 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
         "select_s_per_elem": select_s / mat_elems,
         "grad_check_s_per_elem": check_s / total, "grad_zero_s_per_elem": zero_s / total,
         "device_copy_s_per_elem": apply_s / total,
-        **rates})
+        **rates}, describe_device(device))
 
 
 NOT_A_LIMIT = ("not a limit: host Adam and accumulation rates are measured directly on the "
@@ -253,9 +277,38 @@ def _mem_total() -> float:
     return 16e9
 
 
+def describe_device(device: torch.device) -> dict:
+    """The calibration's account of the device measured on: its name ("cpu" for the
+    emulated lanes), how the links moved data ("cuda" copies or "emulated" memory copies)
+    and, on a GPU, its total memory."""
+    if device.type != "cuda":
+        return {"device": "cpu", "transfers": "emulated"}
+    return {"device": torch.cuda.get_device_name(device), "transfers": "cuda",
+            "device_memory_bytes": int(torch.cuda.get_device_properties(device).total_memory)}
+
+
+DEVICE_KEYS = ("device", "transfers", "device_memory_bytes")
+
+
+def _device_memory_and_hbm(info: dict, rates: dict, m) -> tuple[dict, dict]:
+    """`memory_bytes` and `hbm_bytes_per_s` of the measured device: a GPU's total memory and
+    its measured device-to-device copy rate; on the CPU lanes a nominal 64 GB and the d2h
+    rate (a memory copy, as on those lanes)."""
+    if info.get("transfers") != "cuda" or "device_memory_bytes" not in info:
+        return m(64e9), m(rates["d2h_bytes_per_s"])
+    itemsize = device_dtype(rates["precision"]).itemsize
+    memory = {"value": float(info["device_memory_bytes"]),
+              "source": f"torch.cuda.get_device_properties().total_memory of {info['device']}"}
+    hbm = m(2 * itemsize / rates["device_copy_s_per_elem"])  # read + write per element
+    hbm["source"] += ": a device-to-device copy of the flat parameters, read+write bytes / s"
+    return memory, hbm
+
+
 def build_profile(spec: RunSpec, shape, blocks: dict, dev_threads: int, host_threads: int,
-                  rates: dict) -> dict:
-    """The measurements in the hardware.json layout ({value, source} per number)."""
+                  rates: dict, device_info: dict | None = None) -> dict:
+    """The measurements in the hardware.json layout ({value, source} per number);
+    `device_info` (`describe_device`, default the CPU lanes') goes into the calibration."""
+    info = describe_device(torch.device("cpu")) if device_info is None else device_info
     when = datetime.datetime.now().isoformat(timespec="seconds")
     src = f"measured by python -m zfbench.run --profile ({shape.name}, batch {spec.batch}, " \
           f"seq {spec.seq}, {dev_threads}+{host_threads} threads, {when})"
@@ -267,11 +320,12 @@ def build_profile(spec: RunSpec, shape, blocks: dict, dev_threads: int, host_thr
                 for k, b in blocks.items())
     both_d2h = min(1.0, rates["d2h_bytes_per_s_both"] / rates["d2h_bytes_per_s"])
     both_h2d = min(1.0, rates["h2d_bytes_per_s_both"] / rates["h2d_bytes_per_s"])
+    memory, hbm = _device_memory_and_hbm(info, rates, m)
     return {
         "description": src,
         "gpus": {"measured-device": {
             "bf16_flops_per_s": m(fwd_flops / fwd_s), "fp16_flops_per_s": m(fwd_flops / fwd_s),
-            "memory_bytes": m(64e9), "hbm_bytes_per_s": m(rates["d2h_bytes_per_s"]),
+            "memory_bytes": memory, "hbm_bytes_per_s": hbm,
             "default_mfu": m(1.0), "native_pcie": "measured-link"}},
         "host_links": {"measured-link": {
             "h2d_theoretical_bytes_per_s": m(rates["h2d_bytes_per_s"]),
@@ -301,13 +355,12 @@ def build_profile(spec: RunSpec, shape, blocks: dict, dev_threads: int, host_thr
             "machine": machine(),  # CPU model, ISA flags, cores, memory, torch version
             "model": shape.name, "batch": spec.batch, "seq": spec.seq,
             "device_threads": dev_threads, "host_threads": host_threads,
-            "blocks": blocks, **rates, "source": src,
-            "transfers": "emulated" if not torch.cuda.is_available() else "cuda"},
+            "blocks": blocks, **rates, "source": src, **info},
     }
 
 
 _CAL_META = ("model", "batch", "seq", "device_threads", "host_threads", "blocks", "source",
-             "transfers")
+             *DEVICE_KEYS)
 
 
 def with_rates(profile: dict, rates: dict) -> dict:
@@ -317,10 +370,9 @@ def with_rates(profile: dict, rates: dict) -> dict:
     measured = {k: v for k, v in cal.items() if k not in _CAL_META}
     measured.update(rates)
     spec = SimpleNamespace(batch=cal["batch"], seq=cal["seq"])
-    out = build_profile(spec, get_model(cal["model"]), cal["blocks"], cal["device_threads"],
-                        cal["host_threads"], measured)
-    out["calibration"]["transfers"] = cal["transfers"]
-    return out
+    return build_profile(spec, get_model(cal["model"]), cal["blocks"], cal["device_threads"],
+                         cal["host_threads"], measured,
+                         {k: cal[k] for k in DEVICE_KEYS if k in cal})
 
 
 def mean_profile(profiles: list[dict]) -> dict:

@@ -1,18 +1,31 @@
-"""The host lane's and the links' rates on buffers of one model's size, measurable again.
+"""The host lane's and the links' rates on buffers of one model's size, measurable again,
+and how every measurement of `zfbench.real.profile` waits for the device it times.
 
-`RateProbe(total, dtype, host_threads)` allocates, once, the buffers the engine's host
-side works on for a model of `total` parameters (a device-precision flat buffer, the fp32
-master, gradient and moments); `measure(repeats)` then times, as the engine does them:
-- d2h: the device buffer copied into an fp32 host buffer, on the calling (device) thread;
-- h2d: the fp32 master copied into a device-precision buffer, on a host worker thread;
-  each alone, and both at once;
+`RateProbe(total, dtype, host_threads, device)` allocates, once, the buffers the engine's
+host side works on for a model of `total` parameters (a device-precision flat buffer, the
+fp32 master, gradient and moments); `measure(repeats)` then times, as the engine does them:
+- d2h: on the CPU lanes, the device buffer copied into an fp32 host buffer on the calling
+  (device) thread; on CUDA, a GPU buffer in the device's dtype copied into a pinned host
+  buffer of the same dtype (the engine's d2h wire; it converts on the host afterwards) on
+  a d2h stream of its own, timed to the stream's completion;
+- h2d: on the CPU lanes, the fp32 master copied into a device-precision buffer; on CUDA, a
+  pinned host buffer of the device's dtype (the h2d wire) copied into a GPU buffer on an
+  h2d stream; either way issued from a host worker thread; each alone, and both at once
+  (d2h on the calling thread, h2d on the worker: on CUDA two streams copying at once);
 - host AdamW (`zfbench.real.host_adam.host_adamw_`) over the whole master and the host
-  accumulation (`add_` with alpha), on the host worker's threads.
+  accumulation (`add_` with alpha), on the host worker's threads (the CPU, either way).
+Pinned buffers are `zfbench.real.backend.register_pinned`'s, released by `close()` (or when
+the probe is collected).
 It returns the rate keys of a profile's `calibration` section. `zfbench.real.profile` measures
 them once per profile; `zfbench.validate` measures them again right before and after
 each cell, because on a shared machine these memory-bound rates drift by 1.5x within
 minutes (host AdamW over 175M parameters measured 0.10 s and 0.25 s on this machine
 half an hour apart), and the cell is best predicted from the rates of its own minute.
+
+Timing (`median_time`, `Clock`): on the CPU lanes work is done when the call returns, so a
+wall clock around it is its time; on CUDA the call only queues it, so the timing waits for
+the device (a synchronize before the clock starts and before it is read) or reads CUDA
+events once the device has passed them.
 """
 
 from __future__ import annotations
@@ -23,19 +36,66 @@ import time
 
 import torch
 
+from zfbench.real.backend import register_pinned, unregister_pinned
 from zfbench.real.host_adam import host_adamw_
 
 RATE_KEYS = ("d2h_bytes_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s_both",
              "h2d_bytes_per_s_both", "host_adam_params_per_s", "host_accum_elems_per_s")
 
 
-def median_time(fn, repeats: int) -> float:
+def is_cuda(device) -> bool:
+    return device is not None and torch.device(device).type == "cuda"
+
+
+def device_sync(device):
+    """The wait that puts `device`'s queued work inside a timing: None on the CPU (its
+    work is done when the call returns), else a synchronize of that GPU."""
+    if not is_cuda(device):
+        return None
+    device = torch.device(device)
+    return lambda: torch.cuda.synchronize(device)
+
+
+def median_time(fn, repeats: int, device=None, sync=None) -> float:
+    """Median seconds of `fn()` over `repeats` calls, each timed to completion: `sync`
+    (default `device_sync(device)`; none on the CPU) runs before the clock starts and
+    before it is read, e.g. a stream's synchronize to time only that stream's work."""
+    sync = sync or device_sync(device)
     times = []
     for _ in range(repeats):
+        if sync is not None:
+            sync()
         start = time.perf_counter()
         fn()
+        if sync is not None:
+            sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+class Clock:
+    """Points in a device's time, taken where work is issued (e.g. from module hooks):
+    `mark()` is time.perf_counter() on the CPU, and on a GPU a timing CUDA event recorded
+    on the issuing thread's current stream; `seconds(marks)` reads them as seconds on one
+    axis (on a GPU once the device has passed them: it waits for them)."""
+
+    def __init__(self, device=None) -> None:
+        self.device = torch.device(device) if is_cuda(device) else None
+
+    def mark(self):
+        if self.device is None:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def seconds(self, marks: list) -> list[float]:
+        if self.device is None or not marks:
+            return list(marks)
+        for event in marks:
+            event.synchronize()
+        base = marks[0]
+        return [base.elapsed_time(event) / 1e3 for event in marks]
 
 
 def in_thread(fn, threads: int):
@@ -52,42 +112,77 @@ def in_thread(fn, threads: int):
 
 
 class RateProbe:
-    def __init__(self, total: int, dtype: torch.dtype, host_threads: int) -> None:
+    def __init__(self, total: int, dtype: torch.dtype, host_threads: int,
+                 device=torch.device("cpu")) -> None:
         self.total, self.host_threads = int(total), int(host_threads)
-        self.dev = (torch.randn(self.total) * 0.02).to(dtype)
-        self.up = torch.zeros(self.total, dtype=dtype)
+        self.device = torch.device(device)
+        cuda = is_cuda(self.device)
+        if cuda and self.device.index is None:  # this process's GPU, by index (as the engine)
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.dev = (torch.randn(self.total, device=self.device) * 0.02).to(dtype)
+        self.up = torch.zeros(self.total, dtype=dtype, device=self.device)
         self.master = torch.randn(self.total)
-        self.grad = torch.randn(self.total) * 1e-3  # also the d2h destination
+        self.grad = torch.randn(self.total) * 1e-3  # also the CPU lanes' d2h destination
         self.m, self.v = torch.zeros(self.total), torch.zeros(self.total)
+        self._pinned: list[torch.Tensor] = []
+        self.streams: dict = {}
+        if cuda:
+            # the engine's CUDA link: device-dtype tensors into and out of pinned wires of
+            # the same dtype (its fp32 <-> device dtype conversions run on the host lane)
+            self.down_wire = register_pinned(self.total, dtype)
+            self._pinned.append(self.down_wire)
+            self.up_wire = register_pinned(self.total, dtype)
+            self._pinned.append(self.up_wire)
+            self.up_wire.copy_(self.master)
+            self.streams = {"d2h": torch.cuda.Stream(self.device),
+                            "h2d": torch.cuda.Stream(self.device)}
+            torch.cuda.synchronize(self.device)  # `dev` is written before a stream reads it
 
     def host_adam(self) -> None:
         """One host AdamW step over the whole master (values are irrelevant to its time)."""
         host_adamw_(self.master, self.grad, self.m, self.v, step=1, lr=1e-4, beta1=0.9,
                     beta2=0.999, eps=1e-8, weight_decay=0.01)
 
+    def _links(self):
+        """(d2h, h2d, d2h_sync, h2d_sync): the two copies and the waits that time each to
+        its completion (none on the CPU lanes)."""
+        if not self.streams:
+            def d2h():
+                self.grad.copy_(self.dev)
+
+            def h2d():
+                self.up.copy_(self.master)
+            return d2h, h2d, None, None
+        down, up = self.streams["d2h"], self.streams["h2d"]
+
+        def d2h_cuda():
+            with torch.cuda.stream(down):
+                self.down_wire.copy_(self.dev, non_blocking=True)
+
+        def h2d_cuda():
+            with torch.cuda.stream(up):
+                self.up.copy_(self.up_wire, non_blocking=True)
+        return d2h_cuda, h2d_cuda, down.synchronize, up.synchronize
+
     def measure(self, repeats: int = 5) -> dict[str, float]:
         nbytes = self.total * self.dev.element_size()
-
-        def d2h():
-            self.grad.copy_(self.dev)
-
-        def h2d():
-            self.up.copy_(self.master)
+        d2h, h2d, d2h_sync, h2d_sync = self._links()
 
         def accum():
             self.m.add_(self.grad, alpha=0.25)
         d2h()
         h2d()
-        d2h_alone = median_time(d2h, repeats)
-        h2d_alone = in_thread(lambda: median_time(h2d, repeats), self.host_threads)
+        d2h_alone = median_time(d2h, repeats, sync=d2h_sync)
+        h2d_alone = in_thread(lambda: median_time(h2d, repeats, sync=h2d_sync),
+                              self.host_threads)
         both = {}
 
         def h2d_loop():
-            both["h2d"] = median_time(h2d, repeats)
+            both["h2d"] = median_time(h2d, repeats, sync=h2d_sync)
         worker = threading.Thread(target=lambda: (torch.set_num_threads(self.host_threads),
                                                   h2d_loop()))
         worker.start()
-        both["d2h"] = median_time(d2h, repeats)
+        both["d2h"] = median_time(d2h, repeats, sync=d2h_sync)
         worker.join()
         host_adam = self.host_adam
         adam_s = in_thread(lambda: (host_adam(), median_time(host_adam, repeats))[1],
@@ -99,6 +194,21 @@ class RateProbe:
                 "h2d_bytes_per_s_both": nbytes / both["h2d"],
                 "host_adam_params_per_s": self.total / adam_s,
                 "host_accum_elems_per_s": self.total / accum_s}
+
+    def close(self) -> None:
+        """Wait for the link streams and unpin the pinned buffers (the probe stays usable
+        on the CPU lanes; on CUDA it is done)."""
+        for stream in self.streams.values():
+            stream.synchronize()
+        for buf in self._pinned:
+            unregister_pinned(buf)
+        self._pinned = []
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: CUDA may be gone
+            pass
 
 
 def _loop_in_thread(fn, threads: int):
@@ -120,20 +230,25 @@ def _loop_in_thread(fn, threads: int):
 
 def lane_contention(probe: RateProbe, device_work, device_threads: int,
                     repeats: int = 5) -> dict[str, float]:
-    """How much the two lanes slow each other on a CPU-emulated accelerator, where both
-    are cores over the same DRAM: `device_work` (a training step's forward+backward, on
-    the calling thread) timed alone and while host AdamW repeats on the host threads, and
-    host AdamW timed alone and while `device_work` repeats on a device thread. Returned
+    """How much the two lanes slow each other: `device_work` (a training step's
+    forward+backward, on the calling thread) timed alone and while host AdamW repeats on
+    the host threads, and host AdamW timed alone and while `device_work` repeats on a
+    device thread. On a CPU-emulated accelerator both are cores over the same DRAM; on
+    CUDA (the probe's device) the device work is timed to its completion on the GPU and
+    the repeating device thread waits for each step, so what is left is the host side
+    of the GPU step (kernel launches, autograd) sharing the CPU with host AdamW. Returned
     as rate factors (alone / together, at most 1) the simulator applies while a compute
     span and host-lane work overlap."""
     host_adam = probe.host_adam
-    device_work()
-    compute_alone = median_time(device_work, repeats)
+    sync = device_sync(probe.device)
+    work = device_work if sync is None else lambda: (device_work(), sync())
+    work()
+    compute_alone = median_time(device_work, repeats, sync=sync)
     halt = _loop_in_thread(host_adam, probe.host_threads)
-    compute_busy = median_time(device_work, repeats)
+    compute_busy = median_time(device_work, repeats, sync=sync)
     halt()
     host_alone = in_thread(lambda: median_time(host_adam, repeats), probe.host_threads)
-    halt = _loop_in_thread(device_work, device_threads)
+    halt = _loop_in_thread(work, device_threads)
     host_busy = in_thread(lambda: median_time(host_adam, repeats), probe.host_threads)
     halt()
     return {"compute_factor_when_host_busy": min(1.0, compute_alone / compute_busy),

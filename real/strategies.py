@@ -74,23 +74,25 @@ class Strategy:
         backward (overlap_comm); None: this strategy sends them after backward."""
         return None
 
-    def landing_for(self, dst: torch.Tensor) -> torch.Tensor:
+    def landing_for(self, dst: torch.Tensor, wire: str = "d2h") -> torch.Tensor:
         """The host buffer gradients bound for `dst` cross into: `dst` itself when it has
-        the device's dtype, else the d2h wire (converted on the host afterwards)."""
-        return dst if dst.dtype == self.e.flat_params.dtype else self.wire("d2h")
+        the device's dtype, else the d2h wire named `wire` (converted on the host
+        afterwards)."""
+        return dst if dst.dtype == self.e.flat_params.dtype else self.wire(wire)
 
-    def grads_down(self, t: int, dst: torch.Tensor):
+    def grads_down(self, t: int, dst: torch.Tensor, wire: str = "d2h"):
         """d2h: this rank's shard of the gradients, once the compute lane has produced
-        them, into `dst` (fp32 host) or, in another dtype, into the d2h wire. Returns the
-        host buffer they land in and the event the host waits for before reading it; the
-        compute lane waits for the same event before it zeroes the gradients."""
+        them, into `dst` (fp32 host) or, in another dtype, into the d2h wire `wire`.
+        Returns the host buffer they land in and the event the host waits for before
+        reading it; the compute lane waits for the same event before it zeroes the
+        gradients."""
         e, B = self.e, self.B
         if e.sent_down is not None:  # already sent, bucket by bucket, during backward
             (landed, done), e.sent_down = e.sent_down, None
             e.grads_read = done
             return landed, done
         B.wait("d2h", B.record("compute"), "d2h waits for the gradients")
-        landed = self.landing_for(dst)
+        landed = self.landing_for(dst, wire)
         B.copy("d2h", "d2h_grad", t, landed, e.flat_grads[e.shard_lo:e.shard_hi])
         done = B.record("d2h")
         e.grads_read = done
@@ -276,7 +278,12 @@ class OffloadStrategy(Strategy):
 
     def __init__(self, engine) -> None:
         super().__init__(engine)
-        self.host = HostState(engine)
+        # dpu with gradient buckets: step t's gradients land during its backward while
+        # the pending host step still reads step t-1's, so the landing buffer (the fp32
+        # gradient buffer, or the d2h wire with 16-bit weights) alternates between two
+        self.landings = 2 if self.stale and engine.bucketed else 1
+        fp32_landing = engine.flat_params.dtype == torch.float32
+        self.host = HostState(engine, n_grad_buffers=self.landings if fp32_landing else 1)
         self.upload = (self.B.name(engine.new_device_flat(), "upload") if self.stale
                        else None)
         self.pending = None  # future of the host step whose parameters are not applied
@@ -293,10 +300,17 @@ class OffloadStrategy(Strategy):
                 self.host.clip_(dst, clip)
         return [prepare] + self._adam_upload_chunks(t, dst, step, target)
 
+    def grad_buffer(self, t: int) -> torch.Tensor:
+        """The fp32 host gradient buffer of step t."""
+        return self.host.grads[t % len(self.host.grads)]
+
+    def landing_wire(self, t: int) -> str:
+        return "d2h" if self.landings == 1 else f"d2h{t % 2}"
+
     def grads_landing(self, t: int) -> torch.Tensor | None:
-        if self.stale:  # the pending host step still reads the gradient buffer
+        if self.stale and self.landings == 1:  # the pending host step still reads it
             return None
-        return self.landing_for(self.host.grads[0])
+        return self.landing_for(self.grad_buffer(t), self.landing_wire(t))
 
     def step(self, t: int) -> None:
         e = self.e
@@ -304,12 +318,16 @@ class OffloadStrategy(Strategy):
             # the previous host step must be done: its parameters go up now (one step
             # late), and the gradient buffer and upload buffer are free again
             self.apply_pending(t)
-        grad = self.host.grads[0]
-        landed, done = self.grads_down(t, grad)
+        grad = self.grad_buffer(t)
+        landed, done = self.grads_down(t, grad, self.landing_wire(t))
         target = self.upload if self.stale else e.flat_params
         # (with `stale`, the uploads overwrite `upload`, which apply_pending read before
-        # the d2h: waiting for the d2h orders them after that read too)
+        # the d2h: waiting for the d2h orders them after that read too; with buckets the
+        # d2h ran during backward, before that read, so the job waits for it itself)
         after = [(done, "host waits for the d2h of the gradients")]
+        if self.landings == 2:
+            after.append((self.B.record("compute"),
+                          "host waits until the pending update was applied"))
         job = e.host_lane.submit("host_optim", t, self.host_step_chunks(
             t, grad, landed, t + 1, target, e.config.gradient_clipping), after=after)
         if self.stale:

@@ -16,6 +16,7 @@ from zfbench.sims.settings import (OFFLOAD_PARAMS, PRECISIONS, STRATEGIES, TRANS
                            SimSettings, SimSettingsError, load_calibration)
 from zfbench.core import hardware, models
 from zfbench.core.memory_model import element_bytes, host_bytes_per_param
+from zfbench.core.strategies import buckets_on
 from zfbench.core.schedule import topk_count
 
 __all__ = ["STRATEGIES", "TRANSFER_MODES", "PRECISIONS", "OFFLOAD_PARAMS", "SimSettings",
@@ -273,8 +274,10 @@ class CostModel:
             sel = self.selected_params
             device = p * b + p * b + sel * 12 + act
         # the node's ranks' host state as the engine allocates it (zfbench.core.memory_model:
-        # fp32 master, m, v and the strategy's fp32 gradient buffers; none for device)
-        host = float(self.per_node(p * host_bytes_per_param(strategy)))
+        # fp32 master, m, v, the strategy's fp32 gradient buffers and 16-bit wires; none
+        # for device), with gradient buckets where the schedule has them (copy engines)
+        bucketed = buckets_on(self.settings.precision, not self.emulated)
+        host = float(self.per_node(p * host_bytes_per_param(strategy, b, bucketed)))
         return {"device_bytes_per_rank": device, "host_bytes": host, "nvme_bytes": 0.0}
 
     def fits(self, strategy: str) -> dict[str, float | bool]:

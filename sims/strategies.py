@@ -9,8 +9,9 @@ to its lanes with the dependencies the real engine has:
   the last, the host runs Adam over the rank's partition chunk by chunk, each chunk's
   parameters go up as soon as it is done; the next forward waits for all of them.
 - `zero-offload-dpu`: the same ops, but forward t+1 waits only for the update of step
-  t-1 (one step stale), and a bucket's gradient waits for the host to have consumed the
-  previous step's gradient of that bucket.
+  t-1 (one step stale); the buckets land in one of two alternating host buffers, so none
+  waits for the host to consume the previous step's gradient (emulated: the one copy
+  down waits for it).
 - `zero-infinity`: ZeRO-3 with parameters (and optimizer state) offloaded: every bucket
   fetched before its forward and again before its backward, gradients reduce-scattered
   and sent down, host Adam, no upload (`sims/zero_infinity.py`).
@@ -233,7 +234,9 @@ class RankSim:
 
         def consumed(i: int) -> list:  # the host is done with step t-1's gradient of i
             return [prev_chunks.get(i)]
-        down = yield from self._grads_down(t, self._shard_bytes, consumed)
+        # with copy engines the buckets land in the other of two alternating buffers
+        # (real/strategies.py), free since the update of step t-2 was applied
+        down = yield from self._grads_down(t, self._shard_bytes)
         if self.emulated:  # the device thread applies it before its gradients go down
             yield from self.apply_update(t, stale)
             stale = None

@@ -21,13 +21,15 @@ All functions take a `CostModel` and return per-rank quantities unless they say 
 
 from __future__ import annotations
 
-# fp32 master weights, momentum and variance: 12 bytes per parameter (mixed-precision
-# Adam's K = 12 in Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training
-# Trillion Parameter Models", section 3.1).
-OPTIMIZER_STATE_BYTES_PER_PARAM = 12
+from zfbench.core.memory_model import FP32_BYTES, HOST_GRAD_BUFFERS, HOST_OPTIMIZER_STATE_BYTES
+
+# The fp32 optimizer state per parameter, master weights, momentum and variance, is the
+# memory model's HOST_OPTIMIZER_STATE_BYTES (12 B: mixed-precision Adam's K = 12 in
+# Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+# Models", section 3.1), the same number the engine's estimate and zero-offload use.
 # DeepSpeed's CPU-offloaded ZeRO keeps an fp32 copy of each gradient share for the host
-# optimizer (as zero-offload here: sims/costs.py memory_per_rank counts 4 B per parameter).
-HOST_GRAD_BYTES_PER_PARAM = 4
+# optimizer: one fp32 gradient buffer per parameter, as the memory model counts zero-offload.
+HOST_GRAD_BYTES_PER_PARAM = HOST_GRAD_BUFFERS["zero-offload"] * FP32_BYTES
 # Gradient buckets resident on the device during backward: the one being produced and the
 # one being reduce-scattered and copied down (judgment: DeepSpeed's reduce bucket is
 # double-buffered by its separate reduction stream).
@@ -58,12 +60,12 @@ def uses_nvme(c) -> bool:
 
 def state_read_bytes(c, i: int) -> float:
     """NVMe bytes the host update of bucket i reads first: the fp32 state of the share."""
-    return c.share(c.buckets[i].numel) * OPTIMIZER_STATE_BYTES_PER_PARAM
+    return c.share(c.buckets[i].numel) * HOST_OPTIMIZER_STATE_BYTES
 
 
 def state_write_bytes(c, i: int) -> float:
     """NVMe bytes it writes back: the fp32 state and the new 16-bit parameters."""
-    return c.share(c.buckets[i].numel) * (OPTIMIZER_STATE_BYTES_PER_PARAM + c.elem_bytes)
+    return c.share(c.buckets[i].numel) * (HOST_OPTIMIZER_STATE_BYTES + c.elem_bytes)
 
 
 def bytes_per_step(c) -> dict[str, float]:
@@ -105,7 +107,7 @@ def memory(c) -> dict[str, float]:
     largest = max(bk.numel for bk in c.buckets)
     working = (c.settings.prefetch_buckets + 1 + GRAD_BUCKETS_ON_DEVICE) * largest * b
     device = working + c.activation_bytes()
-    state = p * (OPTIMIZER_STATE_BYTES_PER_PARAM + b)
+    state = p * (HOST_OPTIMIZER_STATE_BYTES + b)
     grads = p * HOST_GRAD_BYTES_PER_PARAM
     if uses_nvme(c):
         return {"device_bytes_per_rank": device, "host_bytes": c.per_node(grads),

@@ -130,3 +130,47 @@ def test_gpu_sized_default_run_is_not_the_cpu_lane_shape():
     args = build_parser().parse_args(["--device", "cuda", "--quiet"])
     spec = gpu_sized(spec_from_args(args, 1, ["zenflow"]), ["zenflow"], 1, args)
     assert spec.layers is None and spec.seq >= 512 and spec.precision == "bf16"
+
+
+def test_profile_measures_the_gpu_it_runs_on():
+    """`zfbench.run --device cuda --profile`: the model, buffers and timings are the GPU's
+    (zfbench.real.profile), and the profile says so."""
+    from zfbench.real.profile import measure_profile
+    from zfbench.real.runner import RunSpec
+    spec = RunSpec(model="tiny", layers=None, batch=2, seq=16, device="cuda",
+                   device_threads=1, host_threads=1, precision="bf16")
+    profile = measure_profile(spec, repeats=2)
+    cal = profile["calibration"]
+    index = torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    assert cal["transfers"] == "cuda"
+    assert cal["device"] == torch.cuda.get_device_name(index)
+    assert cal["device_memory_bytes"] == total
+    gpu = profile["gpus"]["measured-device"]
+    assert gpu["memory_bytes"]["value"] == total
+    assert gpu["hbm_bytes_per_s"]["value"] > 0
+    for kind in ("embedding", "decoder", "head"):
+        assert cal["blocks"][kind]["forward_s"] > 0, kind
+        assert cal["blocks"][kind]["backward_s"] > 0, kind
+    for key in ("d2h_bytes_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s_both",
+                "h2d_bytes_per_s_both", "host_adam_params_per_s", "device_optim_elems_per_s",
+                "device_copy_s_per_elem"):
+        assert cal[key] > 0, key
+    for key in ("compute_factor_when_host_busy", "host_factor_when_compute_busy"):
+        assert 0 < cal[key] <= 1, key
+
+
+def test_rate_probe_copies_between_the_gpu_and_pinned_wires_of_its_dtype():
+    """As the engine's CUDA link: bf16 on the GPU to and from pinned bf16 host buffers
+    (registered exactly), on streams of their own; close() unpins them."""
+    from zfbench.real.rate_probe import RateProbe
+    n = 1 << 16
+    probe = RateProbe(n, torch.bfloat16, 1, torch.device("cuda"))
+    assert probe.dev.is_cuda and probe.up.is_cuda and probe.dev.dtype == torch.bfloat16
+    for wire in (probe.down_wire, probe.up_wire):
+        assert wire.dtype == torch.bfloat16 and wire.is_pinned() and wire.numel() == n
+    assert set(probe.streams) == {"d2h", "h2d"}
+    rates = probe.measure(2)
+    assert all(v > 0 for v in rates.values()), rates
+    probe.close()
+    assert probe._pinned == []

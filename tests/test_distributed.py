@@ -35,6 +35,8 @@ def run_config(strategy: str, select_comm: str = "scores") -> dict:
     cfg = config(strategy, clip=0.5, **(ZF if strategy == "zenflow" else {}))
     if select_comm == "bf16wire":  # communication_data_type: the all-reduce in bf16
         cfg["communication_data_type"] = "bf16"
+    elif select_comm == "buckets":  # overlap_comm: all-reduced and sent bucket by bucket
+        cfg["zero_optimization"].update(overlap_comm=True, reduce_bucket_size=150)
     else:
         cfg["zfbench"]["select_comm"] = select_comm
     return cfg
@@ -66,7 +68,10 @@ def _worker(rank: int, world: int, store: str, out: str, mode: str) -> None:
     results = {}
     try:
         runs = [(s, "scores") for s in STRATEGIES] + [("zenflow", "allgather"),
-                                                      ("device", "bf16wire")]
+                                                      ("device", "bf16wire"),
+                                                      ("zero-offload", "buckets"),
+                                                      ("zero-offload-dpu", "buckets"),
+                                                      ("zenflow", "buckets")]
         if mode == "die":
             runs = [("zenflow", "scores")]
         for strategy, comm in runs:
@@ -82,11 +87,15 @@ def _worker(rank: int, world: int, store: str, out: str, mode: str) -> None:
                 os._exit(1)
             s = engine.strategy
             spans = [(sp.op, sp.bytes) for sp in engine.timeline.spans if sp.lane == "net"]
+            d2h = [(sp.step, sp.bytes) for sp in engine.timeline.spans
+                   if sp.op == "d2h_grad"]
             host = getattr(s, "host", None)
             results[f"{strategy}/{comm}"] = {
                 "params": params_of(model),
                 "selected": dict(getattr(s, "selected", {})),
-                "net": spans, "host_numel": None if host is None else host.numel}
+                "net": spans, "d2h": d2h, "shard_grad_bytes": engine.shard_grad_bytes,
+                "buckets": 0 if engine.buckets is None else len(engine.buckets.buckets),
+                "host_numel": None if host is None else host.numel}
         torch.save(results, Path(out, f"rank{rank}.pt"))
     finally:
         if dist.is_initialized():
@@ -159,6 +168,26 @@ def test_ranks_match_one_rank_on_the_whole_batch(world, tmp_path):
     assert sel_allreduce.count(4 * cols) == 2  # selections at t = 0 and t = 4
     assert any(op == "allgather" and b >= grad_bytes for op, b in gather["net"])
     assert {op for op, _ in scores["net"]} == {"allreduce", "allgather"}
+    # overlap_comm: each bucket all-reduced during backward and its part of this rank's
+    # shard sent down; the same training as one all-reduce after backward: bit for bit
+    # with two ranks (a sum of two is exact in any order), else within rounding (gloo's
+    # ring cuts a bucket and the whole buffer into different chunks, so sums of four
+    # associate differently)
+    for r, res in enumerate(ranks):
+        for strategy in ("zero-offload", "zero-offload-dpu", "zenflow"):
+            got, want = res[f"{strategy}/buckets"], res[f"{strategy}/scores"]
+            assert got["buckets"] > 2
+            for name, p in want["params"].items():
+                same = (torch.equal(got["params"][name], p) if world == 2 else
+                        torch.allclose(got["params"][name], p, rtol=1e-5, atol=1e-6))
+                assert same, (strategy, r, name, (got["params"][name] - p).abs().max())
+            reduced = [b for op, b in got["net"] if op == "allreduce"]
+            whole = [b for op, b in want["net"] if op == "allreduce"]
+            assert sum(reduced) == sum(whole) and len(reduced) > len(whole)
+            for step in range(STEPS):  # the shard's bytes went down, in pieces
+                pieces = [b for t, b in got["d2h"] if t == step]
+                assert sum(pieces) == got["shard_grad_bytes"]
+                assert len(pieces) >= (2 if world == 2 else 1)  # 4 ranks: shards of 326
 
 
 @pytest.mark.slow

@@ -46,7 +46,7 @@ def run(strategy, on, model_cls=BiasMLP, bf16=False, inplace=True, steps=7, **kw
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["zero-offload", "zenflow"])
+@pytest.mark.parametrize("strategy", ["zero-offload", "zero-offload-dpu", "zenflow"])
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("model_cls,inplace", [(BiasMLP, True), (TiedMLP, True),
                                                (TiedMLP, False)])
@@ -77,17 +77,42 @@ def test_buckets_go_down_during_backward():
 
 
 def test_buckets_are_off_where_they_cannot_apply():
-    # dpu: the pending host step still reads the gradient buffer during backward;
-    # device: nothing goes down
-    for strategy in ("zero-offload-dpu", "device"):
-        engine = make_engine(BiasMLP(), bucketed(config(strategy), True))
+    # device: nothing goes down; fp16: the gradients are still loss-scaled in backward;
+    # dpu without buckets keeps one landing buffer, read by the pending host step
+    cases = [("device", {}), ("zero-offload", {"fp16": {"enabled": True}}),
+             ("zero-offload-dpu", {"fp16": {"enabled": True}})]
+    for strategy, extra in cases:
+        engine = make_engine(BiasMLP(), {**bucketed(config(strategy), True), **extra})
         assert engine.buckets is None
-        assert engine.strategy.grads_landing(0) is None
+        if strategy != "zero-offload":
+            assert engine.strategy.grads_landing(0) is None
         engine.close()
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_dpu_buckets_land_in_two_alternating_buffers(bf16):
+    """dpu with buckets: step t's gradients land while the host step of t-1 still reads
+    its own, so the landings of consecutive steps are two distinct host buffers (the
+    fp32 gradient buffers, or two d2h wires with bf16 weights), and steps two apart share
+    one; without buckets there is one landing."""
+    cfg = bucketed(config("zero-offload-dpu"), True)
+    if bf16:
+        cfg["bf16"] = {"enabled": True}
+    engine = make_engine(BiasMLP(), cfg)
+    s = engine.strategy
+    landings = [s.grads_landing(t) for t in range(3)]
+    assert landings[0].data_ptr() != landings[1].data_ptr()
+    assert landings[0].data_ptr() == landings[2].data_ptr()
+    assert len(s.host.grads) == (1 if bf16 else 2)
+    engine.close()
+    cfg["zero_optimization"]["overlap_comm"] = False
+    engine = make_engine(BiasMLP(), cfg)
+    assert engine.strategy.landings == 1 and len(engine.strategy.host.grads) == 1
+    engine.close()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["zero-offload", "zenflow"])
+@pytest.mark.parametrize("strategy", ["zero-offload", "zero-offload-dpu", "zenflow"])
 def test_bucketed_schedule_is_free_of_hazards_and_needs_its_waits(strategy):
     engine, _ = run(strategy, True, TiedMLP, hazard_check=True)
     report = engine.backend.hazards.report()

@@ -36,11 +36,15 @@ def scenario(name: str) -> dict:
     cfg = config(strategy, clip=0.5 if strategy != "device" else 0.0, **zf)
     if "bf16" in variant:
         cfg["bf16"] = {"enabled": True}
+    if "buckets" in variant:  # overlap_comm: reduced and sent bucket by bucket
+        cfg["zero_optimization"].update(overlap_comm=True, reduce_bucket_size=150)
     return cfg
 
 
 SCENARIOS = ["device", "zero-offload", "zero-offload-dpu", "zero-offload-dpu:bf16",
              "zenflow", "zenflow:sync", "zenflow:bf16", "zenflow:sync-bf16-warm"]
+# two ranks with overlap_comm (one rank: tests/test_grad_buckets.py)
+BUCKETED = ["zero-offload:buckets", "zero-offload-dpu:buckets-bf16", "zenflow:buckets-bf16"]
 STEPS = 9  # selections at 0, 4, 8; boundaries every 2 steps
 
 
@@ -180,7 +184,7 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
                             world_size=world)
     reports = {}
     try:
-        for name in SCENARIOS:
+        for name in SCENARIOS + BUCKETED:
             engine = make_engine(BiasMLP(), scenario(name), dist=from_process_group(),
                                  hazard_check=True, host_chunk_elems=50, host_timeout_s=60)
             data = batches(batch=4)
@@ -191,6 +195,7 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
                 engine.step()
             engine.finish()
             engine.close()
+            assert ("buckets" in name) == (engine.buckets is not None), name
             reports[name] = engine.backend.hazards.report()
         torch.save(reports, Path(out, f"hazards{rank}.pt"))
     finally:

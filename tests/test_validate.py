@@ -337,3 +337,27 @@ def test_order_check_counts_only_pairs_beyond_noise():
     assert summary["pairs_beyond_noise"] == 2
     assert summary["pairs_beyond_noise_same_order"] == 1  # b < c kept, a < c reversed
     assert summary["groups_same_order"] == 0
+
+
+def test_sized_shapes_grow_the_batch_beyond_the_models_positions():
+    """A GPU-like profile: forward+backward 1 ms + 1 us/token against 1 s of host Adam.
+    Ratio r needs (1/r - 0.001) / 1e-6 tokens: far beyond 512 positions, so the batch
+    grows (rows of at most 512 tokens), up to MAX_BATCH rows."""
+    from zfbench.real.runner import RunSpec
+    from zfbench.core.models import get_model
+    from zfbench.validate import MAX_BATCH, sized_shapes
+    params = get_model("tiny").total_params
+    low = _sizing_profile(4, 0.001 + 1e-6 * 4, params / 1.0)
+    high = _sizing_profile(64, 0.001 + 1e-6 * 64, params / 1.0)
+    shapes = sized_shapes(RunSpec(model="tiny", layers=2), low, high, max_seq=512)
+    # ratio 2 needs 499000 tokens, 1: 999000, 0.5: 1999000; at most 64 x 512 = 32768
+    for spec in shapes.values():
+        assert spec.seq <= 512 and spec.batch == MAX_BATCH
+        assert spec.batch * spec.seq == MAX_BATCH * 512
+    low = _sizing_profile(4, 0.5 + 1e-4 * 4, params / 1.0)
+    high = _sizing_profile(64, 0.5 + 1e-4 * 64, params / 1.0)
+    sized = sized_shapes(RunSpec(model="tiny", layers=2), low, high, max_seq=512)
+    # r_max = 1 / 0.5004 = 1.998: targets 1.998, 1, 0.5 need 4, 5000 and 15000 tokens:
+    # one row; 10 rows of 500; 30 rows of 500
+    got = {name: (spec.batch, spec.seq) for name, spec in sized.items()}
+    assert got == {"ratio2": (1, 4), "ratio1": (10, 500), "ratio0.5": (30, 500)}

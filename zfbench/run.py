@@ -51,6 +51,8 @@ from zfbench.real.runner import RunSpec, train
 from zfbench.cli_checks import (CliError, OneLineParser, check_input_file, check_out_dir,
                                 fail, positive_int)
 from zfbench.core.config import STRATEGIES, ConfigError
+from zfbench.core.memory_model import element_bytes
+from zfbench.core.strategies import buckets_on
 from zfbench.core.models import UnknownModelError
 from zfbench.core.provenance import provenance
 from zfbench.run_probe import (SHAPE_FLAGS, decide_precision, describe_scenario,
@@ -224,13 +226,16 @@ def main(argv: list[str] | None = None) -> int:
         if world > 1 and (args.profile or args.project):
             raise ValueError("--profile / --project measure one rank; run them without "
                              "--gpus")
-        elem = 2 if spec.engine_config(strategies[0]).precision != "fp32" else 4
-        check_fits(shape, strategies, spec.batch, spec.seq, elem, use_cuda, ranks=world)
+        first = spec.engine_config(strategies[0])
+        elem = element_bytes(first.precision)
+        bucketed = buckets_on(first.precision, first.overlap_comm)
+        check_fits(shape, strategies, spec.batch, spec.seq, elem, use_cuda, ranks=world,
+                   bucketed=bucketed)
         args.scenario = None
         given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
         if use_cuda and not given & set(SHAPE_FLAGS):  # a GPU-sized run, not the slice
             spec = gpu_sized(spec, strategies, world, args)
-            shape, elem = spec.shape(), 2
+            shape, elem = spec.shape(), element_bytes(spec.precision)
             argv = argv + ["--model", spec.model, "--seq", str(spec.seq), "--batch",
                            str(spec.batch), "--precision", spec.precision]
         if is_default_scenario(argv, use_cuda, world):  # sized on this machine
@@ -242,8 +247,10 @@ def main(argv: list[str] | None = None) -> int:
                                                     quiet=args.quiet)
             spec.precision = args.precision_probe["precision"]
         if spec.precision is not None and "--precision" not in argv:
-            elem = 2 if spec.precision != "fp32" else 4
-            check_fits(shape, strategies, spec.batch, spec.seq, elem, use_cuda, ranks=world)
+            elem = element_bytes(spec.precision)
+            bucketed = buckets_on(spec.precision, first.overlap_comm)
+            check_fits(shape, strategies, spec.batch, spec.seq, elem, use_cuda, ranks=world,
+                       bucketed=bucketed)
             argv = argv + ["--precision", spec.precision]  # the same choice on every rank
     except (ValueError, ConfigError, UnknownModelError, InsufficientMemoryError,
             RuntimeError, KeyError) as err:
@@ -267,11 +274,16 @@ def main(argv: list[str] | None = None) -> int:
 def gpu_sized(spec: RunSpec, strategies, world: int, args) -> RunSpec:
     """The run `gpu_default` picks (full depth), replacing the CPU lane's slice."""
     from zfbench.core.models import get_model
-    from zfbench.run_defaults import gpu_default
+    from zfbench.run_defaults import DEFAULT_PRECISION, gpu_default
+
+    elem = element_bytes(DEFAULT_PRECISION)
+    # (with no config, overlap_comm is on on CUDA: real/runner.py)
+    bucketed = buckets_on(DEFAULT_PRECISION, spec.engine_config(strategies[0]).overlap_comm)
 
     def fits(model: str, batch: int, seq: int) -> bool:
         try:
-            check_fits(get_model(model), strategies, batch, seq, 2, True, ranks=world)
+            check_fits(get_model(model), strategies, batch, seq, elem, True, ranks=world,
+                       bucketed=bucketed)
         except InsufficientMemoryError:
             return False
         return True
@@ -348,7 +360,9 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
             continue
         zf = configs[strategy].zenflow
         memory = memory_columns(shape, strategy, spec.batch, spec.seq, elem,
-                                zf.topk_ratio if zf is not None else None, ranks, room)
+                                zf.topk_ratio if zf is not None else None, ranks, room,
+                                buckets_on(configs[strategy].precision,
+                                           configs[strategy].overlap_comm))
         row = summary_row(result, work, skip, max(windows[strategy][1], skip + 2), memory)
         row.update(device_threads=result.engine.device_threads,
                    host_threads=result.engine.host_threads)

@@ -144,20 +144,22 @@ MEMORY_NOTE = ("device_bytes_per_rank and host_bytes (the machine's, every rank'
 
 
 def memory_columns(shape, strategy: str, batch: int, seq: int, elem_bytes: int,
-                   topk_ratio: float | None, ranks: int, room: dict) -> dict:
+                   topk_ratio: float | None, ranks: int, room: dict,
+                   bucketed: bool = False) -> dict:
     """Memory per rank and `fits`, as `zfbench.real.memory.check_fits` decides it
-    (`topk_ratio`: zenflow's; None: the estimate's default)."""
+    (`topk_ratio`: zenflow's; None: the estimate's default; `bucketed`: gradients go
+    down in buckets, zfbench.core.strategies.buckets_on)."""
     from zfbench.real.memory import (InsufficientMemoryError, check_fits, machine_need,
                                      process_baseline_bytes)
 
     baseline = process_baseline_bytes() if ranks > 1 else 0.0
     topk = {} if topk_ratio is None else {"topk_ratio": topk_ratio}
     need = machine_need(shape, strategy, batch, seq, elem_bytes, ranks=ranks,
-                        baseline=baseline, **topk)
+                        baseline=baseline, bucketed=bucketed, **topk)
     try:
         check_fits(shape, [strategy], batch, seq, elem_bytes, room["device"] is not None,
                    host_bytes=room["host"], device_bytes=room["device"], ranks=ranks,
-                   baseline=baseline, **topk)
+                   baseline=baseline, bucketed=bucketed, **topk)
         fits = True
     except InsufficientMemoryError:
         fits = False

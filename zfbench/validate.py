@@ -23,6 +23,12 @@ and the provenance (zfbench and torch versions, machine, command line, date). Ba
 values or an `--out` that is a file or cannot be written are one line `error: ...` on
 stderr with exit code 2, before anything is measured or written.
 
+On CUDA (`--device cuda`, or the default `auto` where torch sees a GPU) the profiles, the
+rate probes and the cells run on the GPU in bf16 with zfbench.run's GPU defaults
+(overlap_comm on), the simulator takes the profile's copy engines (not the emulated
+lanes), and a shape that needs more tokens than the model has positions grows its batch
+(rows of the longest sequence, at most MAX_BATCH of them).
+
     python -m zfbench.validate                 # full matrix, about 8 minutes here
     python -m zfbench.validate --shapes longer # one shape (longer, equal, shorter)
     python -m zfbench.validate --quick         # tiny shapes, seconds (what CI runs)
@@ -42,6 +48,7 @@ import pandas as pd
 from zfbench.analysis.breakdown import summarize
 from zfbench.analysis.validation import (compare_rows, error_summary, schedule_signature,
                                  signature_diff)
+from zfbench.real.engine import resolve_device
 from zfbench.real.flat import device_dtype
 from zfbench.real.profile import mean_profile, measure_profile, with_rates
 from zfbench.real.rate_probe import RateProbe
@@ -51,11 +58,13 @@ from zfbench.sims.simulator import simulate
 from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, fail, positive_int
 from zfbench.core.config import SCENARIO_ZENFLOW, STRATEGIES
 from zfbench.core.trace import merge_chrome_traces, write_csv_atomic, write_json_atomic
+from zfbench.run_defaults import DEFAULT_PRECISION
 
 PAIRS = ((0.1, 4), (0.25, 2))
 PROBE_REPEATS = 3  # host and link rates measured before and after each cell
 SIZING_SEQ = (4, 64)  # token counts of the two sizing profiles
 RATIOS = (2.0, 1.0, 0.5)  # host Adam / (forward + backward), host longer to shorter
+MAX_BATCH = 64  # sized shapes: at most this many sequences of the model's longest
 REGIMES = ("longer", "equal", "shorter")  # the host Adam against forward+backward, per ratio
 
 
@@ -97,8 +106,12 @@ def sized_shapes(base: RunSpec, low: dict, high: dict, max_seq: int) -> dict[str
               f"(the default, tinyllama-1.1b[1L]) usually measures 1.1-1.6", file=sys.stderr)
     out = {}
     for target in targets:
-        tokens = int(min(max(4, round((host_s / target - intercept) / slope)), max_seq))
-        out[f"ratio{target:.3g}"] = replace(base, batch=1, seq=tokens)
+        tokens = int(min(max(4, round((host_s / target - intercept) / slope)),
+                         MAX_BATCH * max_seq))
+        # beyond the model's positions the batch grows (a GPU needs many tokens before
+        # its forward+backward is as long as the host Adam)
+        batch = -(-tokens // max_seq)
+        out[f"ratio{target:.3g}"] = replace(base, batch=batch, seq=-(-tokens // batch))
     return out
 
 
@@ -167,8 +180,8 @@ def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool,
                   f"{head['left_out']['run_them_with']}", file=sys.stderr)
             break
         shape_started = time.perf_counter()
-        print(f"shape {done}/{len(shapes)}: {shape_name} ({regime}), batch 1 x seq "
-              f"{spec.seq}", file=sys.stderr)
+        print(f"shape {done}/{len(shapes)}: {shape_name} ({regime}), batch {spec.batch} x "
+              f"seq {spec.seq}", file=sys.stderr)
         # the 4-token sizing profile is this shape's "before" profile when they coincide
         before = low if (spec.batch, spec.seq) == (1, SIZING_SEQ[0]) else None
         shape_rows, shape_failures = validate_shape(spec, shape_name, regime, pairs, out,
@@ -201,7 +214,8 @@ def validate_shape(spec: RunSpec, shape_name: str, regime: str, pairs, out: Path
     # drift most, are measured again right before and after each cell (zfbench.real.rate_probe)
     before = before or measure_profile(spec)
     cal = before["calibration"]
-    probe = RateProbe(shape.total_params, device_dtype(cal["precision"]), cal["host_threads"])
+    probe = RateProbe(shape.total_params, device_dtype(cal["precision"]), cal["host_threads"],
+                      device=resolve_device(spec.device))
     cells = []
     for strategy in STRATEGIES:
         for pair in (pairs if strategy == "zenflow" else pairs[:1]):
@@ -209,6 +223,7 @@ def validate_shape(spec: RunSpec, shape_name: str, regime: str, pairs, out: Path
             timeline = measure_cell(spec, strategy, pair, progress)
             rates = mean_profile([ahead, probe.measure(PROBE_REPEATS)])
             cells.append((strategy, pair, timeline, rates))
+    probe.close()
     del probe
     profile = mean_profile([before, measure_profile(spec)])
     write_json_atomic(out / "profiles" / f"{shape_name}.json", profile)
@@ -283,6 +298,9 @@ def build_parser() -> OneLineParser:
                    help="device weights and gradients (default: measured as python -m "
                         "zfbench.run measures it: bf16 only where this CPU runs it about "
                         "as fast as fp32)")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="where the engine and the profiles run (auto: CUDA when there; "
+                        "the simulator then takes the profile's CUDA copy engines)")
     p.add_argument("--device-threads", type=int)
     p.add_argument("--host-threads", type=int)
     p.add_argument("--out", type=Path, default=Path("runs/validate"))
@@ -331,10 +349,14 @@ def checked_args(argv: list[str] | None):
     if args.skip >= args.steps - 1:
         raise CliError(f"--skip {args.skip} leaves no steps of {args.steps}")
     check_out_dir(args.out)
-    if args.precision is None:  # measured on the emulated accelerator, as the run does
-        args.precision = measured_precision(args)
+    try:
+        on_cuda = resolve_device(args.device).type == "cuda"
+    except RuntimeError as err:  # --device cuda without one
+        raise CliError(str(err)) from None
+    if args.precision is None:  # as the run decides it: bf16 on CUDA, measured on a CPU
+        args.precision = DEFAULT_PRECISION if on_cuda else measured_precision(args)
     base = RunSpec(model=args.model, layers=args.layers, batch=1, seq=32, steps=args.steps,
-                   device="cpu", device_threads=args.device_threads,
+                   device=args.device, device_threads=args.device_threads,
                    host_threads=args.host_threads, precision=args.precision)
     try:
         base.shape()

@@ -135,7 +135,7 @@ class EngineConfig:
     select_comm: str = "scores"  # "scores" | "allgather": ZenFlow's cross-rank selection
     inplace_grads: bool = True  # weight gradients accumulated into the flat buffer
     column_major: bool = True  # 2-D weights stored column by column in the flat buffers
-    # zero_optimization.overlap_comm: gradient buckets go down during backward (one rank)
+    # zero_optimization.overlap_comm: gradient buckets reduced and sent during backward
     overlap_comm: bool = False
     bucket_elems: int = 500_000_000  # zero_optimization.reduce_bucket_size (DeepSpeed's)
     # one line per ignored key (zfbench.core.config_keys), printed by the commands

@@ -48,8 +48,9 @@ def _refused(reason: str, harmless: Callable[[object], bool] | None = None) -> K
 _LOGGING = "logging or monitoring only: it cannot change a measured number"
 _NVME = "only read with offload_optimizer.device 'nvme'; zfbench offloads to CPU memory"
 _STAGE3 = "only read at ZeRO stage 3; zfbench implements stages 0-2"
-_COMM = ("zfbench all-reduces the whole flat gradient once after backward (no buckets, "
-         "no overlap with backward); with one rank there is no collective at all")
+_COMM = ("zfbench all-reduces the flat gradient (averaged), whole after backward or, with "
+         "overlap_comm, bucket by bucket during backward; the all-gather and scatter "
+         "variants are not modelled; with one rank there is no collective at all")
 _is_false = (lambda v: v is False)  # noqa: E731
 
 KEY_RULES: dict[str, KeyRule] = {
@@ -142,13 +143,14 @@ KEY_RULES: dict[str, KeyRule] = {
                                           section=True),
     "zero_optimization.overlap_comm": _applied(
         "gradient buckets go down (d2h) during backward, as each is complete, for "
-        "zero-offload and zenflow on one rank (real/grad_buckets.py); with several ranks "
-        "the gradients are all-reduced whole after backward first"),
+        "zero-offload and zenflow (real/grad_buckets.py); with several ranks each bucket "
+        "is all-reduced first, in bucket order, and this rank's part of it goes down"),
     "zero_optimization.contiguous_gradients": _ignored("gradients always live in one flat "
                                                        "buffer in zfbench"),
     "zero_optimization.reduce_scatter": _ignored(_COMM),
     "zero_optimization.reduce_bucket_size": _applied(
-        "elements per gradient bucket sent down during backward (with overlap_comm)"),
+        "elements per gradient bucket all-reduced and sent down during backward (with "
+        "overlap_comm)"),
     "zero_optimization.allgather_partitions": _ignored(_COMM),
     "zero_optimization.allgather_bucket_size": _ignored(_COMM),
     "zero_optimization.round_robin_gradients": _ignored(_COMM),

@@ -8,12 +8,16 @@ simulator's memory fit check (sims/costs.py) must agree on:
   element (and of one element on the link) per config precision. The torch dtype of each
   precision lives in one place in the engine (`zfbench.real.flat.DTYPES`); a test holds
   the two to the same sizes.
-- `host_bytes_per_param(strategy)`: what an offloading strategy keeps in host memory per
-  parameter, as the engine allocates it (real/strategies.py `HostState`): an fp32 master,
-  fp32 Adam moments m and v, and fp32 gradient buffers - one for ZeRO-Offload (with or
-  without the delayed parameter update), three for ZenFlow (a staging buffer the gradient
-  lands in, and two window buffers that alternate: one accumulates while the other's host
-  update runs, real/zenflow.py).
+- `host_bytes_per_param(strategy, elem_bytes, bucketed)`: what an offloading strategy
+  keeps in host memory per parameter, as the engine allocates it (real/strategies.py
+  `HostState` and `wire`): an fp32 master, fp32 Adam moments m and v, and fp32 gradient
+  buffers - one for ZeRO-Offload (with or without the delayed parameter update), three
+  for ZenFlow (a staging buffer the gradient lands in, and two window buffers that
+  alternate: one accumulates while the other's host update runs, real/zenflow.py); with
+  16-bit weights two pinned wires in that dtype (gradients cross down and parameters up
+  as themselves, converted on the host); and for ZeRO-Offload with DPU whose gradients go
+  down in buckets during backward, a second landing buffer (step t's gradients land
+  while the host update of step t-1 still reads step t-1's).
 """
 from __future__ import annotations
 
@@ -37,9 +41,12 @@ def element_bytes(precision: str) -> int:
                          f"{', '.join(PRECISIONS)}") from None
 
 
-def host_bytes_per_param(strategy: str) -> int:
+def host_bytes_per_param(strategy: str, elem_bytes: int = FP32_BYTES,
+                         bucketed: bool = False) -> int:
     """Host bytes per parameter the engine allocates for `strategy` (0 for device): the
-    optimizer state plus the strategy's fp32 gradient buffers."""
+    optimizer state, the strategy's fp32 gradient buffers, with `elem_bytes`-wide
+    (16-bit) weights the d2h and h2d wires, and a second landing buffer for dpu's
+    gradient buckets (`bucketed`: `gradient_buckets_apply` holds)."""
     try:
         buffers = HOST_GRAD_BUFFERS[strategy]
     except KeyError:
@@ -47,4 +54,6 @@ def host_bytes_per_param(strategy: str) -> int:
                          f"{', '.join(HOST_GRAD_BUFFERS)}") from None
     if buffers == 0:
         return 0
-    return HOST_OPTIMIZER_STATE_BYTES + buffers * FP32_BYTES
+    wires = 2 * elem_bytes if elem_bytes != FP32_BYTES else 0
+    second_landing = elem_bytes if bucketed and strategy == "zero-offload-dpu" else 0
+    return HOST_OPTIMIZER_STATE_BYTES + buffers * FP32_BYTES + wires + second_landing

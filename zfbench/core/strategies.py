@@ -14,3 +14,16 @@ SIMULATED_ONLY = ("zero-infinity",)
 ENGINE_STRATEGIES = tuple(s for s in SIM_STRATEGIES if s not in SIMULATED_ONLY)
 # The engine's strategies whose optimizer lives on the host (offload_optimizer.device "cpu").
 OFFLOAD_STRATEGIES = ("zero-offload", "zero-offload-dpu", "zenflow")
+
+
+def buckets_on(precision: str, overlap_comm: bool) -> bool:
+    """Whether a run's offloading strategies send their gradients bucket by bucket during
+    backward (zero_optimization.overlap_comm, real/grad_buckets.py): not in fp16, whose
+    gradients are still loss-scaled when backward ends."""
+    return bool(overlap_comm) and precision != "fp16"
+
+
+def gradient_buckets_apply(strategy: str, precision: str, overlap_comm: bool) -> bool:
+    """Whether the engine sends `strategy`'s gradients in buckets (`buckets_on`, for an
+    offloading strategy: the device strategy sends nothing down)."""
+    return strategy in OFFLOAD_STRATEGIES and buckets_on(precision, overlap_comm)

@@ -1,0 +1,146 @@
+"""The profile describes the device it was measured on (zfbench.real.profile): the
+calibration's `device` and `transfers` come from the device the measurement used, never
+from whether torch happens to see a GPU, and every timing waits for the device
+(zfbench.real.rate_probe.median_time, Clock). CUDA's side is in tests/test_cuda.py."""
+
+import time
+
+import pytest
+import torch
+
+from zfbench.core.models import get_model
+from zfbench.real.profile import build_profile, mean_profile, measure_profile, with_rates
+from zfbench.real.rate_probe import Clock, RateProbe, device_sync, median_time
+from zfbench.real.runner import RunSpec
+
+TINY = dict(model="tiny", layers=None, batch=2, seq=16, device_threads=1, host_threads=1,
+            precision="fp32")
+
+
+@pytest.fixture(scope="module")
+def cpu_profile():
+    return measure_profile(RunSpec(device="cpu", **TINY), repeats=2)
+
+
+def test_a_cpu_profile_says_emulated_even_where_torch_sees_a_gpu(monkeypatch):
+    """The old lie: `transfers` was "cuda" whenever torch.cuda.is_available()."""
+    import zfbench.real.profile as profile
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(profile, "machine", lambda: {"cuda_device": "a GPU not used"})
+    prof = measure_profile(RunSpec(device="cpu", **TINY), repeats=2)
+    cal = prof["calibration"]
+    assert cal["transfers"] == "emulated" and cal["device"] == "cpu"
+    assert "device_memory_bytes" not in cal
+    # the CPU lanes' device section as before: a nominal memory, the d2h memory copy
+    gpu = prof["gpus"]["measured-device"]
+    assert gpu["memory_bytes"]["value"] == 64e9
+    assert gpu["hbm_bytes_per_s"]["value"] == cal["d2h_bytes_per_s"]
+
+
+def test_cpu_profile_measures_every_block_and_rate(cpu_profile):
+    cal = cpu_profile["calibration"]
+    assert (cal["device"], cal["transfers"]) == ("cpu", "emulated")
+    for kind in ("embedding", "decoder", "head"):
+        assert cal["blocks"][kind]["forward_s"] > 0 and cal["blocks"][kind]["backward_s"] > 0
+    for key in ("d2h_bytes_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s_both",
+                "h2d_bytes_per_s_both", "host_adam_params_per_s", "device_copy_s_per_elem"):
+        assert cal[key] > 0, key
+
+
+def test_median_time_waits_for_the_device_before_and_after():
+    """Each repeat: sync, then the clock, fn, sync, then the clock is read; so work `fn`
+    only queues (here: 20 ms that the sync waits out) is inside the time."""
+    calls, queued = [], []
+
+    def fn():
+        calls.append("fn")
+        queued.append(0.02)
+
+    def sync():
+        calls.append("sync")
+        while queued:
+            time.sleep(queued.pop())
+    seconds = median_time(fn, 3, sync=sync)
+    assert calls == ["sync", "fn", "sync"] * 3
+    assert seconds >= 0.02
+    # without the wait the queued work is outside the time
+    queued.clear()
+    assert median_time(fn, 3) < 0.02
+
+
+def test_cpu_timing_has_nothing_to_wait_for():
+    assert device_sync("cpu") is None and device_sync(None) is None
+    clock = Clock("cpu")
+    marks = [clock.mark(), clock.mark()]
+    assert clock.seconds(marks) == marks and marks[1] >= marks[0]
+
+
+def test_cpu_rate_probe_is_as_before_and_closes():
+    probe = RateProbe(1 << 12, torch.bfloat16, 1)
+    assert probe.device == torch.device("cpu") and not probe.streams
+    assert probe.dev.dtype == torch.bfloat16 and probe.grad.dtype == torch.float32
+    rates = probe.measure(2)
+    assert all(v > 0 for v in rates.values())
+    probe.close()
+    probe.close()  # idempotent
+
+
+def _fake_profile(device_info):
+    blocks = {k: {"forward_s": 1e-3, "backward_s": 2e-3, "forward_flops": 1e6, "tokens": 32}
+              for k in ("embedding", "decoder", "head")}
+    rates = {"d2h_bytes_per_s": 2e10, "h2d_bytes_per_s": 2.5e10, "d2h_bytes_per_s_both": 1.5e10,
+             "h2d_bytes_per_s_both": 2e10, "host_adam_params_per_s": 1e9,
+             "host_accum_elems_per_s": 5e9, "device_copy_s_per_elem": 2e-12,
+             "precision": "bf16", "device_optim_elems_per_s": 1e11,
+             "select_s_per_elem": 1e-12}
+    spec = RunSpec(**{**TINY, "device": "cpu"})
+    return build_profile(spec, get_model("tiny"), blocks, 1, 1, rates, device_info)
+
+
+GPU = {"device": "Some GPU 80GB", "transfers": "cuda", "device_memory_bytes": 80 * 2**30}
+
+
+def test_a_cuda_profile_reports_the_gpus_memory_and_copy_rate():
+    prof = _fake_profile(GPU)
+    gpu = prof["gpus"]["measured-device"]
+    assert gpu["memory_bytes"]["value"] == 80 * 2**30
+    assert "total_memory" in gpu["memory_bytes"]["source"]
+    # bf16: 2 bytes read + 2 written per element in 2 ps -> 2e12 B/s
+    assert gpu["hbm_bytes_per_s"]["value"] == pytest.approx(2e12)
+    assert "device-to-device copy" in gpu["hbm_bytes_per_s"]["source"]
+    cal = prof["calibration"]
+    assert {k: cal[k] for k in GPU} == GPU
+
+
+@pytest.mark.parametrize("info", [GPU, {"device": "cpu", "transfers": "emulated"}])
+def test_with_rates_and_mean_profile_keep_the_device(info):
+    prof = _fake_profile(info)
+    cell = with_rates(prof, {"d2h_bytes_per_s": 4e10})
+    mean = mean_profile([prof, cell])
+    for out in (cell, mean):
+        cal = out["calibration"]
+        assert {k: cal[k] for k in info} == info
+        assert set(cal) == set(prof["calibration"])
+        assert out["gpus"]["measured-device"]["memory_bytes"]["value"] == \
+            prof["gpus"]["measured-device"]["memory_bytes"]["value"]
+    assert cell["calibration"]["d2h_bytes_per_s"] == 4e10
+    assert mean["calibration"]["d2h_bytes_per_s"] == pytest.approx(3e10)
+
+
+def test_with_rates_round_trips_a_measured_cpu_profile(cpu_profile):
+    cal = cpu_profile["calibration"]
+    cell = with_rates(cpu_profile, {"host_adam_params_per_s": cal["host_adam_params_per_s"] / 2})
+    again = mean_profile([cpu_profile, cell])
+    for out in (cell, again):
+        assert (out["calibration"]["device"], out["calibration"]["transfers"]) == \
+            ("cpu", "emulated")
+        assert out["calibration"]["blocks"] == cal["blocks"]
+
+
+def test_an_old_profile_without_a_device_keeps_what_it_had():
+    """Profiles written before `device` existed: with_rates neither adds nor loses keys."""
+    prof = _fake_profile({"transfers": "cuda"})  # the old lie, no memory: the CPU numbers
+    assert "device" not in prof["calibration"]
+    assert prof["gpus"]["measured-device"]["memory_bytes"]["value"] == 64e9
+    cell = with_rates(prof, {})
+    assert cell["calibration"]["transfers"] == "cuda" and "device" not in cell["calibration"]
