@@ -138,3 +138,23 @@ def test_memory_check_counts_every_ranks_replica_and_suggests_layers_that_fit():
     # one rank fits where four do not
     check_fits(shape.with_layers(4), ["zenflow"], 1, 64, 2, use_cuda=False,
                host_bytes=avail, ranks=1)
+
+
+def test_hazard_check_runs_the_cpu_and_the_gpu_schedules(tmp_path, capsys):
+    """--hazard-check: every strategy on the CPU lanes under the checker, the offloading
+    ones a second time with gradient buckets (the GPU's default schedule), 0 hazards."""
+    assert main(["--model", "tiny", "--layers", "1", "--steps", "5", "--device", "cpu",
+                 "--hazard-check", "--quiet", "--out", str(tmp_path)]) == 0
+    assert "0 hazard(s) in 7 schedule(s)" in capsys.readouterr().out
+    rows = json.loads((tmp_path / "hazards.json").read_text())["rows"]
+    got = [(r["strategy"], r["buckets"] > 0) for r in rows]
+    assert got == [("device", False), ("zero-offload", False), ("zero-offload", True),
+                   ("zero-offload-dpu", False), ("zero-offload-dpu", True),
+                   ("zenflow", False), ("zenflow", True)]
+    for row in rows:
+        assert row["hazards"] == 0
+        if row["strategy"] != "device":
+            assert row["cross_lane_checked"] > 0
+        if row["buckets"]:  # several buckets, each waiting for its gradients
+            assert row["buckets"] >= 4
+            assert "a bucket's d2h waits for its gradients" in row["waits"]

@@ -166,7 +166,8 @@ _OVERRIDES = dict(
     weight_decay="optimizer.params.weight_decay", strategy="zfbench.strategy",
     nonfinite="zfbench.nonfinite", importance="zfbench.importance",
     select_comm="zfbench.select_comm", inplace_grads="zfbench.inplace_grads",
-    column_major="zfbench.column_major",
+    column_major="zfbench.column_major", overlap_comm="zero_optimization.overlap_comm",
+    reduce_bucket_size="zero_optimization.reduce_bucket_size",
     **{f.name: f"{ZENFLOW_PREFIX}.{f.name}" for f in fields(ZenFlowConfig)})
 OVERRIDE_NAMES = tuple(sorted(_OVERRIDES)) + ("precision",)
 
