@@ -78,4 +78,4 @@ wheels:
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --platform any \
 	  --python-version 3.10 --implementation py -d wheels \
 	  'simpy>=4.1,<5' 'tqdm>=4.60' 'hypothesis>=6.80' sortedcontainers attrs \
-	  'pytest>=7' iniconfig pluggy packaging
+	  'pytest>=7' iniconfig pluggy packaging pygments

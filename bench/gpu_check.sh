@@ -47,7 +47,8 @@ if [ -n "$missing" ]; then
   SITE="$PWD/.gpu-site"
   if [ -d wheels ]; then
     echo "gpu-check: installing $missing from ./wheels into $SITE"
-    $PY -m pip install -q --no-index --find-links wheels --target "$SITE" $missing || exit 2
+    $PY -m pip install -q --no-index --find-links wheels --target "$SITE" $missing || {
+      echo "gpu-check: ./wheels lacks some of: $missing (make wheels carries the pure-Python ones; numpy, pandas and matplotlib must come with the GPU's python)" >&2; exit 2; }
   else
     echo "gpu-check: installing $missing from the package index into $SITE"
     $PY -m pip install -q --target "$SITE" $missing || {
@@ -59,6 +60,13 @@ rm -rf "$SRC" && mkdir -p "$SRC/zfbench"
 for entry in "$PWD"/zfbench/*; do ln -s "$entry" "$SRC/zfbench/"; done
 for part in real sims analysis; do ln -s "$PWD/$part" "$SRC/zfbench/$part"; done
 export PYTHONPATH="$SRC${SITE:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}"
+# `python -m` puts the working directory first on sys.path, where ./zfbench (the commands
+# alone, without real/ sims/ analysis/) would hide the link tree: keep it off (3.11+)
+export PYTHONSAFEPATH=1
+if ! $PY -c "import zfbench.real, zfbench.sims, zfbench.analysis" 2>/dev/null; then
+  echo "gpu-check: $PY cannot import zfbench.real from the link tree ($SRC); needs Python 3.11+" >&2
+  exit 2
+fi
 export PYTHONUNBUFFERED=1
 NAME=$($PY -c "import torch, re; print(re.sub(r'[^A-Za-z0-9._-]+', '-', torch.cuda.get_device_name()))")
 OUT="bench/results/gpu/$NAME"
@@ -84,7 +92,7 @@ step run_default $PY -m zfbench.run --device cuda --quiet --out "$OUT/run_defaul
 step "run_$MODEL" $PY -m zfbench.run --device cuda --model "$MODEL" --seq "$SEQ" \
   --precision bf16 --steps "$STEPS" --quiet --out "$OUT/run_$MODEL"
 step profile $PY -m zfbench.run --device cuda --model "$MODEL" --seq "$SEQ" \
-  --precision bf16 --profile --quiet --out "$OUT/profile"
+  --precision bf16 --strategy zenflow --steps 4 --profile --quiet --out "$OUT/profile"
 step predict $PY -m zfbench.predict --from-run "$OUT/run_$MODEL" --gpu "$GPU_PRESET" \
   --quiet --out "$OUT/predict"
 step validate $PY -m zfbench.validate --device cuda --budget-min "$VALIDATE_MIN" --quiet \

@@ -259,27 +259,38 @@ class CudaBackend(Backend):
         self._registered = []
 
 
+PAGE_BYTES = 4096  # registrations cover whole pages: two buffers never share one
 _REGISTERED: set[int] = set()  # host addresses register_pinned page-locked itself
 
 
 def register_pinned(numel: int, dtype: torch.dtype) -> torch.Tensor:
     """A host buffer the link can copy asynchronously: page-locked by cudaHostRegister on
-    a plain allocation of exactly this size (`pin_memory()` and `empty(pin_memory=True)`
-    go through the caching host allocator, which rounds each block up to a power of
-    two: up to 2x). Release it with `unregister_pinned` before dropping it (once no
-    copy uses it any more)."""
-    buf = torch.zeros(numel, dtype=dtype)
-    if buf.numel():
-        nbytes = buf.numel() * buf.element_size()
-        err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)
-        if int(err) != 0:  # fall back to the allocator rather than run unpinned
-            return buf.pin_memory()
-        _REGISTERED.add(buf.data_ptr())
-    return buf
+    a plain allocation of exactly this size, rounded to whole pages of its own
+    (`pin_memory()` and `empty(pin_memory=True)` go through the caching host allocator,
+    which rounds each block up to a power of two: up to 2x; two small heap buffers could
+    share a page, which CUDA refuses to register twice). Release it with
+    `unregister_pinned` once no copy uses it. A failed registration raises: torch keeps
+    CUDA's error for the thread's next kernel launch, so carrying on would fail later in
+    an unrelated op."""
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    nbytes = numel * itemsize
+    if nbytes == 0:
+        return torch.zeros(numel, dtype=dtype)
+    span = -(-nbytes // PAGE_BYTES) * PAGE_BYTES
+    raw = torch.zeros(span + PAGE_BYTES, dtype=torch.uint8)
+    skip = (-raw.data_ptr()) % PAGE_BYTES
+    page = raw[skip:skip + span]
+    err = int(torch.cuda.cudart().cudaHostRegister(page.data_ptr(), span, 0))
+    if err != 0:
+        raise RuntimeError(f"cudaHostRegister of {span} bytes failed (CUDA error {err}); "
+                           f"host memory may be short of page-lockable room (ulimit -l, "
+                           f"or set zero_optimization.offload_optimizer.pin_memory false)")
+    _REGISTERED.add(page.data_ptr())
+    return page[:nbytes].view(dtype)
 
 
 def unregister_pinned(buf: torch.Tensor) -> None:
-    """Undo `register_pinned` (nothing for an empty buffer or the allocator's fallback)."""
+    """Undo `register_pinned` (nothing for an empty buffer)."""
     if buf.numel() and buf.data_ptr() in _REGISTERED:
         _REGISTERED.discard(buf.data_ptr())
         torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())

@@ -117,7 +117,7 @@ class Engine:
                                   backend=self.backend)
         self.t = 0
         self.micro_step = 0  # micro-steps since the last optimizer step (accumulation)
-        self._micro_losses: list[float] = []
+        self._micro_losses: list[torch.Tensor] = []
         self.loss_scaler = LossScaler(config.loss_scale) if config.precision == "fp16" \
             else None
         self.step_log: list[dict] = []
@@ -230,7 +230,8 @@ class Engine:
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of `loss` divided by gradient_accumulation_steps (and times the fp16
         loss scale), accumulating into the flat gradient buffer, as DeepSpeed does."""
-        self._micro_losses.append(float(loss.detach()))
+        # a tensor: reading it now would hold the backward's launch until the forward ends
+        self._micro_losses.append(loss.detach())
         factor = 1.0 / self.config.grad_accum
         if self.loss_scaler is not None:
             factor *= self.loss_scaler.scale
@@ -257,8 +258,8 @@ class Engine:
         if not boundary:
             return
         self.micro_step = 0
-        self._loss = sum(self._micro_losses) / max(1, len(self._micro_losses)) \
-            if self._micro_losses else None
+        losses = [float(x) for x in self._micro_losses]
+        self._loss = sum(losses) / len(losses) if losses else None
         self._micro_losses = []
         start = self._step_start if self._step_start is not None else self.recorder.now()
         record = {"step": self.t, "loss": self._loss, "skipped": False}

@@ -93,15 +93,23 @@ def available_host_bytes() -> float:
 
 
 def available_device_bytes(use_cuda: bool, ranks: int = 1) -> float | None:
-    """Free memory of the emptiest of the GPUs `ranks` ranks will use (devices 0 ..
-    ranks - 1, one per rank, each asked by index: the current device of a process that
-    has not called set_device is GPU 0 whatever its rank)."""
+    """Free memory of the GPU(s) the run will use. A launched rank (LOCAL_RANK set) asks
+    its own GPU only; the launcher of several ranks does not touch the GPUs' memory (a
+    query opens a CUDA context, ~0.3-0.5 GB that would stay for the whole run on every
+    GPU): it takes the smallest total memory of devices 0 .. ranks - 1, and each rank
+    then checks its own free memory; one process asks the current device."""
     if not use_cuda:
         return None
     import torch
 
-    count = max(1, min(ranks, torch.cuda.device_count()))
-    return float(min(torch.cuda.mem_get_info(i)[0] for i in range(count)))
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None:
+        return float(torch.cuda.mem_get_info(int(local))[0])
+    if ranks > 1:
+        count = max(1, min(ranks, torch.cuda.device_count()))
+        return float(min(torch.cuda.get_device_properties(i).total_memory
+                         for i in range(count)))
+    return float(torch.cuda.mem_get_info(torch.cuda.current_device())[0])
 
 
 def process_baseline_bytes() -> float:

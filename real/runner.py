@@ -94,9 +94,16 @@ class RunSpec:
                           precision=self.precision or "fp32")
         cfg = load_config(raw, world_size=world, auto=auto, **over)
         if self.config is None and self._on_cuda():
-            # zfbench's own default on a GPU: gradients go down during backward, in
-            # DeepSpeed's buckets (on the CPU lanes the copies would only share the thread)
-            cfg = dataclasses.replace(cfg, overlap_comm=True)
+            # zfbench's own defaults on a GPU: gradients go down during backward, in
+            # DeepSpeed's buckets (on the CPU lanes the copies would only share the
+            # thread), into page-locked host buffers (pageable ones make every copy
+            # synchronous: DeepSpeed's configs for offload set pin_memory true)
+            cfg = dataclasses.replace(cfg, overlap_comm=True, pin_memory=True)
+        elif self._on_cuda() and cfg.offload_device == "cpu" and not cfg.pin_memory:
+            cfg = dataclasses.replace(cfg, notes=cfg.notes + (
+                "zero_optimization.offload_optimizer.pin_memory: false, so the host "
+                "buffers are pageable and every copy to or from them is synchronous (no "
+                "overlap with compute); set it true",))
         if scenario and self.config is not None:  # without a config it is the default
             said = ", ".join(f"{k} {v}" for k, v in SCENARIO_ZENFLOW.items())
             cfg = dataclasses.replace(cfg, notes=cfg.notes + (

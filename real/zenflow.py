@@ -191,8 +191,14 @@ class ZenFlowStrategy(Strategy):
                 self.dm[name].zero_()
                 self.dv[name].zero_()
         if self.low:
-            # (blocking: the compute lane's later reads are ordered after it)
-            device_from_master(e, self.host, self._fp32_items(from_device=False), t)
+            # the new columns, chosen on the compute lane, are read by the h2d lane (on a
+            # GPU: `topk` is only queued when it returns); blocking: the compute lane's
+            # later reads are ordered after it
+            chosen = [self.selected[name] for name, _ in self.matrices]
+            B.access("compute", "select", writes=chosen)
+            B.wait("h2d", B.record("compute"), "select's h2d waits for the selection")
+            device_from_master(e, self.host, self._fp32_items(from_device=False), t,
+                               reads=chosen)
 
     def _fp32_items(self, from_device: bool = True) -> list:
         """(slot, columns or None, fp32 values) of the selection and the 1-D parameters."""

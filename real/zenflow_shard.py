@@ -149,13 +149,14 @@ def master_from_device(e, host, items, t: int) -> None:
             master_put(host.master, host.lo, host.hi, slot, idx, values)
 
 
-def device_from_master(e, host, items, t: int) -> None:
-    """Fill each fp32 `values` of `items` from the master (an h2d span); with several
-    ranks each reads its shard's elements (zeros elsewhere) and one all-reduce of all the
-    values (a net span) sums the pieces, exactly: every element comes from one rank."""
+def device_from_master(e, host, items, t: int, reads=()) -> None:
+    """Fill each fp32 `values` of `items` from the master (an h2d span; `reads`: the
+    column indices it also reads, written on the compute lane); with several ranks each
+    reads its shard's elements (zeros elsewhere) and one all-reduce of all the values (a
+    net span) sums the pieces, exactly: every element comes from one rank."""
     fresh = [values for _, _, values in items]
     nbytes = sum(v.numel() * 4 for v in fresh)
-    with e.backend.op("h2d", "select", t, reads=(host.master,), writes=fresh,
+    with e.backend.op("h2d", "select", t, reads=(host.master, *reads), writes=fresh,
                       nbytes=nbytes, blocking=True):
         for slot, idx, values in items:
             master_take(host.master, host.lo, host.hi, slot, idx, values)

@@ -5,13 +5,23 @@ import itertools
 import pytest
 import torch
 
-from engine_helpers import BiasMLP, batches, config, make_engine, params_of, train_steps
+from engine_helpers import BiasMLP, batches, make_engine, params_of, train_steps
+from engine_helpers import config as base_config
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
               pytest.mark.slow]  # trains the engine for real
 
 ZF = dict(topk_ratio=0.25, update_interval=3, overlap_step=True, select_strategy="step",
           select_interval=6)
+
+
+def config(strategy: str, **zenflow) -> dict:
+    """The tests' config with pinned host buffers, as zfbench.run uses on a GPU (DeepSpeed's
+    pin_memory default is false: pageable buffers make every copy synchronous)."""
+    cfg = base_config(strategy, **zenflow)
+    zero = cfg.setdefault("zero_optimization", {})
+    zero.setdefault("offload_optimizer", {})["pin_memory"] = True
+    return cfg
 
 
 @pytest.mark.parametrize("strategy", ["device", "zero-offload", "zero-offload-dpu", "zenflow"])
@@ -31,6 +41,29 @@ def test_cuda_engine_matches_cpu_engine(strategy):
             assert (spans["t_end_s"] >= spans["t_start_s"]).all()
     for name, p in results["cpu"].items():
         assert torch.allclose(p, results["cuda"][name], rtol=1e-4, atol=1e-5), name
+
+
+@pytest.mark.parametrize("strategy", ["zero-offload-dpu", "zenflow"])
+def test_bf16_cuda_engine_matches_bf16_cpu_engine(strategy):
+    """bf16 weights (the GPU default), with gradient buckets: ZenFlow's selections fill
+    the selected columns' fp32 values from the host master on the h2d lane (after the
+    compute lane chose them), dpu alternates two landing buffers. CPU and CUDA round
+    differently in bf16 kernels: equal within bf16 tolerance."""
+    zf = ZF if strategy == "zenflow" else {}
+    results = {}
+    for device in ("cpu", "cuda"):
+        model = BiasMLP()
+        cfg = config(strategy, **zf)
+        cfg["bf16"] = {"enabled": True}
+        cfg["zero_optimization"].update(overlap_comm=True, reduce_bucket_size=150)
+        engine = make_engine(model, cfg, device=device)
+        assert engine.buckets is not None
+        train_steps(engine, ((i.to(device), l.to(device)) for i, l in batches()), 13)
+        engine.finish()
+        engine.close()
+        results[device] = {n: p.float().cpu() for n, p in params_of(model).items()}
+    for name, p in results["cpu"].items():
+        assert torch.allclose(p, results["cuda"][name], rtol=2 ** -6, atol=2 ** -8), name
 
 
 def test_host_buffers_are_pinned_on_cuda():
@@ -72,9 +105,11 @@ def test_step_time_contains_the_device_work():
     train_steps(engine, ((i.cuda(), l.cuda()) for i, l in batches()), 6)
     spans, steps = engine.timeline.spans_frame(), engine.timeline.steps_frame()
     engine.close()
+    # GPU times come onto the CPU clock through one anchor event, read after a
+    # synchronize: uncertain by that wake-up (microseconds), far below a step's work
     for _, s in steps.iterrows():
         mine = spans[(spans["step"] == s["step"]) & (spans["lane"] == "compute")]
-        assert (mine["t_end_s"] <= s["t_end_s"] + 1e-6).all(), s["step"]
+        assert (mine["t_end_s"] <= s["t_end_s"] + 50e-6).all(), s["step"]
 
 
 def test_bf16_crosses_the_link_as_bf16():

@@ -321,7 +321,7 @@ def test_sized_shapes_fit_a_line_and_scale_unreachable_targets(intercept_s, want
     min(2, r_max), min(1, r_max / 1.5), min(0.5, r_max / 3)."""
     from zfbench.real.runner import RunSpec
     from zfbench.core.models import get_model
-    from zfbench.validate import sized_shapes
+    from zfbench.validate_shapes import sized_shapes
     params = get_model("tiny").total_params
     low = _sizing_profile(4, intercept_s + 0.05 * 4, params / 1.0)
     high = _sizing_profile(64, intercept_s + 0.05 * 64, params / 1.0)
@@ -345,7 +345,7 @@ def test_sized_shapes_grow_the_batch_beyond_the_models_positions():
     grows (rows of at most 512 tokens), up to MAX_BATCH rows."""
     from zfbench.real.runner import RunSpec
     from zfbench.core.models import get_model
-    from zfbench.validate import MAX_BATCH, sized_shapes
+    from zfbench.validate_shapes import MAX_BATCH, sized_shapes
     params = get_model("tiny").total_params
     low = _sizing_profile(4, 0.001 + 1e-6 * 4, params / 1.0)
     high = _sizing_profile(64, 0.001 + 1e-6 * 64, params / 1.0)
@@ -361,3 +361,26 @@ def test_sized_shapes_grow_the_batch_beyond_the_models_positions():
     # one row; 10 rows of 500; 30 rows of 500
     got = {name: (spec.batch, spec.seq) for name, spec in sized.items()}
     assert got == {"ratio2": (1, 4), "ratio1": (10, 500), "ratio0.5": (30, 500)}
+
+
+def test_fitting_halves_the_batch_until_every_strategy_fits():
+    """A sized shape beyond a small machine's memory (64 rows of 2048 tokens through a
+    tinyllama layer: ~50 GB of activations) comes back with the largest halved batch
+    that fits: it fits, twice its batch does not (unchanged where 64 rows fit)."""
+    from zfbench.real.memory import InsufficientMemoryError, check_fits
+    from zfbench.real.runner import RunSpec
+    from zfbench.validate_shapes import fitting
+    spec = RunSpec(model="tinyllama-1.1b", layers=1, batch=64, seq=2048, device="cpu",
+                   precision="bf16")
+
+    def fits(batch: int) -> bool:
+        try:
+            check_fits(spec.shape(), ["device", "zero-offload", "zero-offload-dpu",
+                                      "zenflow"], batch, 2048, 2, False)
+            return True
+        except InsufficientMemoryError:
+            return False
+    got = fitting(spec)
+    assert got.seq == 2048 and 64 % got.batch == 0 and fits(got.batch)
+    assert got.batch == 64 or not fits(got.batch * 2)
+    assert fits(64) or got.batch < 64

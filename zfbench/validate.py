@@ -49,6 +49,7 @@ from zfbench.analysis.breakdown import summarize
 from zfbench.analysis.validation import (compare_rows, error_summary, schedule_signature,
                                  signature_diff)
 from zfbench.real.engine import resolve_device
+from zfbench.real.memory import InsufficientMemoryError
 from zfbench.real.flat import device_dtype
 from zfbench.real.profile import mean_profile, measure_profile, with_rates
 from zfbench.real.rate_probe import RateProbe
@@ -59,62 +60,11 @@ from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, fail, pos
 from zfbench.core.config import SCENARIO_ZENFLOW, STRATEGIES
 from zfbench.core.trace import merge_chrome_traces, write_csv_atomic, write_json_atomic
 from zfbench.run_defaults import DEFAULT_PRECISION
+from zfbench.validate_shapes import (REGIMES, SIZING_SEQ, compute_s, fitting, host_adam_s,
+                                     sized_shapes)
 
 PAIRS = ((0.1, 4), (0.25, 2))
 PROBE_REPEATS = 3  # host and link rates measured before and after each cell
-SIZING_SEQ = (4, 64)  # token counts of the two sizing profiles
-RATIOS = (2.0, 1.0, 0.5)  # host Adam / (forward + backward), host longer to shorter
-MAX_BATCH = 64  # sized shapes: at most this many sequences of the model's longest
-REGIMES = ("longer", "equal", "shorter")  # the host Adam against forward+backward, per ratio
-
-
-def compute_s(profile: dict, shape) -> float:
-    """Forward + backward seconds per step at the profile's token count."""
-    blocks = profile["calibration"]["blocks"]
-    return sum((b["forward_s"] + b["backward_s"]) * (shape.layers if k == "decoder" else 1)
-               for k, b in blocks.items())
-
-
-def host_adam_s(profile: dict, shape) -> float:
-    return shape.total_params / profile["calibration"]["host_adam_params_per_s"]
-
-
-def sized_shapes(base: RunSpec, low: dict, high: dict, max_seq: int) -> dict[str, RunSpec]:
-    """Token counts at which host Adam / (forward + backward) is about 2, 1 and 0.5 (the
-    regimes `longer`, `equal`, `shorter`), from two profiles (at few and at many tokens):
-    forward + backward is fitted as a + b * tokens. On a CPU lane a (the weight traffic)
-    dominates at small token counts, so the ratio cannot exceed r_max = host / (a + 4 b);
-    the targets are min(2, r_max), min(1, r_max / 1.5) and min(0.5, r_max / 3), so they
-    stay distinct whatever r_max a noisy measurement gives, and below r_max = 1 (no shape
-    of this model has the host longer) a warning names a model that has. Each shape is
-    named by its target ratio (`ratio2`, `ratio0.45` ...); validate prints the ratio its
-    own profile measured."""
-    shape = base.shape()
-    t_lo = low["calibration"]["batch"] * low["calibration"]["seq"]
-    t_hi = high["calibration"]["batch"] * high["calibration"]["seq"]
-    c_lo, c_hi = compute_s(low, shape), compute_s(high, shape)
-    slope = max((c_hi - c_lo) / max(t_hi - t_lo, 1), 1e-9)
-    intercept = c_lo - slope * t_lo
-    host_s = host_adam_s(low, shape)
-    r_max = host_s / (intercept + slope * 4)
-    targets = tuple(min(r, r_max / shrink) for r, shrink in zip(RATIOS, (1.0, 1.5, 3.0)))
-    if r_max < 1.0:
-        print(f"host Adam / (forward + backward) measured at most {r_max:.2f} with "
-              f"{shape.name} here (at 4 tokens): no shape has the host clearly longer; "
-              f"shapes spread over {targets[-1]:.2f}-{r_max:.2f}. On a shared machine "
-              f"this sizing varies by +-30% run to run; a model with untied embeddings "
-              f"(the default, tinyllama-1.1b[1L]) usually measures 1.1-1.6", file=sys.stderr)
-    out = {}
-    for target in targets:
-        tokens = int(min(max(4, round((host_s / target - intercept) / slope)),
-                         MAX_BATCH * max_seq))
-        # beyond the model's positions the batch grows (a GPU needs many tokens before
-        # its forward+backward is as long as the host Adam)
-        batch = -(-tokens // max_seq)
-        out[f"ratio{target:.3g}"] = replace(base, batch=batch, seq=-(-tokens // batch))
-    return out
-
-
 def zenflow_overrides(topk: float, interval: int) -> dict:
     """zfbench's ZenFlow scenario with one (topk_ratio, update_interval) pair."""
     return {**SCENARIO_ZENFLOW, "topk_ratio": topk, "update_interval": interval}
@@ -156,7 +106,8 @@ def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool,
     max_seq = (shape.max_positions - 2) if shape.max_positions else 4096
     print(f"calibrating {shape.name} at {SIZING_SEQ} tokens ...", file=sys.stderr)
     low, high = (measure_profile(replace(base, batch=1, seq=n)) for n in SIZING_SEQ)
-    sized = sized_shapes(base, low, high, max_seq)
+    sized = {name: fitting(spec) for name, spec in sized_shapes(base, low, high,
+                                                                 max_seq).items()}
     shapes = [(regime, name, spec) for regime, (name, spec) in zip(REGIMES, sized.items())
               if regime in regimes]
     pairs = PAIRS[:1] if quick else PAIRS
@@ -381,8 +332,11 @@ def main(argv: list[str] | None = None) -> int:
                              if isinstance(v, (int, float, str, bool, type(None)))}}
     head = {"settings": settings, "provenance": provenance(argv, PROG)}
     budget = args.budget_min * 60 if args.budget_min > 0 else None
-    return validate(base, args.out, args.skip, args.quick, not args.quiet, regimes, head,
-                    budget)
+    try:
+        return validate(base, args.out, args.skip, args.quick, not args.quiet, regimes,
+                        head, budget)
+    except InsufficientMemoryError as err:
+        return fail(err)
 
 
 if __name__ == "__main__":

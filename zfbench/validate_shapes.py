@@ -1,0 +1,94 @@
+"""The three shapes `zfbench.validate` runs, sized on this machine.
+
+`sized_shapes` fits forward+backward as a + b * tokens from two sizing profiles (4 and 64
+tokens) and picks the token counts at which the host Adam is about 2, 1 and 0.5 times it
+(capped where a noisy machine cannot reach a ratio); beyond the model's positions the
+batch grows (rows of its longest sequence, at most MAX_BATCH). `fitting` then halves a
+shape's batch until every strategy fits this machine's memory (zfbench.real.memory).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+from zfbench.core.config import STRATEGIES
+from zfbench.core.memory_model import element_bytes
+from zfbench.core.strategies import buckets_on
+from zfbench.real.engine import resolve_device
+from zfbench.real.runner import RunSpec
+
+SIZING_SEQ = (4, 64)  # token counts of the two sizing profiles
+RATIOS = (2.0, 1.0, 0.5)  # host Adam / (forward + backward), host longer to shorter
+MAX_BATCH = 64  # sized shapes: at most this many sequences of the model's longest
+REGIMES = ("longer", "equal", "shorter")  # the host Adam against forward+backward, per ratio
+
+
+def compute_s(profile: dict, shape) -> float:
+    """Forward + backward seconds per step at the profile's token count."""
+    blocks = profile["calibration"]["blocks"]
+    return sum((b["forward_s"] + b["backward_s"]) * (shape.layers if k == "decoder" else 1)
+               for k, b in blocks.items())
+
+
+def host_adam_s(profile: dict, shape) -> float:
+    return shape.total_params / profile["calibration"]["host_adam_params_per_s"]
+
+
+def sized_shapes(base: RunSpec, low: dict, high: dict, max_seq: int) -> dict[str, RunSpec]:
+    """Token counts at which host Adam / (forward + backward) is about 2, 1 and 0.5 (the
+    regimes `longer`, `equal`, `shorter`), from two profiles (at few and at many tokens):
+    forward + backward is fitted as a + b * tokens. On a CPU lane a (the weight traffic)
+    dominates at small token counts, so the ratio cannot exceed r_max = host / (a + 4 b);
+    the targets are min(2, r_max), min(1, r_max / 1.5) and min(0.5, r_max / 3), so they
+    stay distinct whatever r_max a noisy measurement gives, and below r_max = 1 (no shape
+    of this model has the host longer) a warning names a model that has. Each shape is
+    named by its target ratio (`ratio2`, `ratio0.45` ...); validate prints the ratio its
+    own profile measured."""
+    shape = base.shape()
+    t_lo = low["calibration"]["batch"] * low["calibration"]["seq"]
+    t_hi = high["calibration"]["batch"] * high["calibration"]["seq"]
+    c_lo, c_hi = compute_s(low, shape), compute_s(high, shape)
+    slope = max((c_hi - c_lo) / max(t_hi - t_lo, 1), 1e-9)
+    intercept = c_lo - slope * t_lo
+    host_s = host_adam_s(low, shape)
+    r_max = host_s / (intercept + slope * 4)
+    targets = tuple(min(r, r_max / shrink) for r, shrink in zip(RATIOS, (1.0, 1.5, 3.0)))
+    if r_max < 1.0:
+        print(f"host Adam / (forward + backward) measured at most {r_max:.2f} with "
+              f"{shape.name} here (at 4 tokens): no shape has the host clearly longer; "
+              f"shapes spread over {targets[-1]:.2f}-{r_max:.2f}. On a shared machine "
+              f"this sizing varies by +-30% run to run; a model with untied embeddings "
+              f"(the default, tinyllama-1.1b[1L]) usually measures 1.1-1.6", file=sys.stderr)
+    out = {}
+    for target in targets:
+        tokens = int(min(max(4, round((host_s / target - intercept) / slope)),
+                         MAX_BATCH * max_seq))
+        # beyond the model's positions the batch grows (a GPU needs many tokens before
+        # its forward+backward is as long as the host Adam)
+        batch = -(-tokens // max_seq)
+        out[f"ratio{target:.3g}"] = replace(base, batch=batch, seq=-(-tokens // batch))
+    return out
+
+
+def fitting(spec: RunSpec) -> RunSpec:
+    """`spec` with its batch halved until every strategy fits this machine's memory (a
+    GPU's free memory; the CPU lanes' RAM): `sized_shapes` may ask for tens of thousands
+    of tokens on a GPU. Raises InsufficientMemoryError when one sequence does not fit."""
+    from zfbench.real.memory import InsufficientMemoryError, check_fits
+
+    on_cuda = resolve_device(spec.device).type == "cuda"
+    shape = spec.shape()
+    while True:
+        cfg = spec.engine_config("zenflow")
+        try:
+            check_fits(shape, list(STRATEGIES), spec.batch, spec.seq,
+                       element_bytes(cfg.precision), on_cuda,
+                       bucketed=buckets_on(cfg.precision, cfg.overlap_comm))
+            return spec
+        except InsufficientMemoryError:
+            if spec.batch == 1:
+                raise
+            print(f"batch {spec.batch} x seq {spec.seq} does not fit: batch "
+                  f"{spec.batch // 2}", file=sys.stderr)
+            spec = replace(spec, batch=spec.batch // 2)
