@@ -145,6 +145,15 @@ def gather_timeline(ctx: DistContext, timeline):
     return merged
 
 
+def default_thread_split(cores: int | None = None, reserved: float = 0.5
+                         ) -> tuple[int, int]:
+    """The cores split between the device lane (a `reserved` share, at least 1) and the
+    host lane (the rest, at least 1); 0.5 is an even split."""
+    cores = cores or os.cpu_count() or 2
+    device = min(cores, max(1, int(cores * reserved)))
+    return device, max(1, cores - device)
+
+
 def rank_threads(world: int, cores: int | None = None, reserved: float = 0.5
                  ) -> tuple[int, int]:
     """(device_threads, host_threads) per rank: the cores split evenly among the ranks,
@@ -153,9 +162,7 @@ def rank_threads(world: int, cores: int | None = None, reserved: float = 0.5
     if cores is None:
         cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                  else os.cpu_count() or 2)
-    per_rank = max(2, cores // max(1, world))
-    device = min(per_rank, max(1, int(per_rank * reserved)))
-    return device, max(1, per_rank - device)
+    return default_thread_split(max(2, cores // max(1, world)), reserved)
 
 
 def bind_cores(rank: int, world: int) -> list[int] | None:

@@ -40,7 +40,8 @@ from zfbench.real.flat import LOW_PRECISION, FlatLayout
 from zfbench.core.strategies import gradient_buckets_apply
 from zfbench.real.grad_buckets import GradBuckets
 from zfbench.real.hazards import HazardChecker
-from zfbench.real.distributed import DistContext, allgather_flat, allreduce_mean_, rank_threads
+from zfbench.real.distributed import (DistContext, allgather_flat, allreduce_mean_,
+                                      default_thread_split, rank_threads)
 from zfbench.real.host_lane import HostLane
 from zfbench.real.inplace_grads import InplaceGrads
 from zfbench.real.loss_scale import LossScaler
@@ -68,15 +69,6 @@ def resolve_device(device: str) -> torch.device:
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be auto, cuda or cpu, not {device!r}")
     return torch.device(device)
-
-
-def default_thread_split(cores: int | None = None, reserved: float = 0.5
-                         ) -> tuple[int, int]:
-    """The cores split between the device lane (a `reserved` share, at least 1) and the
-    host lane (the rest, at least 1); 0.5 is an even split."""
-    cores = cores or os.cpu_count() or 2
-    device = min(cores, max(1, int(cores * reserved)))
-    return device, max(1, cores - device)
 
 
 class Engine:

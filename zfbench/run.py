@@ -64,7 +64,7 @@ from zfbench.run_report import (MEMORY_NOTE, StepWork, describe_config, measurem
 from zfbench.core.trace import write_json_atomic
 from zfbench.sims.settings import STRATEGIES as SIM_STRATEGIES
 
-from zfbench.run_defaults import DEFAULT_SEQ
+from zfbench.run_defaults import DEFAULT_SEQ, gpu_sized
 
 # Strategies the simulator has and the engine does not (zero-infinity: no ZeRO-3 path in
 # real/); asking the engine for one is a one-line error pointing to the simulator.
@@ -269,34 +269,6 @@ def main(argv: list[str] | None = None) -> int:
     if launched:
         return run_rank(args, spec, shape, strategies, elem, use_cuda)
     return run_all(args, spec, shape, strategies, elem)
-
-
-def gpu_sized(spec: RunSpec, strategies, world: int, args) -> RunSpec:
-    """The run `gpu_default` picks (full depth), replacing the CPU lane's slice."""
-    from zfbench.core.models import get_model
-    from zfbench.run_defaults import DEFAULT_PRECISION, gpu_default
-
-    elem = element_bytes(DEFAULT_PRECISION)
-    # (with no config, overlap_comm is on on CUDA: real/runner.py)
-    bucketed = buckets_on(DEFAULT_PRECISION, spec.engine_config(strategies[0]).overlap_comm)
-
-    def fits(model: str, batch: int, seq: int) -> bool:
-        try:
-            check_fits(get_model(model), strategies, batch, seq, elem, True, ranks=world,
-                       bucketed=bucketed)
-        except InsufficientMemoryError:
-            return False
-        return True
-    pick = gpu_default(fits)
-    if not args.quiet:
-        print(f"GPU-sized default: {pick['model']} full depth, batch {pick['batch']} x "
-              f"seq {pick['seq']}, {pick['precision']} (give --model/--layers/--seq/"
-              f"--batch to choose)", file=sys.stderr)
-    args.layers = None
-    return RunSpec(model=pick["model"], layers=None, batch=pick["batch"], seq=pick["seq"],
-                   steps=spec.steps, seed=spec.seed, device=spec.device,
-                   device_threads=spec.device_threads, host_threads=spec.host_threads,
-                   text=spec.text, precision=pick["precision"], world=world)
 
 
 def run_rank(args, spec, shape, strategies, elem, use_cuda) -> int:

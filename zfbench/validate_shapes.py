@@ -79,12 +79,13 @@ def fitting(spec: RunSpec) -> RunSpec:
 
     on_cuda = resolve_device(spec.device).type == "cuda"
     shape = spec.shape()
+    cfg = spec.engine_config("zenflow")  # precision and overlap_comm: not the batch
+    elem, bucketed = element_bytes(cfg.precision), buckets_on(cfg.precision,
+                                                              cfg.overlap_comm)
     while True:
-        cfg = spec.engine_config("zenflow")
         try:
-            check_fits(shape, list(STRATEGIES), spec.batch, spec.seq,
-                       element_bytes(cfg.precision), on_cuda,
-                       bucketed=buckets_on(cfg.precision, cfg.overlap_comm))
+            check_fits(shape, list(STRATEGIES), spec.batch, spec.seq, elem, on_cuda,
+                       bucketed=bucketed)
             return spec
         except InsufficientMemoryError:
             if spec.batch == 1:
