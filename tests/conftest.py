@@ -1,6 +1,12 @@
 """Test-wide settings: the precision probe's per-machine cache lives in a temporary
-directory, so tests neither read nor write the user's ~/.cache."""
+directory, so tests neither read nor write the user's ~/.cache; hypothesis examples have
+no deadline (an example preempted on a busy machine is not a failure)."""
 import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("zfbench", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("zfbench")
 
 
 @pytest.fixture(autouse=True, scope="session")

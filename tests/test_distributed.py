@@ -63,7 +63,9 @@ def _worker(rank: int, world: int, store: str, out: str, mode: str) -> None:
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world, timeout=__import__("datetime").timedelta(
-                                seconds=30))
+                                # a dead rank is found fast; 4 ranks on 2 busy cores may
+                                # take long to meet
+                                seconds=30 if mode == "die" else 120))
     ctx = from_process_group()
     results = {}
     try:

@@ -73,10 +73,12 @@ def test_a_job_past_the_time_budget_is_stopped_and_the_rest_left_out(tmp_path, m
     monkeypatch.setattr(fm, "measure_jobs", lambda quick: [slow, later])
     monkeypatch.setattr(fm, "MIN_JOB_S", 0.5)
     import subprocess
+    import types
+    clock = [0.0]  # a clock of the test's own: only the jobs move it, however busy the machine
+    monkeypatch.setattr(fm, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
 
     def sleeper(cmd, env=None, timeout=None, stdout=None):  # runs past its timeout
-        import time
-        time.sleep(0.2)
+        clock[0] += 0.2
         raise subprocess.TimeoutExpired(cmd, timeout)
     monkeypatch.setattr(fm.subprocess, "run", sleeper)
     notes = fm.run_missing(tmp_path, {11, 13}, quick=True, quiet=True, budget_s=0.6)

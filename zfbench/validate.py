@@ -106,8 +106,8 @@ def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool,
     max_seq = (shape.max_positions - 2) if shape.max_positions else 4096
     print(f"calibrating {shape.name} at {SIZING_SEQ} tokens ...", file=sys.stderr)
     low, high = (measure_profile(replace(base, batch=1, seq=n)) for n in SIZING_SEQ)
-    sized = {name: fitting(spec) for name, spec in sized_shapes(base, low, high,
-                                                                 max_seq).items()}
+    sized = {name: fitting(spec) for name, spec in sized_shapes(
+        base, low, high, max_seq, QUICK_MAX_TOKENS if quick else None).items()}
     shapes = [(regime, name, spec) for regime, (name, spec) in zip(REGIMES, sized.items())
               if regime in regimes]
     pairs = PAIRS[:1] if quick else PAIRS
@@ -222,6 +222,7 @@ def write_results(out: Path, rows: list[dict], failures: list[str], shapes_done:
 PROG = "python -m zfbench.validate"
 FULL = {"steps": 24, "skip": 8}  # with the RunSpec default model and layers
 QUICK = {"model": "tiny", "layers": 2, "steps": 14, "skip": 6}
+QUICK_MAX_TOKENS = 256  # --quick's shapes stay seconds long, however noisy their sizing
 
 
 def build_parser() -> OneLineParser:

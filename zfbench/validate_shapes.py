@@ -35,7 +35,8 @@ def host_adam_s(profile: dict, shape) -> float:
     return shape.total_params / profile["calibration"]["host_adam_params_per_s"]
 
 
-def sized_shapes(base: RunSpec, low: dict, high: dict, max_seq: int) -> dict[str, RunSpec]:
+def sized_shapes(base: RunSpec, low: dict, high: dict, max_seq: int,
+                 max_tokens: int | None = None) -> dict[str, RunSpec]:
     """Token counts at which host Adam / (forward + backward) is about 2, 1 and 0.5 (the
     regimes `longer`, `equal`, `shorter`), from two profiles (at few and at many tokens):
     forward + backward is fitted as a + b * tokens. On a CPU lane a (the weight traffic)
@@ -44,11 +45,17 @@ def sized_shapes(base: RunSpec, low: dict, high: dict, max_seq: int) -> dict[str
     stay distinct whatever r_max a noisy measurement gives, and below r_max = 1 (no shape
     of this model has the host longer) a warning names a model that has. Each shape is
     named by its target ratio (`ratio2`, `ratio0.45` ...); validate prints the ratio its
-    own profile measured."""
+    own profile measured. `max_tokens` caps a shape's tokens (`--quick`: a noisy pair of
+    profiles, the many-token one no slower than the few-token one, would otherwise ask
+    for the largest shape there is)."""
     shape = base.shape()
     t_lo = low["calibration"]["batch"] * low["calibration"]["seq"]
     t_hi = high["calibration"]["batch"] * high["calibration"]["seq"]
     c_lo, c_hi = compute_s(low, shape), compute_s(high, shape)
+    if c_hi <= c_lo:
+        print(f"forward+backward measured no slower at {t_hi} tokens ({c_hi:.3g} s) than at "
+              f"{t_lo} ({c_lo:.3g} s): the machine was busier during the first profile; the "
+              f"shapes are sized from a noisy fit", file=sys.stderr)
     slope = max((c_hi - c_lo) / max(t_hi - t_lo, 1), 1e-9)
     intercept = c_lo - slope * t_lo
     host_s = host_adam_s(low, shape)
@@ -63,7 +70,7 @@ def sized_shapes(base: RunSpec, low: dict, high: dict, max_seq: int) -> dict[str
     out = {}
     for target in targets:
         tokens = int(min(max(4, round((host_s / target - intercept) / slope)),
-                         MAX_BATCH * max_seq))
+                         MAX_BATCH * max_seq, max_tokens or MAX_BATCH * max_seq))
         # beyond the model's positions the batch grows (a GPU needs many tokens before
         # its forward+backward is as long as the host Adam)
         batch = -(-tokens // max_seq)
