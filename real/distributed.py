@@ -24,6 +24,7 @@ the others fail with an error instead of waiting forever.
 from __future__ import annotations
 
 import datetime
+import math
 import os
 from dataclasses import dataclass
 
@@ -94,6 +95,27 @@ def from_process_group() -> DistContext:
     return DistContext(rank, world, local, str(backend), dist.group.WORLD, host_group)
 
 
+def join_launch(use_cuda: bool) -> DistContext:
+    """The data-parallel context `zfbench.real.initialize` runs in, found as DeepSpeed
+    finds its own: the initialized default group of a script that called
+    `init_process_group` (torchrun's usual script), else torchrun's variables (the group
+    is created from them), else one rank."""
+    if dist.is_available() and dist.is_initialized():
+        return from_process_group()
+    return init_from_env(use_cuda)
+
+
+def broadcast_from_rank0(ctx: DistContext, tensor: torch.Tensor) -> None:
+    """Every rank's `tensor` becomes rank 0's (replicas that were built apart start
+    equal, as DeepSpeed broadcasts the model at initialize)."""
+    _run(ctx, "broadcast", lambda: dist.broadcast(tensor, src=0, group=ctx.group))
+
+
+def barrier(ctx: DistContext, op: str) -> None:
+    """Every rank has reached this point (`op` names it in the error if one never does)."""
+    _run(ctx, op, lambda: dist.barrier(group=ctx.group))
+
+
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -147,11 +169,17 @@ def gather_timeline(ctx: DistContext, timeline):
 
 def default_thread_split(cores: int | None = None, reserved: float = 0.5
                          ) -> tuple[int, int]:
-    """The cores split between the device lane (a `reserved` share, at least 1) and the
-    host lane (the rest, at least 1); 0.5 is an even split."""
+    """(device_threads, host_threads): the cores split between the device (training) lane
+    and the host lane by DeepSpeed's rule for ZenFlow's pt_reserved_cores_perc
+    (deepspeed/runtime/zenflow/zenflow_utils.py, `_compute_zf_pt_affinity`): the device
+    lane gets ceil(reserved x cores), the host lane the rest; where that leaves either
+    side none (reserved 0, reserved 1, or one core) both use all the cores. 0.5 is an
+    even split (the larger half to the device lane on an odd count)."""
     cores = cores or os.cpu_count() or 2
-    device = min(cores, max(1, int(cores * reserved)))
-    return device, max(1, cores - device)
+    device = math.ceil(reserved * cores)
+    if 0 < device < cores:
+        return device, cores - device
+    return cores, cores
 
 
 def rank_threads(world: int, cores: int | None = None, reserved: float = 0.5

@@ -41,18 +41,20 @@ from zfbench.core.strategies import gradient_buckets_apply
 from zfbench.real.grad_buckets import GradBuckets
 from zfbench.real.hazards import HazardChecker
 from zfbench.real.distributed import (DistContext, allgather_flat, allreduce_mean_,
-                                      default_thread_split, rank_threads)
+                                      barrier, broadcast_from_rank0, default_thread_split,
+                                      join_launch, rank_threads)
 from zfbench.real.host_lane import HostLane
 from zfbench.real.inplace_grads import InplaceGrads
 from zfbench.real.loss_scale import LossScaler
 from zfbench.real.recorder import SpanRecorder
 from zfbench.real.strategies import DelayedOffloadStrategy, DeviceStrategy, OffloadStrategy
 from zfbench.real.zenflow import ZenFlowStrategy
-from zfbench.core.config import EngineConfig, load_config
+from zfbench.core.config import ConfigError, EngineConfig, load_config
 
 STRATEGY_CLASSES = {"device": DeviceStrategy, "zero-offload": OffloadStrategy,
                     "zero-offload-dpu": DelayedOffloadStrategy, "zenflow": ZenFlowStrategy}
 CHECKPOINT_FILE = "zfbench_engine.pt"
+COMPLETE_MARKER = "zfbench_engine.complete"  # several ranks: written once all have saved
 from zfbench.real.flat import DTYPES as COMM_DTYPES  # noqa: E402
 
 
@@ -80,6 +82,11 @@ class Engine:
                  waits_dropped: frozenset[str] = frozenset()) -> None:
         self.config = config
         self.dist = dist if dist is not None else DistContext(rank, 1, rank, "none")
+        if config.world_size != self.dist.world:
+            raise ConfigError("world_size", f"the config was resolved for {config.world_size}"
+                              f" rank(s) but the engine runs on {self.dist.world}: load it "
+                              f"with load_config(..., world_size={self.dist.world}) or pass "
+                              f"the dict to real.initialize")
         rank = self.dist.rank
         self.device = resolve_device(device)
         self.use_cuda = self.device.type == "cuda"
@@ -152,6 +159,8 @@ class Engine:
         if not self.dist.active:
             self.shard_lo, self.shard_hi = 0, self.layout.total
         self.shard_grad_bytes = (self.shard_hi - self.shard_lo) * self.param_bytes
+        if self.dist.active:  # replicas start from rank 0's weights, as in DeepSpeed
+            broadcast_from_rank0(self.dist, self.flat_params)
         self.backend.name(self.flat_params, "flat_params")
         # Gradients are views into one buffer: one d2h copy, one all-reduce, one zero,
         # and (InplaceGrads) weight gradients accumulated straight into it.
@@ -342,14 +351,30 @@ class Engine:
                  else None}
         path = directory / self.checkpoint_name
         tmp = directory / (self.checkpoint_name + ".tmp")
+        marker = directory / COMPLETE_MARKER
+        if self.dist.active and self.dist.rank == 0:
+            marker.unlink(missing_ok=True)  # an older set is being replaced
         torch.save(state, tmp)
         os.replace(tmp, path)
+        if self.dist.active:  # the set is whole only once every rank's file is in place
+            barrier(self.dist, "save_checkpoint")
+            if self.dist.rank == 0:
+                marker.write_text(f"{self.dist.world} ranks, step {self.t}\n")
         return path
 
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
         path = Path(directory) / self.checkpoint_name
         if not path.exists():
+            saved = saved_world(Path(directory))
+            if saved is not None and saved != self.dist.world:
+                raise ValueError(f"checkpoint {directory} was saved by {saved} rank(s); this "
+                                 f"engine runs on {self.dist.world}: resume it on {saved} "
+                                 f"rank(s) (its host state is sharded {saved} ways)")
             raise FileNotFoundError(f"no zfbench checkpoint at {path}")
+        if self.dist.active and not (Path(directory) / COMPLETE_MARKER).exists():
+            raise ValueError(f"checkpoint {directory} is incomplete: not every rank finished "
+                             f"saving it ({COMPLETE_MARKER} is missing); resume from an "
+                             f"earlier one")
         state = torch.load(path, map_location="cpu", weights_only=False)
         if state["strategy_name"] != self.config.strategy:
             raise ValueError(f"checkpoint {path} was written by strategy "
@@ -392,9 +417,24 @@ class Engine:
         self.inplace_grads = None
 
 
+def saved_world(directory: Path) -> int | None:
+    """How many ranks saved the checkpoint in `directory` (None: no checkpoint there)."""
+    if (directory / CHECKPOINT_FILE).exists():
+        return 1
+    for path in sorted(directory.glob("zfbench_engine.rank*of*.pt")):
+        return int(path.stem.rsplit("of", 1)[1])
+    return None
+
+
 def initialize(model: torch.nn.Module, config: dict | str | os.PathLike | EngineConfig |
-               None = None, **engine_kwargs) -> Engine:
-    """`engine = real.initialize(model, config)`, as `deepspeed.initialize` is used."""
+               None = None, *, dist: DistContext | None = None, **engine_kwargs) -> Engine:
+    """`engine = real.initialize(model, config)`, as `deepspeed.initialize` is used: in
+    a script launched by torchrun (or inside any initialized torch.distributed group) the
+    engine joins that group (`join_launch`) unless `dist` names one; the config's batch
+    triple is resolved for its world size (train = micro x accumulation x ranks); rank
+    0's weights are broadcast to every replica."""
+    if dist is None:
+        dist = join_launch(resolve_device(engine_kwargs.get("device", "auto")).type == "cuda")
     if not isinstance(config, EngineConfig):
-        config = load_config(config)
-    return Engine(model, config, **engine_kwargs)
+        config = load_config(config, world_size=dist.world)
+    return Engine(model, config, dist=dist, **engine_kwargs)

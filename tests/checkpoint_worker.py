@@ -1,6 +1,8 @@
-"""Run by test_checkpoint.py in fresh processes: train, save, or resume and continue."""
+"""Run by test_checkpoint.py in fresh processes: train, save, or resume and continue;
+under torchrun each rank trains on its own rows of every batch and writes `OUT.rank<R>`."""
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -31,7 +33,9 @@ def main() -> None:
     engine = make_engine(model, cfg)
     if args.load:
         engine.load_checkpoint(args.load)
-    data = batches()
+    rank, world = engine.dist.rank, engine.dist.world
+    data = ((ids[rank * 4:(rank + 1) * 4], labels[rank * 4:(rank + 1) * 4])
+            for ids, labels in batches(batch=4 * world))
     for _ in range(args.skip):
         next(data)
     train_steps(engine, data, args.steps)
@@ -46,7 +50,7 @@ def main() -> None:
         out[f"fp32 {n}"] = v.clone()
     for n, w in getattr(strategy, "selected_values", {}).items():
         out[f"fp32 selected {n}"] = w.values.clone()
-    torch.save(out, args.out)
+    torch.save(out, args.out + (f".rank{rank}" if "RANK" in os.environ else ""))
     engine.close()
 
 

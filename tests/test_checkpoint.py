@@ -13,9 +13,13 @@ pytestmark = pytest.mark.slow  # trains in subprocesses
 WORKER = Path(__file__).parent / "checkpoint_worker.py"
 
 
-def run(*args: str) -> None:
-    proc = subprocess.run([sys.executable, str(WORKER), *args], capture_output=True,
+def run_worker(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(WORKER), *args], capture_output=True,
                           text=True, timeout=300)
+
+
+def run(*args: str) -> None:
+    proc = run_worker(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -46,9 +50,54 @@ def test_resume_equals_uninterrupted(tmp_path, strategy, split, bf16):
 def test_load_refuses_a_checkpoint_of_another_strategy(tmp_path):
     run("--strategy", "zero-offload", "--steps", "2", "--save", str(tmp_path / "c"),
         "--out", str(tmp_path / "a.pt"))
-    proc = subprocess.run([sys.executable, str(WORKER), "--strategy", "zenflow", "--steps",
-                           "1", "--load", str(tmp_path / "c"), "--out",
-                           str(tmp_path / "b.pt")], capture_output=True, text=True,
-                          timeout=300)
+    proc = run_worker("--strategy", "zenflow", "--steps", "1", "--load", str(tmp_path / "c"),
+                      "--out", str(tmp_path / "b.pt"))
     assert proc.returncode != 0
     assert "written by strategy 'zero-offload'" in proc.stderr
+
+
+def torchrun(*args: str) -> subprocess.CompletedProcess:
+    from test_torchrun import free_port
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+                           "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+                           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(WORKER), *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("strategy", ["zenflow", "zero-offload-dpu"])
+def test_two_ranks_resume_equal_to_uninterrupted(tmp_path, strategy):
+    """Saved by 2 ranks mid-window (zenflow: after t=5, window 1's host update pending,
+    columns selected at t=0; t=8 reselects after the resume), resumed by 2 new ranks:
+    every rank's parameters and host shard equal the uninterrupted run's, bit for bit."""
+    total, split = 14, 6
+    for args in (("--steps", str(total), "--out", str(tmp_path / "full.pt")),
+                 ("--steps", str(split), "--save", str(tmp_path / "ckpt"), "--out",
+                  str(tmp_path / "first.pt")),
+                 ("--skip", str(split), "--steps", str(total - split), "--load",
+                  str(tmp_path / "ckpt"), "--out", str(tmp_path / "resumed.pt"))):
+        done = torchrun("--strategy", strategy, *args)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "zfbench_engine.complete", "zfbench_engine.rank0of2.pt", "zfbench_engine.rank1of2.pt"]
+    for rank in (0, 1):
+        full = torch.load(tmp_path / f"full.pt.rank{rank}")
+        resumed = torch.load(tmp_path / f"resumed.pt.rank{rank}")
+        first = torch.load(tmp_path / f"first.pt.rank{rank}")
+        for name in full:
+            assert torch.equal(full[name], resumed[name]), (rank, name)
+        assert any(not torch.equal(full[n], first[n]) for n in full)
+
+
+def test_resuming_on_another_number_of_ranks_is_refused_in_one_line(tmp_path):
+    done = torchrun("--strategy", "zenflow", "--steps", "2", "--save", str(tmp_path / "c"),
+                    "--out", str(tmp_path / "a.pt"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    proc = run_worker("--strategy", "zenflow", "--steps", "1", "--load", str(tmp_path / "c"),
+                      "--out", str(tmp_path / "b.pt"))
+    assert proc.returncode != 0
+    assert "was saved by 2 rank(s); this engine runs on 1" in proc.stderr
+    # a set one rank never finished (its marker missing) is refused whole
+    (tmp_path / "c" / "zfbench_engine.complete").unlink()
+    done = torchrun("--strategy", "zenflow", "--steps", "1", "--load", str(tmp_path / "c"),
+                    "--out", str(tmp_path / "b.pt"))
+    assert done.returncode != 0 and "is incomplete" in done.stderr

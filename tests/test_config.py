@@ -92,7 +92,7 @@ def test_default_zenflow_matches_reference_table():
     assert (z.topk_ratio, z.select_strategy, z.select_interval, z.update_interval) == (
         0.1, "auto", "auto", "auto")
     assert (z.overlap_step, z.full_warm_up_rounds, z.auto_ratio) == (False, 0, 0.99)
-    assert (z.pt_reserved_cores_perc, z.offload, z.auto_update) == (0.5, False, True)
+    assert (z.pt_reserved_cores_perc, z.auto_update) == (0.5, True)
 
 
 def test_full_ds_config_json_file(tmp_path):
@@ -104,7 +104,7 @@ def test_full_ds_config_json_file(tmp_path):
         optimizer=OptimizerConfig("AdamW", 2e-5, (0.9, 0.95), 1e-8, 0.1, True),
         precision="bf16", gradient_clipping=1.0, zero_stage=2, offload_device="cpu",
         pin_memory=True,
-        zenflow=ZenFlowConfig(0.05, "step", 300, 4, True, 2, 0.9, 0.25, False),
+        zenflow=ZenFlowConfig(0.05, "step", 300, 4, True, 2, 0.9, 0.25),
         strategy="zenflow", nonfinite="raise", importance="l2sq", world_size=2,
         overlap_comm=True)
     assert c == expected
@@ -244,7 +244,8 @@ ERROR_CASES = [
     (zf_config(full_warm_up_rounds=-1), f"{ZF}.full_warm_up_rounds", ">= 0"),
     (zf_config(auto_ratio=0), f"{ZF}.auto_ratio", "(0, 1]"),
     (zf_config(pt_reserved_cores_perc=1.5), f"{ZF}.pt_reserved_cores_perc", "[0, 1]"),
-    (zf_config(offload=0), f"{ZF}.offload", "true or false"),
+    (zf_config(offload=0), f"{ZF}.offload", "not implemented"),
+    (zf_config(offload=True), f"{ZF}.offload", "requires overlap_comm"),
     (zf_config(select_strategy="step"), f"{ZF}.select_interval", f"{ZF}.select_strategy"),
     (zf_config(select_strategy="epoch", select_interval="auto"), f"{ZF}.select_interval",
      "'epoch'"),
@@ -252,6 +253,15 @@ ERROR_CASES = [
      f"{ZF}.select_interval", f"{ZF}.update_interval"),
     (zf_config(select_interval=2, update_interval=8), f"{ZF}.select_interval", "= 8"),
     ([1, 2], "config", "list"),
+    # issue 24: a string where DeepSpeed wants a section, named as such (AttributeError at
+    # 3071cfc)
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": "cpu"}},
+     "zero_optimization.offload_optimizer", "JSON object"),
+    (zf_config() | {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
+                                          "zenflow": "on"}},
+     "zero_optimization.zenflow", "JSON object"),
+    # DeepSpeed's gradient_allreduce_op: refused by name for 'sum' (unknown key at 3071cfc)
+    ({"gradient_allreduce_op": "sum"}, "gradient_allreduce_op", "'mean'"),
 ]
 
 
@@ -425,3 +435,14 @@ def test_topk_ratio_range(r):
     else:
         with pytest.raises(ConfigError, match=f"^{ZF}.topk_ratio"):
             load_config(zf_config(topk_ratio=r))
+
+
+def test_deepspeed_zenflow_tutorial_values_written_out_are_accepted():
+    """Issue 24: `select_strategy: "auto"` written explicitly (DeepSpeed's tutorial
+    config) was refused at 3071cfc; it is ZenFlow's default. `gradient_allreduce_op:
+    "mean"` (any case) is DeepSpeed's default and what zfbench does."""
+    cfg = load_config(zf_config(select_strategy="auto", select_interval="auto",
+                                update_interval="auto"))
+    assert cfg.zenflow == load_config(zf_config()).zenflow
+    assert cfg.zenflow.select_strategy == "auto"
+    assert load_config({"gradient_allreduce_op": "MEAN"}).strategy == "device"

@@ -121,7 +121,14 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale():
 def test_pt_reserved_cores_perc_sets_the_zenflow_thread_split(monkeypatch):
     assert default_thread_split(8, 0.25) == (2, 6)
     assert default_thread_split(8) == (4, 4)
+    # DeepSpeed's rule (_compute_zf_pt_affinity): ceil, and both sides share every core
+    # where the split leaves one side none
+    assert default_thread_split(8, 0.3) == (3, 5)  # ceil(2.4); int() gave 2
     assert default_thread_split(2, 0.1) == (1, 1)
+    assert default_thread_split(8, 0.0) == (8, 8)
+    assert default_thread_split(8, 1.0) == (8, 8)
+    assert default_thread_split(1, 0.5) == (1, 1)
+    assert default_thread_split(3) == (2, 1)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     cfg = config("zenflow", pt_reserved_cores_perc=0.75)
     import zfbench.real as real

@@ -61,6 +61,7 @@ def _fills(auto: AutoValues) -> dict:
 AUTO_KEYS = tuple(_fills(AutoValues())) + ("train_batch_size",)
 _ZENFLOW_AUTO = ("zero_optimization.zenflow.update_interval",
                  "zero_optimization.zenflow.select_interval",
+                 "zero_optimization.zenflow.select_strategy",  # ZenFlow's default, 'auto' 
                  # the HF Trainer fills it from the model (hidden^2); config.py reads 'auto'
                  "zero_optimization.reduce_bucket_size")
 

@@ -114,6 +114,10 @@ KEY_RULES: dict[str, KeyRule] = {
                                    "set it to false", _is_false),
     "gradient_predivide_factor": _refused("zfbench averages after one all-reduce; remove "
                                           "it or set it to 1.0", lambda v: v == 1.0),
+    "gradient_allreduce_op": _refused(
+        "zfbench averages the gradients over ranks (DeepSpeed's default 'mean'); 'sum' is "
+        "not implemented (DeepSpeed refuses it with ZenFlow too): remove it or set it to "
+        "'mean'", lambda v: isinstance(v, str) and v.lower() == "mean"),
     "sparse_gradients": _refused("sparse embedding gradients are not implemented; remove "
                                  "it or set it to false", _is_false),
     "data_types": _ignored("zfbench accumulates gradients in the model's dtype"),
@@ -226,11 +230,16 @@ ZENFLOW_NOTES = {
     "full_warm_up_rounds": "first W steps are plain synchronous offload steps",
     "auto_ratio": "share of 2-D weights whose test fires an adaptive boundary",
     "pt_reserved_cores_perc": "share of the rank's cores kept for the device (training) "
-                              "lane; the rest run the host AdamW",
-    "offload": "device-side moments kept in host memory between steps",
+                              "lane, by DeepSpeed's rule: ceil(share x cores) for the "
+                              "device lane, the rest for the host AdamW; where either side "
+                              "would get none (0, 1, one core) both use every core",
 }
 for _name, _note in ZENFLOW_NOTES.items():
     KEY_RULES[f"zero_optimization.zenflow.{_name}"] = _applied(_note)
+KEY_RULES["zero_optimization.zenflow.offload"] = _refused(
+    "keeping the device-side moments of the selected columns in host memory (streamed in "
+    "and out every step) is not implemented, in the engine or the simulator; DeepSpeed "
+    "also requires overlap_comm with it. Remove it or set it to false", _is_false)
 
 
 def _children(prefix: str) -> list[str]:
