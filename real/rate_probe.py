@@ -13,7 +13,9 @@ fp32 master, gradient and moments); `measure(repeats)` then times, as the engine
   h2d stream; either way issued from a host worker thread; each alone, and both at once
   (d2h on the calling thread, h2d on the worker: on CUDA two streams copying at once);
 - host AdamW (`zfbench.real.host_adam.host_adamw_`) over the whole master and the host
-  accumulation (`add_` with alpha), on the host worker's threads (the CPU, either way).
+  accumulation (`zfbench.real.host_accum.accumulate_`, the engine's own call, of
+  gradients in the device's dtype into fp32), on the host worker's threads (the CPU,
+  either way).
 Pinned buffers are `zfbench.real.backend.register_pinned`'s, released by `close()` (or when
 the probe is collected).
 It returns the rate keys of a profile's `calibration` section. `zfbench.real.profile` measures
@@ -36,6 +38,7 @@ import time
 
 import torch
 
+from zfbench.real import host_accum
 from zfbench.real.backend import register_pinned, unregister_pinned
 from zfbench.real.host_adam import host_adamw_
 
@@ -124,6 +127,10 @@ class RateProbe:
         self.master = torch.randn(self.total)
         self.grad = torch.randn(self.total) * 1e-3  # also the CPU lanes' d2h destination
         self.m, self.v = torch.zeros(self.total), torch.zeros(self.total)
+        # the gradients as the engine's host accumulation reads them: landed in the
+        # device's dtype (16-bit weights cross the link as themselves)
+        self.landed = self.grad if dtype == torch.float32 else \
+            (self.grad * 1e3).to(dtype)
         self._pinned: list[torch.Tensor] = []
         self.streams: dict = {}
         if cuda:
@@ -169,7 +176,7 @@ class RateProbe:
         d2h, h2d, d2h_sync, h2d_sync = self._links()
 
         def accum():
-            self.m.add_(self.grad, alpha=0.25)
+            host_accum.accumulate_(self.m, self.landed, 0.25)
         d2h()
         h2d()
         d2h_alone = median_time(d2h, repeats, sync=d2h_sync)

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
+from zfbench.real import host_accum
 from zfbench.real.flat import put_columns, selected_shape, take_columns
 from zfbench.real.strategies import HostState, Strategy
 from zfbench.real.zenflow_shard import (device_from_master, exchange_scores,
@@ -128,7 +129,7 @@ class ZenFlowStrategy(Strategy):
 
         def accumulate() -> None:
             self.B.access("host", "host_accum", reads=(landed,), writes=(window,))
-            window.add_(landed, alpha=alpha)
+            host_accum.accumulate_(window, landed, alpha)
         self.accum_job = e.host_lane.submit(
             "host_accum", t, [accumulate], urgent=True,
             after=[(done, "host waits for the d2h of the gradients")])
