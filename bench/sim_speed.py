@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import simpy  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from zfbench.core.progress import progress  # noqa: E402
 
 from zfbench.sims.costs import STRATEGIES, SimSettings  # noqa: E402
 from zfbench.sims.simulator import simulate  # noqa: E402
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     machine = machine_info()
     load_before = load_average()
     sims = []
-    bar = tqdm(STRATEGIES, desc="simulating", unit="strategy", file=sys.stderr)
+    bar = progress(STRATEGIES, desc="simulating", unit="strategy")
     for strategy in bar:
         bar.set_postfix_str(strategy)
         sims.append(measure(settings, strategy))

@@ -20,7 +20,6 @@ XML of each run. Exits 1 when a test changed or always failed, else 0.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import subprocess
 import sys

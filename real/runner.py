@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from tqdm import tqdm
+from zfbench.core.progress import progress as progress_bar
 
 from zfbench.real.data import synthetic_batches, text_batches
 from zfbench.real.distributed import DistContext, gather_timeline
@@ -166,8 +166,8 @@ def train(spec: RunSpec, strategy: str, model: torch.nn.Module | None = None,
     world = engine.dist.world
     data = batches(spec, shape.vocab, engine.dist.rank, world)
     losses: list[float] = []
-    bar = tqdm(total=spec.steps, desc=f"{strategy:>16}", unit="step", disable=not progress,
-               leave=True)
+    bar = progress_bar(total=spec.steps, desc=f"{strategy:>16}", unit="step",
+                       quiet=not progress, leave=True)
     started = time.perf_counter()
     stall = "-"
     try:

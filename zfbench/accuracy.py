@@ -94,7 +94,7 @@ def engine_config(variant: str, args) -> dict:
 
 def run_one(module, init, variant, seed, args, train_data, heldout_batches):
     import torch
-    from tqdm import tqdm
+    from zfbench.core.progress import progress
 
     import zfbench.real as real
     from zfbench.real import hf_model as hm
@@ -109,7 +109,7 @@ def run_one(module, init, variant, seed, args, train_data, heldout_batches):
     data = iter(train_data)
     losses = []
     started = time.perf_counter()
-    bar = tqdm(range(args.steps), desc=f"{variant:>18} s{seed}", unit="step", file=sys.stderr)
+    bar = progress(range(args.steps), desc=f"{variant:>18} s{seed}", unit="step")
     try:
         for _ in bar:
             ids, labels = next(data)

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-from tqdm import tqdm
+from zfbench.core.progress import progress
 
 from zfbench.analysis import plot_measured as pm
 from zfbench.analysis import plot_sweeps as ps
@@ -376,8 +376,8 @@ def main(argv: list[str] | None = None) -> int:
                                 budget_s=budget):
             print(note, file=sys.stderr)
     data = FigureData(data_dir, measured, meta(plan))
-    outcomes = [draw_one(spec, data, out, plan.png_dpi) for spec in tqdm(
-        specs, desc="drawing", unit="fig", disable=args.quiet, file=sys.stderr)]
+    outcomes = [draw_one(spec, data, out, plan.png_dpi) for spec in progress(
+        specs, desc="drawing", unit="fig", quiet=args.quiet)]
     write_index(out, plan, outcomes, str(measured))
     for o in outcomes:
         status = {"drawn": ", ".join(o.files), "missing": "MISSING DATA: " + o.text,

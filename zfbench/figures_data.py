@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import pandas as pd
-from tqdm import tqdm
+from zfbench.core.progress import progress
 
 from zfbench.sims.costs import SimSettings
 from zfbench.sims.simulator import simulate
@@ -64,8 +63,7 @@ def generate(data_dir: Path, stale: list[Dataset], quiet: bool) -> None:
     dataset's files (through a rename) and its spec last."""
     data_dir.mkdir(parents=True, exist_ok=True)
     total = sum(len(ds.jobs) for ds in stale)
-    bar = tqdm(total=total, desc="simulating", unit="run", disable=quiet or not total,
-               file=sys.stderr)
+    bar = progress(total=total, desc="simulating", unit="run", quiet=quiet or not total)
     for ds in stale:
         parts: dict[str, list[pd.DataFrame]] = {}
         if ds.direct is not None:

@@ -111,7 +111,7 @@ def batches(args, seed: int):
 
 def record(args, random_init: bool, steps: int, desc: str):
     import torch
-    from tqdm import tqdm
+    from zfbench.core.progress import progress
 
     import zfbench.real as real
     from zfbench.real.gradcapture import GradCapture
@@ -129,7 +129,7 @@ def record(args, random_init: bool, steps: int, desc: str):
                       detail_fn=detail_rows(args.topk_ratio))
     data = batches(args, args.seed)
     try:
-        for step in tqdm(range(steps), desc=desc, unit="step", file=sys.stderr):
+        for step in progress(range(steps), desc=desc, unit="step"):
             ids, labels = next(data)
             loss = engine(ids, labels)
             engine.backward(loss)

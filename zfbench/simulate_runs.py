@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import sys
 import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Callable
 
-from tqdm import tqdm
+from zfbench.core.progress import progress
 
 from zfbench.sims.costs import SimSettings
 from zfbench.sims.simulator import simulate, steps_needed
@@ -104,27 +103,26 @@ def run(cases: list[tuple[dict, SimSettings]], strategies: list[str], quiet: boo
     def progress_bar():  # made after any fork: its monitor thread is not forked
         if helper:  # likewise: workers never see a half-done import
             helper.start()
-        return tqdm(total=len(tasks), disable=quiet, desc="simulating", unit="run",
-                    file=sys.stderr)
+        return progress(total=len(tasks), quiet=quiet, desc="simulating", unit="run")
 
     if jobs > 1 and len(tasks) > 1:
         order = sorted(range(len(tasks)), key=lambda i: -pilot_cost(*tasks[i][1:])) \
             if len(tasks) > jobs else range(len(tasks))
         with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=_context()) as pool:
             futures = {pool.submit(_one, *tasks[i], plan, False): i for i in order}
-            progress = progress_bar()
+            bar = progress_bar()
             for future in as_completed(futures):
                 i = futures[future]
                 done[i] = future.result()
-                progress.set_postfix_str(_name(tasks[i]))
-                progress.update()
+                bar.set_postfix_str(_name(tasks[i]))
+                bar.update()
     else:
-        progress = progress_bar()
+        bar = progress_bar()
         for i, task in enumerate(tasks):
-            progress.set_postfix_str(_name(task))
+            bar.set_postfix_str(_name(task))
             done[i] = _one(*task, plan, True)
-            progress.update()
-    progress.close()
+            bar.update()
+    bar.close()
     if helper:
         helper.join()
     rows, results, outcomes = [], {}, iter(done)
