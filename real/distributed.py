@@ -26,6 +26,8 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import socket
+import time
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +51,7 @@ class DistContext:
     lo: int = 0
     hi: int = 0
     shard: int = 0  # padded shard size: world * shard >= total
+    peers: list | None = None  # every rank's (host name, process id), gathered at join
 
     @property
     def active(self) -> bool:
@@ -81,7 +84,7 @@ def init_from_env(use_cuda: bool, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistC
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
     host_group = dist.new_group(backend="gloo", timeout=timeout)
-    return DistContext(rank, world, local, backend, dist.group.WORLD, host_group)
+    return _with_peers(DistContext(rank, world, local, backend, dist.group.WORLD, host_group))
 
 
 def from_process_group() -> DistContext:
@@ -92,7 +95,50 @@ def from_process_group() -> DistContext:
     local = int(os.environ.get("LOCAL_RANK", rank))
     backend = dist.get_backend()
     host_group = dist.new_group(backend="gloo") if world > 1 else None
-    return DistContext(rank, world, local, str(backend), dist.group.WORLD, host_group)
+    return _with_peers(DistContext(rank, world, local, str(backend), dist.group.WORLD,
+                                   host_group))
+
+
+def _with_peers(ctx: DistContext) -> DistContext:
+    """`ctx` knowing every rank's host and process id, so that a failed collective can
+    name the rank that died (`dead_ranks`)."""
+    if ctx.world > 1:
+        peers: list = [None] * ctx.world
+        dist.all_gather_object(peers, (socket.gethostname(), os.getpid()), group=ctx.group)
+        ctx.peers = peers
+    return ctx
+
+
+def dead_ranks(ctx: DistContext) -> list[int]:
+    """The ranks known to have died: those on this host whose process is gone (a rank on
+    another host cannot be looked at from here)."""
+    if not ctx.peers:
+        return []
+    here = socket.gethostname()
+    mine = [(rank, pid) for rank, (host, pid) in enumerate(ctx.peers)
+            if rank != ctx.rank and host == here]
+    for _ in range(10):  # a peer's socket closes as it exits: give the exit a moment
+        gone = [rank for rank, pid in mine if not _alive(pid)]
+        if gone:
+            return gone
+        time.sleep(0.1)
+    return []
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (an exited child its parent has not reaped yet, a
+    zombie, counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def join_launch(use_cuda: bool) -> DistContext:
@@ -125,8 +171,12 @@ def _run(ctx: DistContext, op: str, fn):
     try:
         return fn()
     except RuntimeError as err:  # gloo / NCCL: a peer closed its connection or timed out
-        raise DistributedError(f"rank {ctx.rank}/{ctx.world}: collective {op} failed "
-                               f"(another rank died or timed out): {err}") from err
+        gone = dead_ranks(ctx)
+        who = (f"rank {', '.join(map(str, gone))} died" if gone else
+               "another rank died or timed out")
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise DistributedError(f"rank {ctx.rank}/{ctx.world}: collective {op} failed: {who}"
+                               f" ({first_line})") from err
 
 
 def allreduce_mean_(ctx: DistContext, tensor: torch.Tensor) -> None:
