@@ -14,6 +14,8 @@ and host jobs limited by their rank's cores and by the DRAM bandwidth the transf
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from heapq import heappush
 from typing import Callable, Sequence
@@ -140,8 +142,12 @@ class FluidPool:
         self._advance()
         still, still_keys = [], []
         now, queue, eid = self.env._now, self._queue, self._eid
+        # a job whose time left is below what the clock can still add to `now` is done:
+        # past ~8192 s the float spacing exceeds 1e-12 s, and such a job's timer would
+        # fire at the same `now` forever (issue 26)
+        resolution = max(1e-12, 2 * math.ulp(now))
         for job, key in zip(self.active, self._keys):
-            if job.remaining <= _REL_EPS * job.amount or job.remaining / job.rate < 1e-12:
+            if job.remaining <= _REL_EPS * job.amount or job.remaining / job.rate < resolution:
                 job.remaining = 0.0
                 done = job.done  # done.succeed(), inlined: only the pool triggers it
                 done._ok, done._value = True, None

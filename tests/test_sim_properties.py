@@ -247,3 +247,23 @@ def test_same_input_same_output_and_vocabulary(s, strategy):
             assert "allreduce" in ops
     else:
         assert "net" not in set(spans["lane"])
+
+
+@pytest.mark.parametrize("now_s", [0.0, 16666.0, 3e6])
+def test_a_job_shorter_than_the_clock_resolution_completes(now_s):
+    """Issue 26: at t = 16666 s a job with 1.5e-12 s of work left (below the clock's
+    spacing there, 3.6e-12 s) re-armed its timer at the same `now` forever; it completes,
+    and a normal job still takes its time."""
+    import simpy
+
+    from zfbench.sims.fluid import FluidPool, Job
+
+    env = simpy.Environment(initial_time=now_s)
+    pool = FluidPool(env, lambda jobs: [1.0] * len(jobs))
+    tiny, normal = pool.run(Job("host", 0, 1.5e-12)), pool.run(Job("host", 0, 0.25))
+    for _ in range(100):  # a bounded number of events, not a spin
+        if tiny.triggered and normal.triggered:
+            break
+        env.step()
+    assert tiny.triggered and normal.triggered
+    assert env.now == pytest.approx(now_s + 0.25, abs=1e-9)
