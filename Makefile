@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test figures bench clean gpu-check wheels stability
+.PHONY: setup demo test figures bench clean gpu-check wheels stability conformance
 
 setup: $(STAMP)
 
@@ -30,6 +30,13 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
+
+# DeepSpeed's own ZenFlow unit tests ported to zfbench (tests/conformance), with the
+# `deepspeed` extra (DeepSpeed 0.19.5) installed so the tests that check DeepSpeed itself
+# run too; `make test` skips those cleanly when the extra is absent.
+conformance: setup
+	$(PY) -m pip install --quiet -e '.[deepspeed]'
+	$(PY) -m pytest -q tests/conformance
 
 # Figures 1-9 are simulated; 10-14 are measured on this machine when their files are
 # missing (validate, and SmolLM2 gradient statistics and accuracy: the real-model extra).

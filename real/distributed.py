@@ -23,6 +23,7 @@ the others fail with an error instead of waiting forever.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import math
 import os
@@ -83,6 +84,10 @@ def init_from_env(use_cuda: bool, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistC
     timeout = datetime.timedelta(seconds=timeout_s)
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+        # the group is ours: take it down before the interpreter's teardown, where gloo's
+        # threads, still joinable, abort the process ("terminate called without an
+        # active exception") in a script that never calls destroy_process_group
+        atexit.register(shutdown)
     host_group = dist.new_group(backend="gloo", timeout=timeout)
     return _with_peers(DistContext(rank, world, local, backend, dist.group.WORLD, host_group))
 

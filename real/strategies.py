@@ -150,11 +150,6 @@ class Strategy:
         e.gather_params(self.upload, t)
         return True
 
-    def _clip_device_grads(self) -> None:
-        clip = self.e.config.gradient_clipping
-        if clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, clip)
-
     def _device_adam(self, params, grads, ms, vs, steps, scratch=None) -> None:
         o = self.opt
         adamw_foreach_(params, grads, ms, vs, steps, lr=o.lr, beta1=o.betas[0],
@@ -188,8 +183,9 @@ class DeviceStrategy(Strategy):
         with self.B.op("compute", "device_optim", t, reads=(e.flat_grads,),
                        writes=(e.flat_params, e.flat_grads)):
             clip = e.config.gradient_clipping
-            if clip > 0:  # the global L2 norm over every gradient, as per parameter
-                torch.nn.utils.clip_grad_norm_([e.flat_grads], clip)
+            if clip > 0:  # clip_grad_norm_'s rule on the flat buffer (all-reduced: whole)
+                norm = torch.linalg.vector_norm(e.flat_grads, dtype=torch.float32)
+                e.flat_grads.mul_(torch.clamp(clip / (norm + 1e-6), max=1.0))
             self.count += 1
             grads = [e.flat_grads]
             if self.grads32 is not None:

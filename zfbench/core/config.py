@@ -266,12 +266,6 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
         raise ConfigError("zero_optimization.stage", "got 3; zfbench implements ZeRO "
                           "stages up to 2 (expected 0, 1 or 2)")
     stage = _int(stage, "zero_optimization.stage", 0, 2)
-    for section in ("offload_optimizer", "zenflow"):
-        if section in zero and not isinstance(zero[section], dict):
-            raise ConfigError(f"zero_optimization.{section}", f"got {zero[section]!r}; "
-                              f"expected a JSON object (e.g. "
-                              + ('{"device": "cpu"}' if section == "offload_optimizer"
-                                 else '{"topk_ratio": 0.1}') + ")")
     off = zero.get("offload_optimizer", {})
     dev_key = "zero_optimization.offload_optimizer.device"
     if off.get("device") == "nvme":

@@ -115,9 +115,10 @@ KEY_RULES: dict[str, KeyRule] = {
     "gradient_predivide_factor": _refused("zfbench averages after one all-reduce; remove "
                                           "it or set it to 1.0", lambda v: v == 1.0),
     "gradient_allreduce_op": _refused(
-        "zfbench averages the gradients over ranks (DeepSpeed's default 'mean'); 'sum' is "
-        "not implemented (DeepSpeed refuses it with ZenFlow too): remove it or set it to "
-        "'mean'", lambda v: isinstance(v, str) and v.lower() == "mean"),
+        "zfbench averages the gradients over ranks ('mean', the default of DeepSpeed "
+        "versions that have the key; 0.19.5 has none, later ones refuse 'sum' with "
+        "ZenFlow); 'sum' is not implemented: remove it or set it to 'mean'",
+        lambda v: isinstance(v, str) and v.lower() == "mean"),
     "sparse_gradients": _refused("sparse embedding gradients are not implemented; remove "
                                  "it or set it to false", _is_false),
     "data_types": _ignored("zfbench accumulates gradients in the model's dtype"),
@@ -141,6 +142,12 @@ KEY_RULES: dict[str, KeyRule] = {
     "zero_optimization.offload_optimizer.pipeline_write": _ignored(_NVME),
     "zero_optimization.offload_optimizer.pipeline": _ignored(_NVME),
     "zero_optimization.offload_optimizer.fast_init": _ignored(_NVME),
+    "zero_optimization.offload_optimizer.super_offload": _refused(
+        "DeepSpeed's SuperOffload is not implemented; remove it or set it to false",
+        _is_false),
+    "zero_optimization.offload_optimizer.cpuadam_cores_perc": _ignored(
+        "the share of cores DeepSpeed's CPU Adam binds; zfbench splits a rank's cores "
+        "evenly, or by zenflow.pt_reserved_cores_perc"),
     "zero_optimization.offload_param": _refused("parameter offload is ZeRO-3; zfbench "
                                                 "implements stages 0-2: remove it"),
     "zero_optimization.zenflow": _applied("ZenFlow's knobs (docs/config_keys.md)",
@@ -172,6 +179,15 @@ KEY_RULES: dict[str, KeyRule] = {
     "zero_optimization.stage3_gather_16bit_weights_on_model_save": _ignored(_STAGE3),
     "zero_optimization.stage3_gather_fp16_weights_on_model_save": _ignored(_STAGE3),
     "zero_optimization.memory_efficient_linear": _ignored(_STAGE3),
+    **{f"zero_optimization.{k}": _ignored(_STAGE3) for k in (
+        "stage3_model_persistence_threshold", "stage3_module_granularity_threshold",
+        "stage3_use_all_reduce_for_fetch_params", "stage3_allgather_sequential",
+        "override_module_apply", "leaf_module",
+        # the spellings without the stage3_ prefix DeepSpeed also accepts
+        "prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters",
+        "max_reuse_distance", "gather_16bit_weights_on_model_save",
+        "model_persistence_threshold", "module_granularity_threshold",
+        "use_all_reduce_for_fetch_params", "allgather_sequential")},
     "zero_optimization.zero_hpz_partition_size": _refused(
         "ZeRO++ hierarchical partitioning is not implemented; remove it or set it to 1",
         lambda v: v == 1),
@@ -183,6 +199,30 @@ KEY_RULES: dict[str, KeyRule] = {
         _is_false),
     "zero_optimization.cpu_offload": _refused("the pre-0.3.16 spelling; write "
                                               "offload_optimizer: {device: 'cpu'} instead"),
+    "zero_optimization.cpu_offload_param": _refused(
+        "the pre-0.3.16 spelling of offload_param (ZeRO-3, not implemented): remove it",
+        _is_false),
+    "zero_optimization.cpu_offload_use_pin_memory": _refused(
+        "the pre-0.3.16 spelling; write offload_optimizer: {pin_memory: ...} instead",
+        _is_false),
+    "zero_optimization.legacy_stage1": _ignored("selects DeepSpeed's old stage-1 code; "
+                                                "zfbench has one implementation"),
+    "zero_optimization.zero_quantized_nontrainable_weights": _refused(
+        "ZeRO++ quantized weights are not implemented; remove it or set it to false",
+        _is_false),
+    "zero_optimization.zeropp_loco_param": _refused(
+        "ZeRO++ LoCo gradient compression is not implemented; remove it",
+        lambda v: v is None),
+    "zero_optimization.mics_shard_size": _refused(
+        "MiCS sharding is not implemented; remove it or set it to -1", lambda v: v == -1),
+    "zero_optimization.mics_hierarchical_params_gather": _refused(
+        "MiCS sharding is not implemented; remove it or set it to false", _is_false),
+    "zero_optimization.pipeline_loading_checkpoint": _ignored("checkpoint loading with "
+                                                              "pipeline parallelism only"),
+    "zero_optimization.log_trace_cache_warnings": _ignored(_LOGGING),
+    "zero_optimization.enable_sanity_checks": _ignored("DeepSpeed's own debug checks"),
+    "zero_optimization.save_muon_momentum_buffer_in_memory": _ignored(
+        "only read with the Muon optimizer, which zfbench refuses"),
     # ---- things the model or the script would have to call
     "activation_checkpointing": _ignored("only acts when the model calls "
                                          "deepspeed.checkpointing; zfbench's models do not "
@@ -236,6 +276,9 @@ ZENFLOW_NOTES = {
 }
 for _name, _note in ZENFLOW_NOTES.items():
     KEY_RULES[f"zero_optimization.zenflow.{_name}"] = _applied(_note)
+KEY_RULES["zero_optimization.zenflow.steps_per_epoch"] = _ignored(
+    "DeepSpeed fills it itself (internal); zfbench takes steps_per_epoch from the engine's "
+    "argument")
 KEY_RULES["zero_optimization.zenflow.offload"] = _refused(
     "keeping the device-side moments of the selected columns in host memory (streamed in "
     "and out every step) is not implemented, in the engine or the simulator; DeepSpeed "
@@ -259,6 +302,12 @@ def triage(d: dict, prefix: str = "") -> tuple[dict, list[str]]:
         rule = KEY_RULES.get(full)
         if rule is None:
             raise _unknown(full, str(key), _children(prefix))
+        if value is None:  # null: not given, as DeepSpeed reads its optional fields
+            continue
+        if rule.section and not isinstance(value, dict) and rule.treatment != IGNORED:
+            hint = (' (DeepSpeed\'s pre-0.3 true / false: write {"stage": 1} or '
+                    '{"stage": 0})' if full == "zero_optimization" else "")
+            raise ConfigError(full, f"got {value!r}; expected a JSON object{hint}")
         if rule.treatment == IGNORED:
             notes.append(f"{full}: ignored ({rule.note})")
             continue
