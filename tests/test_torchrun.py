@@ -68,7 +68,6 @@ def check_ranks(out: Path, world: int, reference: dict) -> None:
                     (strategy, r, name, (p - want[name]).abs().max())
 
 
-@pytest.mark.slow
 def test_a_torchrun_script_that_creates_its_group_trains_one_model(tmp_path):
     """2 ranks on one node; the script calls init_process_group itself, as most do."""
     out = tmp_path / "run"
