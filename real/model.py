@@ -39,7 +39,7 @@ __all__ = ["DecoderLM", "build_model", "norm_eps", "rope_theta", "apply_rotary",
            "count_parameters"]
 
 INIT_STD = 0.02
-_SLICE = re.compile(r"\[\d+L\]$", re.IGNORECASE)
+_SLICE = re.compile(r"(?:\[[^\[\]]*\])+$")  # slice suffixes: [2L], [w0.125], [1L][w0.125]
 
 # Upstream config.json values, by base-name prefix (first match wins).
 # meta-llama/Llama-2-*-hf: rms_norm_eps 1e-5, rope_theta 10000.

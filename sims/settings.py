@@ -208,8 +208,14 @@ def _check_int(settings: SimSettings, name: str, minimum: int) -> None:
         raise SimSettingsError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
-def _base(name: str) -> str:
-    return name.split("[")[0]
+def _same_width(measured: str, shape: models.ModelShape) -> bool:
+    """Whether a profile measured on model `measured` holds for `shape`: the same base
+    model at the same width (any depth)."""
+    try:
+        found = models.get_model(measured)
+    except ValueError:
+        return False
+    return found.base == shape.base and found.width_ratio == shape.width_ratio
 
 
 def load_calibration(path: str, shape: models.ModelShape) -> tuple[hardware.Node, dict]:
@@ -223,8 +229,8 @@ def load_calibration(path: str, shape: models.ModelShape) -> tuple[hardware.Node
     if cal is None:
         raise SimSettingsError(f"{path}: no 'calibration' section; make one with "
                                f"python -m zfbench.run --profile --out DIR")
-    if _base(cal["model"]) != _base(shape.name):
+    if not _same_width(cal["model"], shape):
         raise SimSettingsError(f"{path} was measured on {cal['model']}; simulate the same "
-                               f"model (any --layers), not {shape.name}: per-block times do "
-                               f"not carry across widths")
+                               f"model at the same width (any --layers), not {shape.name}: "
+                               f"per-block times do not carry across widths")
     return node, cal

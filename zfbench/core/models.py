@@ -23,13 +23,37 @@ Conventions
   The backward pass is taken as 2x the forward (gradient w.r.t. inputs plus
   gradient w.r.t. weights), the usual "6N" training convention.
 
+Slices (proxies small enough to measure)
+---------------------------------------
+A named model can be cut in depth, in width, or both; the slice is a
+``ModelShape`` whose ``name`` says how, and :func:`get_model` parses it back:
+
+* ``llama2-7b[2L]``: :meth:`ModelShape.with_layers` -- the first 2 decoder
+  layers at full width (embedding and head kept whole);
+* ``llama2-7b[w0.125]``: :meth:`ModelShape.with_width` -- every layer, at 1/8 of
+  the width: heads, hidden, intermediate, vocabulary (and OPT's word-embedding
+  projection) all scaled by the fraction, ``head_dim`` kept, so every matrix
+  (embedding and LM head included) shrinks by about ``fraction**2`` and the mix of
+  parameters between embedding, layers and head stays the same;
+* ``llama2-7b[1L][w0.125]``: both (depth first in canonical names; :func:`get_model`
+  also takes ``[w0.125][1L]``).  One bracket per item and no commas, colons or
+  ``=``, so a name survives the comma-separated lists of ``--sweep model=...`` and
+  ``bench/ds_wallclock.py --shapes name:batch:seq``, and ``name.split("[")[0]``
+  is still its base.
+
+The slice knows the model it was cut from (:attr:`ModelShape.base`), so a run can
+say what it measured (:meth:`ModelShape.slice_summary`).
+
 Pure python: no torch import, so analysis and simulation code can use it.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from numbers import Real
 
 __all__ = [
     "UnknownModelError",
@@ -40,6 +64,7 @@ __all__ = [
     "MODELS",
     "get_model",
     "model_names",
+    "parse_model_name",
 ]
 
 MATRIX_KINDS = (
@@ -146,6 +171,9 @@ class ModelShape:
     max_positions: int = 0
     word_embed_proj_dim: int = 0
     final_norm: bool = True
+    # The whole named model this shape is a slice of (None: it is a whole model). Set by
+    # with_layers / with_width; not part of equality (the name and the dimensions are).
+    sliced_from: ModelShape | None = field(default=None, repr=False, compare=False, hash=False)
     _blocks: tuple = field(default=(), init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -166,7 +194,31 @@ class ModelShape:
             raise ValueError(f"model {self.name!r}: opt style needs max_positions (learned positions)")
         if self.style == "llama" and self.max_positions:
             raise ValueError(f"model {self.name!r}: rotary (llama-style) models have max_positions 0")
+        self._check_slice()
         object.__setattr__(self, "_blocks", tuple(self._build_blocks()))
+
+    def _check_slice(self) -> None:
+        """Keep ``sliced_from`` truthful: a shape renamed (``dataclasses.replace``) away
+        from its base's slice names becomes a model of its own; one that keeps a slice
+        name must have the dimensions that slice has."""
+        base = self.sliced_from
+        if base is None:
+            return
+        if not isinstance(base, ModelShape):
+            raise TypeError(f"model {self.name!r}: sliced_from must be a ModelShape, got {type(base).__name__}")
+        base = base.base
+        object.__setattr__(self, "sliced_from", base)
+        root = _strip_suffix(base.name)
+        if not self.name.startswith(root + "["):
+            object.__setattr__(self, "sliced_from", None)
+            return
+        want = {**_width_dims(base, self.heads), "layers": min(self.layers, base.layers)}
+        want.update({k: getattr(base, k) for k in _KEPT_BY_SLICES})
+        got = {k: getattr(self, k) for k in want}
+        if got != want:
+            diff = ", ".join(f"{k} {got[k]} (expected {want[k]})" for k in want if got[k] != want[k])
+            raise ValueError(f"model {self.name!r}: not a slice of {base.name} ({diff}); make slices with "
+                             f"with_layers / with_width, or give the shape a name of its own")
 
     # ------------------------------------------------------------------ shape
     @property
@@ -271,15 +323,233 @@ class ModelShape:
         return 2.0 * self.forward_flops_per_token(seq)
 
     # ------------------------------------------------------------------ slicing
+    @property
+    def base(self) -> ModelShape:
+        """The whole named model this shape is a slice of (itself when it is not a slice)."""
+        return self.sliced_from if self.sliced_from is not None else self
+
+    @property
+    def is_slice(self) -> bool:
+        return self.sliced_from is not None
+
+    @property
+    def width_fraction(self) -> float:
+        """This shape's width relative to :attr:`base`: ``hidden / base.hidden``, exactly
+        ``heads / base.heads`` (1.0 for a whole-width shape)."""
+        return self.hidden / self.base.hidden
+
+    @property
+    def width_ratio(self) -> Fraction:
+        """:attr:`width_fraction` as an exact fraction (``Fraction(1, 8)``)."""
+        return Fraction(self.heads, self.base.heads)
+
+    @property
+    def param_fraction(self) -> float:
+        """``total_params`` relative to :attr:`base`'s (1.0 for a whole model)."""
+        return self.total_params / self.base.total_params
+
+    def slice_summary(self) -> str:
+        """One line saying what this shape is relative to its base, e.g.
+        ``"llama2-7b at 1 of 32 layers and 1/8 width: 0.108% of its parameters
+        (7.26M of 6.74B)"``."""
+        base = self.base
+        if not self.is_slice:
+            return f"{self.name}: the whole model ({_count(self.total_params)} parameters)"
+        depth = f"all {base.layers} layers" if self.layers == base.layers else \
+            f"{self.layers} of {base.layers} layers"
+        width = "full width" if self.heads == base.heads else f"{self.width_ratio} width"
+        pct = 100.0 * self.param_fraction
+        return (f"{_strip_suffix(base.name)} at {depth} and {width}: {pct:.3g}% of its parameters "
+                f"({_count(self.total_params)} of {_count(base.total_params)})")
+
+    def _slice_parts(self) -> tuple[int | None, int]:
+        """``(layers named in the name or None, heads)`` of this shape, for re-slicing."""
+        if not self.is_slice:
+            return _legacy_depth(self.name), self.heads
+        _, depth, _ = parse_model_name(self.name)
+        return depth, self.heads
+
     def with_layers(self, n: int) -> "ModelShape":
-        """The same model at full width but only ``n`` decoder layers (named ``name[nL]``)."""
+        """The same model at this shape's width but only ``n`` decoder layers.
+
+        Named ``<base>[<n>L]`` (``<base>[<n>L][w<f>]`` on a width slice); ``n`` is
+        1..``self.layers``.  ``s.with_layers(n).with_width(f) ==
+        s.with_width(f).with_layers(n)``, names included.
+        """
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.layers:
             raise ValueError(f"{self.name}: layers must be an integer in 1..{self.layers}, got {n!r}")
-        base = _SLICE_RE.sub("", self.name)
-        return replace(self, name=f"{base}[{n}L]", layers=n)
+        return _make_slice(self.base, n, self.heads)
+
+    def with_width(self, fraction: float) -> ModelShape:
+        """The same architecture at ``fraction`` of the base model's width.
+
+        The number of attention heads is scaled by ``fraction`` and rounded half up
+        (``head_dim`` is kept, so ``hidden = heads * head_dim``); the realised width
+        ``r = heads' / heads`` (:attr:`width_fraction`) then scales the vocabulary,
+        the intermediate size and OPT's word-embedding projection (each rounded half
+        up), so every matrix, embedding and LM head included, shrinks by about
+        ``r**2`` and the shares of embedding, layers and head in the parameters stay
+        the same.  K/V heads keep the query-per-K/V-head grouping where it divides,
+        else the divisor of the new head count nearest to it (``heads % kv_heads ==
+        0``, at least 1).  Learned positions (OPT) keep their count (they bound the
+        sequence length), so that table shrinks by ``r`` only.
+
+        ``fraction`` is relative to :attr:`base` (not compounded on a slice) and
+        must be in (0, 1] and leave at least one head (``>= 0.5 / heads``).  A
+        fraction that rounds to the base's head count gives the full width.  The
+        name states the realised width: ``<base>[w<r>]``, ``<base>[<n>L][w<r>]``
+        with a depth slice (``r`` to 4 significant digits, e.g.
+        ``llama2-7b[w0.125]``, ``qwen2.5-0.5b[w0.07143]`` for 1 of 14 heads).
+        """
+        base = self.base
+        root = _strip_suffix(base.name)
+        if isinstance(fraction, bool) or not isinstance(fraction, Real) or not math.isfinite(fraction) \
+                or not 0 < fraction <= 1:
+            raise ValueError(f"{root}: width fraction must be a number in (0, 1], got {fraction!r}; e.g. "
+                             f"with_width(0.125) or get_model('{root}[w0.125]') for 1/8 of its width")
+        heads = math.floor(float(fraction) * base.heads + 0.5)
+        if heads < 1:
+            least = _format_width(1, base.heads)
+            raise ValueError(f"{root}: width fraction {fraction!r} leaves {fraction * base.heads:.3g} of its "
+                             f"{base.heads} attention heads (head_dim {base.head_dim} is kept); use a fraction "
+                             f"of at least {least} (one head), e.g. {root}[w{least}]")
+        dims = _width_dims(base, heads)
+        if dims["word_embed_proj_dim"] < 1 or (base.word_embed_proj_dim != base.hidden and
+                                              dims["word_embed_proj_dim"] == dims["hidden"]):
+            raise ValueError(f"{root}: width fraction {fraction!r} leaves no room for its word-embedding "
+                             f"projection ({base.word_embed_proj_dim} of hidden {base.hidden}); use a larger "
+                             f"fraction")
+        depth, _ = self._slice_parts()
+        return _make_slice(base, self.layers if depth is None else depth, heads, depth is not None)
 
 
-_SLICE_RE = re.compile(r"\[(\d+)L\]$", re.IGNORECASE)
+# Fields a slice copies from its base unchanged (the rest are width dims or layers).
+_KEPT_BY_SLICES = ("style", "tied_embeddings", "qkv_bias", "linear_bias", "norm", "max_positions",
+                   "final_norm")
+_SUFFIX_RE = re.compile(r"(?:\[[^\[\]]*\])+$")  # the trailing bracket groups
+_GROUP_RE = re.compile(r"\[([^\[\]]*)\]")
+_DEPTH_ITEM = re.compile(r"(\d+)L", re.IGNORECASE)
+_WIDTH_ITEM = re.compile(r"w((?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?)", re.IGNORECASE)
+_SLICE_SYNTAX = "<model>[<n>L], <model>[w<fraction>] or <model>[<n>L][w<fraction>], e.g. llama2-7b[1L][w0.125]"
+
+
+def _count(n: int) -> str:
+    """A parameter count in three significant digits: ``7.26M``, ``6.74B``, ``26.8K``."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
+
+
+def _round_ratio(x: int, num: int, den: int) -> int:
+    """``x * num / den`` rounded half up, in integers (deterministic)."""
+    return (2 * x * num + den) // (2 * den)
+
+
+def _width_dims(base: ModelShape, heads: int) -> dict:
+    """The width dimensions of ``base`` cut to ``heads`` attention heads (see ``with_width``)."""
+    n = base.heads
+    hidden = heads * base.head_dim
+    if base.kv_heads == n:
+        kv = heads
+    else:  # the divisor of `heads` nearest to heads * kv / n (ties: the larger)
+        kv = min((d for d in range(1, heads + 1) if heads % d == 0),
+                 key=lambda d: (abs(d * n - heads * base.kv_heads), -d))
+    proj = hidden if base.word_embed_proj_dim == base.hidden else \
+        _round_ratio(base.word_embed_proj_dim, heads, n)
+    return {"heads": heads, "kv_heads": kv, "hidden": hidden, "vocab": _round_ratio(base.vocab, heads, n),
+            "intermediate": _round_ratio(base.intermediate, heads, n), "word_embed_proj_dim": proj}
+
+
+def _format_width(heads: int, base_heads: int) -> str:
+    """The shortest of 4+ significant digits that names ``heads / base_heads`` unambiguously."""
+    for digits in range(4, 18):
+        text = format(heads / base_heads, f".{digits}g")
+        if math.floor(float(text) * base_heads + 0.5) == heads:
+            return text
+    raise AssertionError(f"cannot name width {heads}/{base_heads}")  # pragma: no cover
+
+
+def _slice_name(root: str, depth: int | None, heads: int, base_heads: int) -> str:
+    items = ([f"{depth}L"] if depth is not None else []) + \
+        ([f"w{_format_width(heads, base_heads)}"] if heads != base_heads else [])
+    return root + "".join(f"[{item}]" for item in items)
+
+
+def _make_slice(base: ModelShape, layers: int, heads: int, depth_named: bool = True) -> ModelShape:
+    """``base`` at ``layers`` layers and ``heads`` heads; the whole ``base`` when neither is cut
+    and no depth is named."""
+    if not depth_named and layers == base.layers and heads == base.heads:
+        return base
+    name = _slice_name(_strip_suffix(base.name), layers if depth_named else None, heads, base.heads)
+    dims = _width_dims(base, heads) if heads != base.heads else {}
+    return replace(base, name=name, layers=layers, sliced_from=base, **dims)
+
+
+def _strip_suffix(name: str) -> str:
+    """``name`` without a trailing slice suffix it may carry (a hand-made ``x[2L]``)."""
+    m = _SUFFIX_RE.search(name)
+    if m is None:
+        return name
+    try:
+        _parse_suffix(m.group(0), name)
+    except ValueError:
+        return name
+    return name[: m.start()]
+
+
+def _legacy_depth(name: str) -> int | None:
+    """Depth named by a hand-made (unsliced) shape's ``[nL]`` suffix, else None."""
+    m = _SUFFIX_RE.search(name)
+    if m is None:
+        return None
+    try:
+        return _parse_suffix(m.group(0), name)[0]
+    except ValueError:
+        return None
+
+
+def _parse_suffix(suffix: str, name: str) -> tuple[int | None, float | None]:
+    """``(depth, width)`` of a suffix of bracket groups (``"[1L][w0.125]"``)."""
+    depth = width = None
+    for item in _GROUP_RE.findall(suffix):
+        item = item.strip()
+        depth_m, width_m = _DEPTH_ITEM.fullmatch(item), _WIDTH_ITEM.fullmatch(item)
+        if (depth_m and depth is not None) or (width_m and width is not None):
+            raise UnknownModelError(f"model {name!r}: malformed slice suffix {suffix} (the "
+                                    f"{'depth' if depth_m else 'width'} is given twice); write {_SLICE_SYNTAX}")
+        if depth_m:
+            depth = int(depth_m.group(1))
+        elif width_m:
+            width = float(width_m.group(1))
+        else:
+            raise UnknownModelError(f"model {name!r}: malformed slice suffix {suffix} (item [{item}]); "
+                                    f"write {_SLICE_SYNTAX}")
+    return depth, width
+
+
+def parse_model_name(name: str) -> tuple[str, int | None, float | None]:
+    """Split a model name into ``(base, layers, width)``: ``"llama2-7b[1L][w0.125]"`` ->
+    ``("llama2-7b", 1, 0.125)``, ``"llama2-7b"`` -> ``("llama2-7b", None, None)``.
+
+    The suffix is ``[<n>L]``, ``[w<fraction>]`` or both, one bracket each, in either
+    order (case and spaces ignored).  The base is not looked up; a malformed suffix
+    (or a ``[`` without one) raises :class:`UnknownModelError`.
+    """
+    if not isinstance(name, str):
+        raise UnknownModelError(f"model name must be a string, got {name!r}")
+    text = name.strip()
+    m = _SUFFIX_RE.search(text)
+    if m is None:
+        if "[" in text or "]" in text:
+            raise UnknownModelError(f"model {name!r}: malformed slice suffix; write {_SLICE_SYNTAX}")
+        return text, None, None
+    base = text[: m.start()].strip()
+    if not base or "[" in base or "]" in base:
+        raise UnknownModelError(f"model {name!r}: malformed slice suffix; write {_SLICE_SYNTAX}")
+    depth, width = _parse_suffix(m.group(0), name)
+    return base, depth, width
+
 
 MODELS: dict[str, ModelShape] = {
     m.name: m
@@ -322,13 +592,31 @@ def model_names() -> list[str]:
 
 
 def get_model(name: str) -> ModelShape:
-    """Look a model up by name; ``"<name>[<n>L]"`` gives its ``with_layers(n)`` slice."""
-    key = name.strip().lower() if isinstance(name, str) else name
+    """Look a model up by name, slices included (case and surrounding spaces ignored):
+
+    * ``"<model>"``: the whole model of :data:`MODELS`;
+    * ``"<model>[<n>L]"``: its ``with_layers(n)`` depth slice;
+    * ``"<model>[w<fraction>]"``: its ``with_width(fraction)`` width slice;
+    * ``"<model>[<n>L][w<fraction>]"``: both (``[w<fraction>][<n>L]`` also accepted).
+
+    ``get_model(s.name) == s`` for every slice ``s`` of a built-in model.  An unknown
+    base model or a malformed suffix raises :class:`UnknownModelError` (a
+    ``ValueError``); a depth or width out of range, ``ValueError`` from the slicer.
+    """
+    if not isinstance(name, str):
+        raise UnknownModelError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+    key = name.strip().lower()
     if key in MODELS:
         return MODELS[key]
-    if isinstance(key, str):
-        m = _SLICE_RE.search(key)
-        base = key[: m.start()] if m else None
-        if m and base in MODELS:
-            return MODELS[base].with_layers(int(m.group(1)))
-    raise UnknownModelError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+    base, depth, width = parse_model_name(name)
+    base = base.lower()
+    if base not in MODELS:
+        raise UnknownModelError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}"
+                                + (" (with an optional slice suffix: [<n>L], [w<fraction>] or "
+                                   "[<n>L][w<fraction>])" if (depth, width) != (None, None) else ""))
+    shape = MODELS[base]
+    if width is not None:
+        shape = shape.with_width(width)
+    if depth is not None:
+        shape = shape.with_layers(depth)
+    return shape
