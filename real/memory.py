@@ -134,6 +134,27 @@ def machine_need(shape: ModelShape, strategy: str, batch: int, seq: int, elem_by
     return MemoryEstimate(device, host)
 
 
+# a suggested slice fits in this share of the memory available now, so that it still fits
+# when the machine's other processes have taken some by the time it runs (judgment: the
+# available memory of a shared 24 GiB machine was seen to move by 0.4 GiB in a minute)
+SUGGESTION_SHARE = 0.8
+
+
+def fitting_width_slice(shape: ModelShape, fits) -> ModelShape | None:
+    """The widest slice of `shape` at a power-of-two width fraction (down to one attention
+    head) of which some depth `fits`, at the greatest such depth; None if none does."""
+    base = shape.base
+    heads = base.heads
+    while heads > 1:
+        heads //= 2
+        narrow = shape.with_width(heads / base.heads)
+        depth = next((n for n in range(narrow.layers, 0, -1)
+                      if fits(narrow.with_layers(n))), None)
+        if depth is not None:
+            return narrow.with_layers(depth)
+    return None
+
+
 def check_fits(shape: ModelShape, strategies: list[str], batch: int, seq: int,
                elem_bytes: int, use_cuda: bool, topk_ratio: float = TOPK_RATIO,
                host_bytes: float | None = None, device_bytes: float | None = None,
@@ -154,20 +175,24 @@ def check_fits(shape: ModelShape, strategies: list[str], batch: int, seq: int,
     def machine_total(m: MemoryEstimate) -> float:  # emulated: every rank's device in RAM
         return m.device_bytes * ranks + m.host_bytes
 
-    def fits(s: ModelShape) -> bool:
+    def fits(s: ModelShape, share: float = 1.0) -> bool:
+        """Whether every strategy fits in `share` of the memory available."""
         for strategy in strategies:
             m = need(s, strategy)
             if dev_avail is None:  # emulated accelerator: one pool of RAM
-                if machine_total(m) > host_avail:
+                if machine_total(m) > share * host_avail:
                     return False
-            elif m.device_bytes > dev_avail or m.host_bytes > host_avail:
+            elif m.device_bytes > share * dev_avail or m.host_bytes > share * host_avail:
                 return False
         return True
 
     if fits(shape):
         return
+
+    def suggestable(s: ModelShape) -> bool:  # still fits when others take some memory
+        return fits(s, SUGGESTION_SHARE)
     worst = max((need(shape, s) for s in strategies), key=machine_total)
-    fitting = [n for n in range(shape.layers, 0, -1) if fits(shape.with_layers(n))]
+    fitting = [n for n in range(shape.layers, 0, -1) if suggestable(shape.with_layers(n))]
     where = ("device %.1f GiB needed, %.1f GiB free; host %.1f GiB needed, %.1f GiB "
              "available" % (worst.device_bytes / GIB, dev_avail / GIB, worst.host_bytes / GIB,
                             host_avail / GIB)) if dev_avail is not None else \
@@ -175,9 +200,12 @@ def check_fits(shape: ModelShape, strategies: list[str], batch: int, seq: int,
          "available" % (machine_total(worst) / GIB,
                         f"; {ranks} ranks, each with its own replica" if ranks > 1 else "",
                         host_avail / GIB))
-    hint = (f"--layers {fitting[0]} would fit" + (f" with {ranks} ranks" if ranks > 1
-                                                  else "") if fitting else
-            "not even one layer fits: use a smaller --batch/--seq or a smaller model" +
-            (", or fewer --gpus" if ranks > 1 else ""))
+    with_ranks = f" with {ranks} ranks" if ranks > 1 else ""
+    narrow = None if fitting else fitting_width_slice(shape, suggestable)
+    hint = (f"--layers {fitting[0]} would fit{with_ranks}" if fitting else
+            f"not even one layer fits at full width; the width slice --model "
+            f"'{narrow.name}' would ({narrow.slice_summary()}){with_ranks}" if narrow else
+            "not even one layer of one attention head fits: use a smaller --batch/--seq "
+            "or a smaller model" + (", or fewer --gpus" if ranks > 1 else ""))
     raise InsufficientMemoryError(f"{shape.name} with {', '.join(strategies)} does not fit: "
                                   f"{where}. {hint}.")

@@ -31,7 +31,8 @@ GB/s, host Adam G parameters/s, PCIe bytes over model bytes, achieved TFLOP/s, M
 on the CPU lane: no datasheet peak), whether it fits; then the loss.
 
 Before anything is allocated the memory need is estimated and a run that cannot fit is
-refused with the numbers and the `--layers` that would fit. Files written to `--out`:
+refused with the numbers and the `--layers` (or, where no full-width layer fits, the
+width slice `--model 'NAME[1L][wF]'`) that would fit. Files written to `--out`:
 `summary.csv`/`.json` (the simulator's columns, zfbench.report.SUMMARY_COLUMNS, plus the
 loss, skipped steps and threads; summary.json says what mfu and fits were measured
 against), `steps.csv` (the per-step breakdown of every strategy, rank and step, as the
