@@ -352,8 +352,10 @@ class Engine:
         path = directory / self.checkpoint_name
         tmp = directory / (self.checkpoint_name + ".tmp")
         marker = directory / COMPLETE_MARKER
-        if self.dist.active and self.dist.rank == 0:
-            marker.unlink(missing_ok=True)  # an older set is being replaced
+        if self.dist.active:  # an older set is being replaced: unmarked before any file
+            if self.dist.rank == 0:
+                marker.unlink(missing_ok=True)
+            barrier(self.dist, "save_checkpoint")
         torch.save(state, tmp)
         os.replace(tmp, path)
         if self.dist.active:  # the set is whole only once every rank's file is in place
