@@ -50,10 +50,12 @@ Pure python: no torch import, so analysis and simulation code can use it.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from numbers import Real
+
+from zfbench.core.model_names import (UnknownModelError, format_width, legacy_depth,
+                                        parse_model_name, slice_name, strip_suffix)
 
 __all__ = [
     "UnknownModelError",
@@ -72,10 +74,6 @@ MATRIX_KINDS = (
     "embedding", "position", "proj", "lm_head", "other",
 )
 BLOCK_KINDS = ("embedding", "decoder", "head")
-
-
-class UnknownModelError(ValueError):
-    """Raised by :func:`get_model` for a name not in :data:`MODELS`."""
 
 
 @dataclass(frozen=True)
@@ -208,7 +206,7 @@ class ModelShape:
             raise TypeError(f"model {self.name!r}: sliced_from must be a ModelShape, got {type(base).__name__}")
         base = base.base
         object.__setattr__(self, "sliced_from", base)
-        root = _strip_suffix(base.name)
+        root = strip_suffix(base.name)
         if not self.name.startswith(root + "["):
             object.__setattr__(self, "sliced_from", None)
             return
@@ -359,13 +357,13 @@ class ModelShape:
             f"{self.layers} of {base.layers} layers"
         width = "full width" if self.heads == base.heads else f"{self.width_ratio} width"
         pct = 100.0 * self.param_fraction
-        return (f"{_strip_suffix(base.name)} at {depth} and {width}: {pct:.3g}% of its parameters "
+        return (f"{strip_suffix(base.name)} at {depth} and {width}: {pct:.3g}% of its parameters "
                 f"({_count(self.total_params)} of {_count(base.total_params)})")
 
     def _slice_parts(self) -> tuple[int | None, int]:
         """``(layers named in the name or None, heads)`` of this shape, for re-slicing."""
         if not self.is_slice:
-            return _legacy_depth(self.name), self.heads
+            return legacy_depth(self.name), self.heads
         _, depth, _ = parse_model_name(self.name)
         return depth, self.heads
 
@@ -402,14 +400,14 @@ class ModelShape:
         ``llama2-7b[w0.125]``, ``qwen2.5-0.5b[w0.07143]`` for 1 of 14 heads).
         """
         base = self.base
-        root = _strip_suffix(base.name)
+        root = strip_suffix(base.name)
         if isinstance(fraction, bool) or not isinstance(fraction, Real) or not math.isfinite(fraction) \
                 or not 0 < fraction <= 1:
             raise ValueError(f"{root}: width fraction must be a number in (0, 1], got {fraction!r}; e.g. "
                              f"with_width(0.125) or get_model('{root}[w0.125]') for 1/8 of its width")
         heads = math.floor(float(fraction) * base.heads + 0.5)
         if heads < 1:
-            least = _format_width(1, base.heads)
+            least = format_width(1, base.heads)
             raise ValueError(f"{root}: width fraction {fraction!r} leaves {fraction * base.heads:.3g} of its "
                              f"{base.heads} attention heads (head_dim {base.head_dim} is kept); use a fraction "
                              f"of at least {least} (one head), e.g. {root}[w{least}]")
@@ -426,11 +424,7 @@ class ModelShape:
 # Fields a slice copies from its base unchanged (the rest are width dims or layers).
 _KEPT_BY_SLICES = ("style", "tied_embeddings", "qkv_bias", "linear_bias", "norm", "max_positions",
                    "final_norm")
-_SUFFIX_RE = re.compile(r"(?:\[[^\[\]]*\])+$")  # the trailing bracket groups
-_GROUP_RE = re.compile(r"\[([^\[\]]*)\]")
-_DEPTH_ITEM = re.compile(r"(\d+)L", re.IGNORECASE)
-_WIDTH_ITEM = re.compile(r"w((?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?)", re.IGNORECASE)
-_SLICE_SYNTAX = "<model>[<n>L], <model>[w<fraction>] or <model>[<n>L][w<fraction>], e.g. llama2-7b[1L][w0.125]"
+
 
 
 def _count(n: int) -> str:
@@ -461,94 +455,14 @@ def _width_dims(base: ModelShape, heads: int) -> dict:
             "intermediate": _round_ratio(base.intermediate, heads, n), "word_embed_proj_dim": proj}
 
 
-def _format_width(heads: int, base_heads: int) -> str:
-    """The shortest of 4+ significant digits that names ``heads / base_heads`` unambiguously."""
-    for digits in range(4, 18):
-        text = format(heads / base_heads, f".{digits}g")
-        if math.floor(float(text) * base_heads + 0.5) == heads:
-            return text
-    raise AssertionError(f"cannot name width {heads}/{base_heads}")  # pragma: no cover
-
-
-def _slice_name(root: str, depth: int | None, heads: int, base_heads: int) -> str:
-    items = ([f"{depth}L"] if depth is not None else []) + \
-        ([f"w{_format_width(heads, base_heads)}"] if heads != base_heads else [])
-    return root + "".join(f"[{item}]" for item in items)
-
-
 def _make_slice(base: ModelShape, layers: int, heads: int, depth_named: bool = True) -> ModelShape:
     """``base`` at ``layers`` layers and ``heads`` heads; the whole ``base`` when neither is cut
     and no depth is named."""
     if not depth_named and layers == base.layers and heads == base.heads:
         return base
-    name = _slice_name(_strip_suffix(base.name), layers if depth_named else None, heads, base.heads)
+    name = slice_name(strip_suffix(base.name), layers if depth_named else None, heads, base.heads)
     dims = _width_dims(base, heads) if heads != base.heads else {}
     return replace(base, name=name, layers=layers, sliced_from=base, **dims)
-
-
-def _strip_suffix(name: str) -> str:
-    """``name`` without a trailing slice suffix it may carry (a hand-made ``x[2L]``)."""
-    m = _SUFFIX_RE.search(name)
-    if m is None:
-        return name
-    try:
-        _parse_suffix(m.group(0), name)
-    except ValueError:
-        return name
-    return name[: m.start()]
-
-
-def _legacy_depth(name: str) -> int | None:
-    """Depth named by a hand-made (unsliced) shape's ``[nL]`` suffix, else None."""
-    m = _SUFFIX_RE.search(name)
-    if m is None:
-        return None
-    try:
-        return _parse_suffix(m.group(0), name)[0]
-    except ValueError:
-        return None
-
-
-def _parse_suffix(suffix: str, name: str) -> tuple[int | None, float | None]:
-    """``(depth, width)`` of a suffix of bracket groups (``"[1L][w0.125]"``)."""
-    depth = width = None
-    for item in _GROUP_RE.findall(suffix):
-        item = item.strip()
-        depth_m, width_m = _DEPTH_ITEM.fullmatch(item), _WIDTH_ITEM.fullmatch(item)
-        if (depth_m and depth is not None) or (width_m and width is not None):
-            raise UnknownModelError(f"model {name!r}: malformed slice suffix {suffix} (the "
-                                    f"{'depth' if depth_m else 'width'} is given twice); write {_SLICE_SYNTAX}")
-        if depth_m:
-            depth = int(depth_m.group(1))
-        elif width_m:
-            width = float(width_m.group(1))
-        else:
-            raise UnknownModelError(f"model {name!r}: malformed slice suffix {suffix} (item [{item}]); "
-                                    f"write {_SLICE_SYNTAX}")
-    return depth, width
-
-
-def parse_model_name(name: str) -> tuple[str, int | None, float | None]:
-    """Split a model name into ``(base, layers, width)``: ``"llama2-7b[1L][w0.125]"`` ->
-    ``("llama2-7b", 1, 0.125)``, ``"llama2-7b"`` -> ``("llama2-7b", None, None)``.
-
-    The suffix is ``[<n>L]``, ``[w<fraction>]`` or both, one bracket each, in either
-    order (case and spaces ignored).  The base is not looked up; a malformed suffix
-    (or a ``[`` without one) raises :class:`UnknownModelError`.
-    """
-    if not isinstance(name, str):
-        raise UnknownModelError(f"model name must be a string, got {name!r}")
-    text = name.strip()
-    m = _SUFFIX_RE.search(text)
-    if m is None:
-        if "[" in text or "]" in text:
-            raise UnknownModelError(f"model {name!r}: malformed slice suffix; write {_SLICE_SYNTAX}")
-        return text, None, None
-    base = text[: m.start()].strip()
-    if not base or "[" in base or "]" in base:
-        raise UnknownModelError(f"model {name!r}: malformed slice suffix; write {_SLICE_SYNTAX}")
-    depth, width = _parse_suffix(m.group(0), name)
-    return base, depth, width
 
 
 MODELS: dict[str, ModelShape] = {
