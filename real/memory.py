@@ -155,6 +155,63 @@ def fitting_width_slice(shape: ModelShape, fits) -> ModelShape | None:
     return None
 
 
+class MemoryCheck:
+    """Whether shapes fit this machine with `ranks` processes, every strategy of a run in
+    turn (they run one by one), and what the largest shape's need is: the predicate both
+    the refusal and `zfbench.run`'s choice of a proxy use."""
+
+    def __init__(self, strategies: list[str], batch: int, seq: int, elem_bytes: int,
+                 use_cuda: bool, topk_ratio: float = TOPK_RATIO,
+                 host_bytes: float | None = None, device_bytes: float | None = None,
+                 ranks: int = 1, baseline: float | None = None,
+                 bucketed: bool = False) -> None:
+        self.strategies, self.batch, self.seq = list(strategies), batch, seq
+        self.elem_bytes, self.topk_ratio, self.ranks = elem_bytes, topk_ratio, ranks
+        self.bucketed = bucketed
+        self.host_avail = available_host_bytes() if host_bytes is None else host_bytes
+        self.dev_avail = available_device_bytes(use_cuda, ranks) if device_bytes is None \
+            else device_bytes
+        if baseline is None:
+            baseline = process_baseline_bytes() if ranks > 1 else 0.0
+        self.baseline = baseline
+
+    def need(self, s: ModelShape, strategy: str) -> MemoryEstimate:
+        return machine_need(s, strategy, self.batch, self.seq, self.elem_bytes,
+                            self.topk_ratio, self.ranks, self.baseline, self.bucketed)
+
+    def machine_total(self, m: MemoryEstimate) -> float:
+        """Emulated accelerator: every rank's device replica lives in the host's RAM."""
+        return m.device_bytes * self.ranks + m.host_bytes
+
+    def fits(self, s: ModelShape, share: float = 1.0) -> bool:
+        """Whether every strategy fits in `share` of the memory available."""
+        for strategy in self.strategies:
+            m = self.need(s, strategy)
+            if self.dev_avail is None:  # emulated accelerator: one pool of RAM
+                if self.machine_total(m) > share * self.host_avail:
+                    return False
+            elif m.device_bytes > share * self.dev_avail or \
+                    m.host_bytes > share * self.host_avail:
+                return False
+        return True
+
+    def suggestable(self, s: ModelShape) -> bool:
+        """Fits with room to spare: still fits when others take some memory."""
+        return self.fits(s, SUGGESTION_SHARE)
+
+    def where(self, shape: ModelShape) -> str:
+        """Needed vs available for `shape`'s most demanding strategy, in words."""
+        worst = max((self.need(shape, s) for s in self.strategies), key=self.machine_total)
+        if self.dev_avail is not None:
+            return ("device %.1f GiB needed, %.1f GiB free; host %.1f GiB needed, %.1f GiB "
+                    "available" % (worst.device_bytes / GIB, self.dev_avail / GIB,
+                                   worst.host_bytes / GIB, self.host_avail / GIB))
+        return ("%.1f GiB needed (device and host share this machine's RAM%s), %.1f GiB "
+                "available" % (self.machine_total(worst) / GIB,
+                               f"; {self.ranks} ranks, each with its own replica"
+                               if self.ranks > 1 else "", self.host_avail / GIB))
+
+
 def check_fits(shape: ModelShape, strategies: list[str], batch: int, seq: int,
                elem_bytes: int, use_cuda: bool, topk_ratio: float = TOPK_RATIO,
                host_bytes: float | None = None, device_bytes: float | None = None,
@@ -162,50 +219,18 @@ def check_fits(shape: ModelShape, strategies: list[str], batch: int, seq: int,
                bucketed: bool = False) -> None:
     """Raise `InsufficientMemoryError` unless every strategy fits (they run one by one)
     with `ranks` processes on this machine."""
-    host_avail = available_host_bytes() if host_bytes is None else host_bytes
-    dev_avail = available_device_bytes(use_cuda, ranks) if device_bytes is None \
-        else device_bytes
-    if baseline is None:
-        baseline = process_baseline_bytes() if ranks > 1 else 0.0
-
-    def need(s: ModelShape, strategy: str) -> MemoryEstimate:
-        return machine_need(s, strategy, batch, seq, elem_bytes, topk_ratio, ranks,
-                            baseline, bucketed)
-
-    def machine_total(m: MemoryEstimate) -> float:  # emulated: every rank's device in RAM
-        return m.device_bytes * ranks + m.host_bytes
-
-    def fits(s: ModelShape, share: float = 1.0) -> bool:
-        """Whether every strategy fits in `share` of the memory available."""
-        for strategy in strategies:
-            m = need(s, strategy)
-            if dev_avail is None:  # emulated accelerator: one pool of RAM
-                if machine_total(m) > share * host_avail:
-                    return False
-            elif m.device_bytes > share * dev_avail or m.host_bytes > share * host_avail:
-                return False
-        return True
-
-    if fits(shape):
+    check = MemoryCheck(strategies, batch, seq, elem_bytes, use_cuda, topk_ratio,
+                        host_bytes, device_bytes, ranks, baseline, bucketed)
+    if check.fits(shape):
         return
-
-    def suggestable(s: ModelShape) -> bool:  # still fits when others take some memory
-        return fits(s, SUGGESTION_SHARE)
-    worst = max((need(shape, s) for s in strategies), key=machine_total)
-    fitting = [n for n in range(shape.layers, 0, -1) if suggestable(shape.with_layers(n))]
-    where = ("device %.1f GiB needed, %.1f GiB free; host %.1f GiB needed, %.1f GiB "
-             "available" % (worst.device_bytes / GIB, dev_avail / GIB, worst.host_bytes / GIB,
-                            host_avail / GIB)) if dev_avail is not None else \
-        ("%.1f GiB needed (device and host share this machine's RAM%s), %.1f GiB "
-         "available" % (machine_total(worst) / GIB,
-                        f"; {ranks} ranks, each with its own replica" if ranks > 1 else "",
-                        host_avail / GIB))
+    fitting = [n for n in range(shape.layers, 0, -1)
+               if check.suggestable(shape.with_layers(n))]
     with_ranks = f" with {ranks} ranks" if ranks > 1 else ""
-    narrow = None if fitting else fitting_width_slice(shape, suggestable)
+    narrow = None if fitting else fitting_width_slice(shape, check.suggestable)
     hint = (f"--layers {fitting[0]} would fit{with_ranks}" if fitting else
             f"not even one layer fits at full width; the width slice --model "
             f"'{narrow.name}' would ({narrow.slice_summary()}){with_ranks}" if narrow else
             "not even one layer of one attention head fits: use a smaller --batch/--seq "
             "or a smaller model" + (", or fewer --gpus" if ranks > 1 else ""))
     raise InsufficientMemoryError(f"{shape.name} with {', '.join(strategies)} does not fit: "
-                                  f"{where}. {hint}.")
+                                  f"{check.where(shape)}. {hint}.")

@@ -226,6 +226,8 @@ class CostModel:
     def accum_units_per_core_s(self) -> float:
         if self.calibration is not None:
             return self.calibration["host_accum_elems_per_s"] / self.node.host.cores
+        if self.settings.host_accum_per_core is not None:
+            return self.settings.host_accum_per_core
         return self.node.host.adam_params_per_s_per_core * ACCUM_SPEEDUP_OVER_ADAM_PER_CORE
 
     # -- net lane (ring collectives; NCCL busbw convention) ---------------------------

@@ -51,6 +51,11 @@ class SimSettings:
     pcie: str = "gen4"
     host: str = "epyc-7763-milan"
     host_cores: int | None = None
+    # Host gradient accumulation, elements/s per core (the node's DRAM bandwidth still caps
+    # the sum); None: the host's AdamW rate per core x zfbench.sims.costs.
+    # ACCUM_SPEEDUP_OVER_ADAM_PER_CORE (a judgment). `python -m zfbench.run` sets it from
+    # the rate it measured with the engine's kernel (zfbench.run_proxy).
+    host_accum_per_core: float | None = None
     net: str = "nvlink3"
     gpus_per_switch: int = 2
     micro_batch: int = 1
@@ -121,6 +126,9 @@ class SimSettings:
                                    f"choose one of: {', '.join(TRANSFER_MODES)}")
         if self.mfu is not None and not 0 < self.mfu <= 1:
             raise SimSettingsError(f"mfu must be in (0, 1], got {self.mfu}")
+        if self.host_accum_per_core is not None and not self.host_accum_per_core > 0:
+            raise SimSettingsError(f"host_accum_per_core must be > 0 (elements/s), got "
+                                   f"{self.host_accum_per_core}")
         if not self.bandwidth_scale > 0:
             raise SimSettingsError(f"bandwidth_scale must be > 0, got {self.bandwidth_scale}")
         try:  # one set of ZenFlow rules, shared with the engine's config

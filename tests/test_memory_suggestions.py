@@ -56,21 +56,49 @@ def test_llama2_7b_on_four_ranks_is_offered_a_width_slice():
 
 
 @pytest.mark.slow
-def test_the_suggestion_for_llama2_7b_on_four_ranks_runs(tmp_path):
-    """The mission's first command on this machine: refused, then the width slice it
-    names runs on 4 gloo ranks (2 steps of one strategy, to keep it short)."""
+def test_the_suggestion_for_a_chosen_slice_of_llama2_7b_on_four_ranks_runs(tmp_path):
+    """A slice the user chose (one full-width layer: 56 GiB on 4 ranks) is refused, and
+    the width slice the refusal names runs on 4 gloo ranks (2 steps of one strategy)."""
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "zfbench.run", "--model", "llama2-7b", "--gpus", "4",
-           "--quiet"]
+    cmd = [sys.executable, "-m", "zfbench.run", "--model", "llama2-7b", "--layers", "1",
+           "--gpus", "4", "--quiet"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if first.returncode == 0:
-        pytest.skip("llama2-7b fits on 4 ranks of this machine as it is")
+        pytest.skip("one layer of llama2-7b fits on 4 ranks of this machine as it is")
     named = re.search(r"--model '([^']+)' would", first.stderr)
     assert first.returncode == 2 and named, first.stderr
-    again = subprocess.run(cmd[:4] + [named.group(1)] + cmd[5:] + [
-        "--steps", "2", "--strategy", "zero-offload", "--out", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=600)
+    again = subprocess.run([sys.executable, "-m", "zfbench.run", "--model", named.group(1),
+                            "--gpus", "4", "--quiet", "--steps", "2", "--strategy",
+                            "zero-offload", "--out", str(tmp_path / "run")],
+                           capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert (tmp_path / "run" / "summary.csv").exists()
+
+
+@pytest.mark.slow
+def test_the_first_command_measures_a_proxy_on_four_ranks_and_projects_the_node(tmp_path):
+    """`python -m zfbench.run --model llama2-7b --gpus 4` (3 steps, to keep it short),
+    its output piped: a proxy that fits, every strategy on 4 gloo ranks, the projection
+    of llama2-7b whole, and a log without carriage returns."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "zfbench.run", "--model", "llama2-7b",
+                           "--gpus", "4", "--steps", "3", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "\r" not in done.stdout + done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    proxy = summary["proxy"]
+    assert proxy["model"] == "llama2-7b" and proxy["ranks"] == 4
+    assert get_model(proxy["measured"]).base == get_model("llama2-7b")
+    measured = [r for r in summary["rows"] if not r.get("projected")]
+    projected = [r for r in summary["rows"] if r.get("projected")]
+    assert {r["ranks"] for r in measured} == {4} and len(measured) == 4
+    assert {r["model"] for r in projected} == {"llama2-7b"} and len(projected) == 4
+    assert "regime_measured" in proxy and "regime_projected" in proxy
+    assert f"measuring the proxy {proxy['measured']}" in done.stderr

@@ -76,7 +76,7 @@ def test_too_little_memory_names_numbers_and_the_layers_that_fit():
 
 
 def test_memory_cli_refusal_for_a_full_size_model(capsys):
-    assert main(["--model", "opt-1.3b", "--seq", "64", "--quiet"]) == 2
+    assert main(["--model", "opt-1.3b", "--layers", "24", "--seq", "64", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "does not fit" in err and "GiB available" in err
     assert re.search(r"--layers \d+ would fit", err), err

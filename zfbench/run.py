@@ -30,9 +30,11 @@ prints (zfbench.report): step time, speedup, stall, exposed I/O, host wait, achi
 GB/s, host Adam G parameters/s, PCIe bytes over model bytes, achieved TFLOP/s, MFU (empty
 on the CPU lane: no datasheet peak), whether it fits; then the loss.
 
-Before anything is allocated the memory need is estimated and a run that cannot fit is
-refused with the numbers and the `--layers` (or, where no full-width layer fits, the
-width slice `--model 'NAME[1L][wF]'`) that would fit. Files written to `--out`:
+Before anything is allocated the memory need is estimated. A named model that cannot fit
+whole is measured through a proxy, a depth or width slice chosen by memory and a time
+budget, and projected whole onto the GPU node by the simulator (zfbench.run_proxy); a
+slice the user chose that cannot fit is refused with the numbers and the `--layers` (or,
+where no full-width layer fits, the width slice `--model 'NAME[1L][wF]'`) that would. Files written to `--out`:
 `summary.csv`/`.json` (the simulator's columns, zfbench.report.SUMMARY_COLUMNS, plus the
 loss, skipped steps and threads; summary.json says what mfu and fits were measured
 against), `steps.csv` (the per-step breakdown of every strategy, rank and step, as the
@@ -43,6 +45,8 @@ simulator writes it), `<strategy>.steps.jsonl` (one line per step), the timeline
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -126,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "hazard checker: every cross-lane buffer access must follow a "
                         "wait (prints accesses checked and hazards; exit 1 on a hazard)")
     p.add_argument("--quiet", action="store_true")
+    # the launcher's choice of a proxy (zfbench.run_proxy), handed to the ranks it starts
+    p.add_argument("--proxy-record", help=argparse.SUPPRESS)
     return p
 
 
@@ -230,10 +236,17 @@ def main(argv: list[str] | None = None) -> int:
         first = spec.engine_config(strategies[0])
         elem = element_bytes(first.precision)
         bucketed = buckets_on(first.precision, first.overlap_comm)
-        check_fits(shape, strategies, spec.batch, spec.seq, elem, use_cuda, ranks=world,
-                   bucketed=bucketed)
-        args.scenario = None
         given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+        args.proxy = json.loads(args.proxy_record) if args.proxy_record else None
+        try:
+            check_fits(shape, strategies, spec.batch, spec.seq, elem, use_cuda,
+                       ranks=world, bucketed=bucketed)
+        except InsufficientMemoryError as err:
+            if "--layers" in given or "[" in args.model or launched:
+                raise  # a slice the user chose, or ranks torchrun started: refuse
+            spec, shape, argv = measure_proxy(args, argv, spec, strategies, elem,
+                                              use_cuda, world, bucketed, err, given)
+        args.scenario = None
         if use_cuda and not given & set(SHAPE_FLAGS):  # a GPU-sized run, not the slice
             spec = gpu_sized(spec, strategies, world, args)
             shape, elem = spec.shape(), element_bytes(spec.precision)
@@ -253,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
             check_fits(shape, strategies, spec.batch, spec.seq, elem, use_cuda, ranks=world,
                        bucketed=bucketed)
             argv = argv + ["--precision", spec.precision]  # the same choice on every rank
+        if args.proxy is not None and not launched:  # the rates in the run's precision
+            from zfbench.run_proxy import measure_host_rates
+
+            args.proxy.update(measure_host_rates(shape.total_params, spec.precision or
+                                                 first.precision, args.proxy["threads"]))
+            argv = argv + ["--proxy-record", json.dumps(args.proxy)]
     except (ValueError, ConfigError, UnknownModelError, InsufficientMemoryError,
             RuntimeError, KeyError) as err:
         return fail(err)
@@ -270,6 +289,37 @@ def main(argv: list[str] | None = None) -> int:
     if launched:
         return run_rank(args, spec, shape, strategies, elem, use_cuda)
     return run_all(args, spec, shape, strategies, elem)
+
+
+def measure_proxy(args, argv, spec, strategies, elem, use_cuda, world, bucketed, err,
+                  given):
+    """The named model does not fit: (the RunSpec, shape and argv of the proxy that
+    `zfbench.run_proxy.choose_proxy` picks instead)."""
+    from zfbench.real.distributed import rank_threads
+    from zfbench.real.engine import default_thread_split
+    from zfbench.real.memory import MemoryCheck
+    from zfbench.real.scenario_probe import host_adam_params_per_s
+    from zfbench.run_proxy import PROXY_HOST_ADAM_S, choose_proxy, proxy_record
+
+    named = spec.shape()
+    threads = spec.host_threads or (rank_threads(world)[1] if world > 1
+                                    else default_thread_split()[1])
+    rate = host_adam_params_per_s(named.total_params, threads)
+    budget = PROXY_HOST_ADAM_S * rate
+    check = MemoryCheck(strategies, spec.batch, spec.seq, elem, use_cuda, ranks=world,
+                        bucketed=bucketed)
+    proxy, bound = choose_proxy(named, check.suggestable, budget)
+    if "--steps" not in given:
+        windows = [measurement_window(spec.engine_config(s, world)) for s in strategies]
+        skip = max(w[0] for w in windows)
+        spec.steps = skip + 2 * max(w[1] - w[0] for w in windows)
+    spec.model, spec.layers = proxy.name, None
+    why = str(err).split(": ", 1)[1].split(". ")[0]  # needed vs available
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    args.proxy = proxy_record(named, proxy, bound, {"budget_adam_params_per_s": rate,
+                              "threads": threads}, budget, why, world, cores, spec.steps)
+    return spec, proxy, argv + ["--model", proxy.name, "--steps", str(spec.steps)]
 
 
 def run_rank(args, spec, shape, strategies, elem, use_cuda) -> int:
@@ -297,6 +347,12 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
     configs = {s: spec.engine_config(s, ranks) for s in strategies}
     windows = {s: measurement_window(c) for s, c in configs.items()}
     skip = max(w[0] for w in windows.values())  # the same steps left out of every row
+    proxy = getattr(args, "proxy", None)
+    if lead and proxy is not None:
+        from zfbench.run_proxy import describe_proxy
+
+        for line in describe_proxy(proxy, spec.batch, spec.seq):
+            print(line, file=sys.stderr)
     if lead:
         print(f"{shape.name}: {shape.total_params / 1e6:.1f}M parameters, {ranks} rank(s) x "
               f"batch {spec.batch} x seq {spec.seq}, {spec.steps} optimizer steps per "
@@ -352,8 +408,11 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
                   f"{projected[0]['model']} at full depth")
             print(format_table(projected))
             rows.extend({**r, "projected": True} for r in projected)
+    if proxy is not None:
+        rows.extend(print_projection(proxy, configs, strategies, ranks, rows))
     if args.out:
         meta = {"settings": run_settings(spec, shape, ranks, args),
+                **({"proxy": proxy} if proxy is not None else {}),
                 "configs": {s: c.as_dict() for s, c in configs.items()},
                 "column_notes": {"mfu": mfu_note, "fits": MEMORY_NOTE},
                 **provenance(args.argv, "python -m zfbench.run")}
@@ -361,6 +420,36 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
         print(f"wrote {args.out}/summary.csv, summary.json, steps.csv, per-step JSONL, "
               f"spans and trace.json (open in https://ui.perfetto.dev)")
     return 0
+
+
+def print_projection(proxy: dict, configs: dict, strategies: list[str], ranks: int,
+                     measured: list[dict]) -> list[dict]:
+    """The named model whole on the default GPU node, simulated (zfbench.run_proxy), with
+    what carried over from this run; its rows, for summary.csv."""
+    from zfbench.run_proxy import project_to_node, regime, what_bounds
+
+    rows, node = project_to_node(proxy, configs, strategies, ranks)
+    proxy["projection"] = node
+    print(f"\nPROJECTED (simulated, not measured): {proxy['model']} whole "
+          f"({proxy['of_params'] / 1e9:.2f}B parameters) on {node['gpus']} x {node['gpu']}, "
+          f"PCIe {node['pcie']}, host {node['host']}, batch {node['micro_batch']} x seq "
+          f"{node['seq']}, {node['precision']}; GPU, link and host rates from the presets "
+          f"(zfbench/data/hardware.json, each with its source)")
+    print(f"  from this run: host accumulation {node['host_accum_per_core'] / 1e9:.2f} G "
+          f"elements/s per core, measured here with the engine's kernel on "
+          f"{proxy['threads']} thread(s) (the preset would assume "
+          f"{node['preset_host_accum_per_core'] / 1e9:.2f}); the node's DRAM still caps it")
+    here = {r["strategy"]: r for r in measured}
+    there = {r["strategy"]: r for r in rows}
+    if "zero-offload" in here and "zero-offload" in there:
+        proxy["regime_measured"] = regime(here["zero-offload"], proxy["params"])
+        proxy["regime_projected"] = regime(there["zero-offload"], proxy["of_params"])
+        print(f"  regime: host AdamW / forward+backward per ZeRO-Offload step "
+              f"{proxy['regime_measured']:.2f}x measured on the proxy, "
+              f"{proxy['regime_projected']:.2f}x simulated on the node")
+        print(what_bounds(here["zero-offload"], there["zero-offload"]))
+    print(format_table(rows))
+    return rows
 
 
 def engine_on_cuda(spec: RunSpec) -> bool:

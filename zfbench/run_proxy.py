@@ -1,0 +1,189 @@
+"""What `python -m zfbench.run` measures when the named model cannot be measured whole
+here, and what it then says about the whole model on a GPU node.
+
+`llama2-7b` on 4 ranks of a 24 GiB machine without a GPU needs about 800 GiB: every rank
+holds a replica. Instead of refusing, the run measures a proxy, a slice of the named
+model (zfbench.core.models: `with_layers`, `with_width`), and says so in its first lines
+and in summary.json (`proxy`):
+
+- **Which slice.** Full width first, then each power-of-two width down to one attention
+  head; at each width the greatest depth that fits memory with room to spare
+  (zfbench.real.memory.MemoryCheck.suggestable) and whose parameters stay within the time
+  budget. A width slice shrinks every matrix, embedding and head included, by about the
+  square of the width (vocabulary and MLP too), so the shares of embedding, layers and
+  head in the parameters, and with them the per-parameter ratios of compute, host
+  optimizer work and bytes copied, stay those of the same depth at full width.
+- **The time budget.** The proxy's parameters are at most `PROXY_HOST_ADAM_S` seconds of
+  host AdamW at the rate measured here, on one rank's host threads, before the run
+  (`measure_host_rates`, with the engine's own kernels: zfbench.real.rate_probe). A
+  judgment: on gloo ranks that share the CPU, a whole offloaded step took 10-40x its host
+  AdamW alone (the collectives dominate: an AMD EPYC Zen 4 with 2 cores, 4 ranks,
+  llama2-7b[1L][w0.25], 29 M parameters: 0.5 s per zero-offload step, the whole run of
+  four strategies 48 s; at [w0.5], 116 M parameters, 5 s per step), so 0.1 s keeps four
+  strategies within a few minutes on a 2-core machine (there, on 2026-11-25: 1.4 G params/s
+  measured on one thread gave llama2-7b[4L][w0.25], 67 M parameters, and the whole command
+  took 2 minutes; 0.6 G params/s, measured while other work shared the cores, gave
+  [7L][w0.125] at half the budget, 70 s).
+- **Steps.** Unless --steps is given, the steps left out as every strategy's warm-up plus
+  two of the longest measurement window (zfbench.run_report.measurement_window): 16 with
+  ZenFlow's update interval 4.
+
+After the measured table, `project_to_node` simulates the named model whole on a GPU
+node (`SimSettings`' defaults: 4 x A100-80GB, PCIe gen4, an EPYC 7763 host, micro-batch 1
+x 1024 tokens, bf16, with the run's ranks and ZenFlow knobs). What carries over from this
+machine is stated beside it: host gradient accumulation's rate per core, measured here
+with the engine's kernel (a streaming add, bound by one core's memory traffic much as on
+the node's server cores; the node's DRAM bandwidth still caps the sum, and without a
+measurement the simulator takes a judgment), and the regime (host AdamW over forward+backward per step)
+measured on the proxy next to the one simulated on the node. Every other number of the
+projection comes from the node's presets (zfbench/data/hardware.json, each with its
+source): a CPU cannot measure a GPU.
+
+Part of the command `python -m zfbench.run`: like the command, it imports real/, sims/
+(docs/design.md's arrows).
+"""
+from __future__ import annotations
+
+from zfbench.core.models import ModelShape
+
+PROXY_HOST_ADAM_S = 0.1  # seconds of host AdamW per step the proxy may need (judgment)
+# the probe's tensors: at most this many elements (the kernels are memory-bound: linear)
+RATE_PROBE_ELEMS = 1 << 23
+
+
+def measure_host_rates(params: int, precision: str, threads: int) -> dict:
+    """Host AdamW parameters/s and host accumulation elements/s on `threads` threads, with
+    the functions the engine calls (zfbench.real.rate_probe.RateProbe), over at most
+    RATE_PROBE_ELEMS elements."""
+    from zfbench.real.flat import device_dtype
+    from zfbench.real.rate_probe import RateProbe
+
+    probe = RateProbe(min(int(params), RATE_PROBE_ELEMS), device_dtype(precision), threads)
+    try:
+        rates = probe.measure(repeats=3)
+    finally:
+        probe.close()
+    return {"host_adam_params_per_s": rates["host_adam_params_per_s"],
+            "host_accum_elems_per_s": rates["host_accum_elems_per_s"],
+            "threads": threads, "elements": probe.total}
+
+
+def _widths(shape: ModelShape) -> list[float]:
+    """1, 1/2, 1/4, ... of the base's heads, down to one head."""
+    heads, out = shape.base.heads, [1.0]
+    while heads > 1:
+        heads //= 2
+        out.append(heads / shape.base.heads)
+    return out
+
+
+def choose_proxy(shape: ModelShape, fits, budget_params: float) -> tuple[ModelShape, str]:
+    """(the slice to measure, what bounded it: "memory" or "time"). The widest width at
+    which some depth `fits` (memory, with room) within `budget_params`, at the greatest
+    such depth; where no slice is within the budget, the smallest that fits (its run
+    is then longer than the budget) and "memory"."""
+    bound = "memory"
+    smallest = None
+    for fraction in _widths(shape):
+        narrow = shape.base if fraction == 1.0 else shape.base.with_width(fraction)
+        for depth in range(shape.base.layers, 0, -1):
+            candidate = narrow.with_layers(depth)
+            if not fits(candidate):
+                continue
+            smallest = candidate
+            if candidate.total_params <= budget_params:
+                return candidate, bound
+            bound = "time"
+    if smallest is None:
+        raise ValueError(f"{shape.name}: not even one layer of one attention head fits "
+                         f"this machine; use a smaller --batch/--seq or fewer --gpus")
+    return smallest, "memory"
+
+
+def proxy_record(named: ModelShape, proxy: ModelShape, bound: str, rates: dict,
+                 budget_params: float, why: str, ranks: int, cores: int,
+                 steps: int) -> dict:
+    """What summary.json keeps under `proxy` (and the header prints)."""
+    return {"model": named.name, "measured": proxy.name, "layers": proxy.layers,
+            "of_layers": named.base.layers, "width_fraction": float(proxy.width_ratio),
+            "params": proxy.total_params, "of_params": named.base.total_params,
+            "bound_by": bound, "why": why, "ranks": ranks, "cores": cores,
+            "steps": steps, "budget_params": budget_params,
+            "budget_host_adam_s": PROXY_HOST_ADAM_S, **rates}
+
+
+def describe_proxy(r: dict, batch: int, seq: int) -> list[str]:
+    """The header's lines on what is measured instead of the named model, and why."""
+    width = r["width_fraction"]
+    at = "full width" if width == 1 else (
+        f"{width:g} of the width (every matrix, embedding and head included: about "
+        f"{width * width:.3g} of its parameters)")
+    return [
+        f"{r['model']} cannot be measured whole here: {r['why']}",
+        f"measuring the proxy {r['measured']}: {r['layers']} of {r['of_layers']} layers at "
+        f"{at}"
+        f", {r['params'] / 1e6:.1f}M of {r['of_params'] / 1e9:.2f}B parameters, batch "
+        f"{batch} x seq {seq} tokens per rank, {r['ranks']} rank(s) sharing {r['cores']} "
+        f"core(s), {r['steps']} steps per strategy",
+        f"  chosen as the largest slice that fits memory with room to spare and needs at "
+        f"most {r['budget_host_adam_s']:g} s of host AdamW per step at the "
+        f"{r['host_adam_params_per_s'] / 1e6:.0f}M params/s measured here on "
+        f"{r['threads']} thread(s) ({r['budget_params'] / 1e6:.0f}M parameters; bound by "
+        f"{r['bound_by']})"]
+
+
+def regime(row: dict, params: float) -> float:
+    """Host AdamW over forward+backward in one step of a zero-offload row: each rank's
+    shard at the row's host AdamW rate, over the row's compute seconds."""
+    host_s = params / row["ranks"] / row["host_adam_params_per_s"]
+    return host_s / row["compute_s"]
+
+
+def project_to_node(record: dict, configs: dict, strategies: list[str],
+                    ranks: int) -> tuple[list[dict], dict]:
+    """Simulate the named model whole on the default GPU node with the run's ranks and
+    ZenFlow knobs, host accumulation at the measured rate ratio: (one row per strategy,
+    the settings and what carried over)."""
+    from zfbench.report import add_speedups
+    from zfbench.sims.costs import CostModel, SimSettings
+    from zfbench.sims.simulator import simulate, steps_needed
+    from zfbench.simulate_report import summary_row
+
+    per_core = record["host_accum_elems_per_s"] / record["threads"]
+    zf = configs["zenflow"].zenflow if "zenflow" in configs else None
+    knobs = {} if zf is None else {"topk_ratio": zf.topk_ratio, "update_interval":
+                                   zf.update_interval, "overlap_step": zf.overlap_step}
+    if zf is not None and isinstance(zf.select_interval, int):
+        knobs["select_interval"] = zf.select_interval  # "auto": the simulator's default
+    settings = SimSettings(model=record["model"], gpus=ranks, host_accum_per_core=per_core,
+                           **knobs)
+    settings = settings.with_(steps=max(settings.steps, steps_needed(settings)))
+    rows = [{**summary_row(simulate(settings, s)), "model": record["model"],
+             "projected": True} for s in strategies]
+    add_speedups(rows)
+    node = {"gpu": settings.gpu, "gpus": settings.gpus, "pcie": settings.pcie,
+            "host": settings.host, "micro_batch": settings.micro_batch,
+            "seq": settings.seq, "precision": settings.precision,
+            "select_interval": settings.select_interval,
+            "host_accum_per_core": per_core,
+            "preset_host_accum_per_core": CostModel(settings.with_(
+                host_accum_per_core=None)).accum_units_per_core_s}
+    return rows, node
+
+
+def what_bounds(here: dict, there: dict) -> str:
+    """One sentence from two zero-offload rows (measured on the proxy, simulated on the
+    node): which part of the stall each is made of, so the gain ZenFlow can show on
+    each reads from the numbers (it hides the host's wait, not the exposed transfers and
+    collectives)."""
+    def parts(row: dict) -> str:
+        return (f"{row['stall_fraction']:.0%} of its {row['step_time_s']:.3g} s step stalls: "
+                f"{row['exposed_io_s']:.3g} s exposed transfers and collectives, "
+                f"{row['host_wait_s']:.3g} s waiting for the host")
+    side = "the host's wait" if there["host_wait_s"] > there["exposed_io_s"] else \
+        "the exposed transfers"
+    lead = ("the host wait ZenFlow hides" if here["host_wait_s"] > here["exposed_io_s"]
+            else "transfers and collectives (on ranks that share the CPU, gloo's), which "
+                 "ZenFlow shortens but does not hide")
+    return (f"  what bounds ZenFlow's gain: here ZeRO-Offload's {parts(here)}, so {lead} "
+            f"bound the measured gain; on the node its {parts(there)}, mostly {side}")
