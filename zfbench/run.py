@@ -28,7 +28,12 @@ AVX2-only AMD EPYC bf16 backward ran 8x slower than fp32, which is why the preci
 measured. Then the breakdown table is printed, the same table `python -m zfbench.simulate`
 prints (zfbench.report): step time, speedup, stall, exposed I/O, host wait, achieved link
 GB/s, host Adam G parameters/s, PCIe bytes over model bytes, achieved TFLOP/s, MFU (empty
-on the CPU lane: no datasheet peak), whether it fits; then the loss.
+on the CPU lane: no datasheet peak), whether it fits; then the loss. Then (the no-flag
+run, or any one-rank run with --profile) this machine's profile is measured and the
+simulator's expectation for it is printed beside each measured strategy: step, stall,
+exposed I/O and host wait, measured | simulated, the lanes' threads and rates, and
+whether ZenFlow's step reached 0.8x ZeRO-Offload's or why not (zfbench.run_expect; kept
+in summary.json as `simulated_here`).
 
 Before anything is allocated the memory need is estimated. A named model that cannot fit
 whole is measured through a proxy, a depth or width slice chosen by memory and a time
@@ -119,8 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="measure this machine's costs (per-block forward/backward, device "
                         "optimizer, selection, d2h/h2d alone and together, host Adam and "
-                        "accumulation) and write OUT/profile.json for "
-                        "python -m zfbench.simulate --profile")
+                        "accumulation), write OUT/profile.json for "
+                        "python -m zfbench.simulate --profile and, on one rank, print the "
+                        "simulator's expectation with it beside the measured rows")
     p.add_argument("--project", action="store_true",
                    help="run the --layers slice, calibrate, and report beside it the "
                         "simulated full-depth step time and stall of each strategy "
@@ -400,19 +406,30 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
         return 0
     add_speedups(rows)
     print(format_table(rows, loss=True))
-    if args.profile or args.project:
+    expect = ranks == 1 and (getattr(args, "scenario", None) is not None or args.profile)
+    if args.profile or args.project or expect:
         profile_path = write_profile(spec, args.out)
+        if expect:
+            rows_here = print_expectation(spec, configs, strategies, rows, profile_path)
+            if args.out:
+                args.expectation = rows_here
         if args.project:
             projected = project(spec, shape, strategies, profile_path)
             print(f"\nPROJECTED (simulated with the profile measured above, not measured): "
                   f"{projected[0]['model']} at full depth")
             print(format_table(projected))
             rows.extend({**r, "projected": True} for r in projected)
+    if ranks > 1 and not engine_on_cuda(spec):
+        print(f"\nsimulated for this machine: not shown for {ranks} ranks that share this "
+              f"CPU (the simulator gives every rank lanes of its own); a one-rank run "
+              f"(--gpus 1) prints it beside the measured table")
     if proxy is not None:
         rows.extend(print_projection(proxy, configs, strategies, ranks, rows))
     if args.out:
         meta = {"settings": run_settings(spec, shape, ranks, args),
                 **({"proxy": proxy} if proxy is not None else {}),
+                **({"simulated_here": args.expectation}
+                   if getattr(args, "expectation", None) else {}),
                 "configs": {s: c.as_dict() for s, c in configs.items()},
                 "column_notes": {"mfu": mfu_note, "fits": MEMORY_NOTE},
                 **provenance(args.argv, "python -m zfbench.run")}
@@ -420,6 +437,24 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
         print(f"wrote {args.out}/summary.csv, summary.json, steps.csv, per-step JSONL, "
               f"spans and trace.json (open in https://ui.perfetto.dev)")
     return 0
+
+
+def print_expectation(spec, configs: dict, strategies: list[str], measured: list[dict],
+                      profile_path: Path) -> list[dict]:
+    """The simulator's expectation for this machine beside each measured strategy
+    (zfbench.run_expect), what the lanes are, and whether ZenFlow reached its target."""
+    from zfbench.run_expect import (describe_lanes, expect_here, format_expectation,
+                                    side_by_side, verdict)
+
+    pairs = side_by_side(measured, expect_here(spec, configs, strategies, profile_path))
+    print(f"\nSIMULATED FOR THIS MACHINE (the profile just measured, {profile_path}), "
+          f"beside the measured run:")
+    print(format_expectation(pairs))
+    print("  " + describe_lanes(json.loads(Path(profile_path).read_text())))
+    said = verdict(pairs)
+    if said:
+        print("  " + said)
+    return pairs
 
 
 def print_projection(proxy: dict, configs: dict, strategies: list[str], ranks: int,

@@ -1,0 +1,64 @@
+"""The simulator's expectation for the machine that ran `zfbench.run`, beside the
+measured rows (zfbench/run_expect.py)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from zfbench.run_expect import format_expectation, side_by_side, verdict
+
+
+def row(strategy: str, step: float, stall: float, io: float, wait: float) -> dict:
+    return {"strategy": strategy, "step_time_s": step, "stall_fraction": stall,
+            "exposed_io_s": io, "host_wait_s": wait}
+
+
+MEASURED = [row("zero-offload", 0.70, 0.70, 0.10, 0.39), row("zenflow", 0.40, 0.12, 0.05, 0.0)]
+
+
+def test_side_by_side_pairs_each_part_and_the_ratios_to_zero_offload():
+    simulated = [row("zenflow", 0.32, 0.12, 0.04, 0.0), row("zero-offload", 0.64, 0.6, 0.08, 0.11)]
+    pairs = {p["strategy"]: p for p in side_by_side(MEASURED, simulated)}
+    zf = pairs["zenflow"]
+    assert zf["measured_step_time_s"] == 0.40 and zf["simulated_step_time_s"] == 0.32
+    assert zf["step_error_pct"] == pytest.approx(-20.0)
+    assert zf["measured_over_zero_offload"] == pytest.approx(0.40 / 0.70)
+    assert zf["simulated_over_zero_offload"] == pytest.approx(0.5)
+    assert pairs["zero-offload"]["simulated_host_wait_s"] == 0.11
+    text = format_expectation(list(pairs.values()))
+    assert "0.400|0.320" in text and "-20.0" in text
+
+
+def test_the_verdict_tells_reached_from_out_of_reach_from_slower_than_modelled():
+    def pairs(measured_zf: float, simulated_zf: float):
+        return side_by_side([row("zero-offload", 1.0, 0.5, 0.1, 0.4),
+                             row("zenflow", measured_zf, 0.1, 0.05, 0.0)],
+                            [row("zero-offload", 1.0, 0.5, 0.1, 0.4),
+                             row("zenflow", simulated_zf, 0.1, 0.05, 0.0)])
+    assert "within the 0.8x target" in verdict(pairs(0.6, 0.9))
+    assert "out of reach on this machine" in verdict(pairs(0.9, 0.85))
+    assert "slower than its model says" in verdict(pairs(0.9, 0.6))
+    alone = side_by_side([row("zenflow", 1.0, 0.1, 0.0, 0.0)],
+                         [row("zenflow", 1.0, 0.1, 0.0, 0.0)])
+    assert math.isnan(alone[0]["measured_over_zero_offload"]) and verdict(alone) is None
+
+
+@pytest.mark.slow
+def test_a_one_rank_profile_run_prints_and_keeps_the_simulated_expectation(tmp_path, capsys):
+    from zfbench.run import main
+
+    out = tmp_path / "run"
+    assert main(["--model", "tiny", "--layers", "1", "--steps", "14", "--device", "cpu",
+                 "--precision", "fp32", "--profile", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "SIMULATED FOR THIS MACHINE" in printed and "lanes here: device" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    here = {p["strategy"]: p for p in summary["simulated_here"]}
+    assert set(here) == {"device", "zero-offload", "zero-offload-dpu", "zenflow"}
+    measured = {r["strategy"]: r for r in summary["rows"]}
+    for strategy, pair in here.items():
+        assert pair["measured_step_time_s"] == measured[strategy]["step_time_s"]
+        assert pair["simulated_step_time_s"] > 0
+    assert (out / "profile.json").exists()
