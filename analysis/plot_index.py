@@ -3,7 +3,7 @@ it shows (numbers read from the same data), and the README that lists them all.
 
 Covers: `FigureData` (where the simulated CSVs and the measured files are, plus the few
 settings the sentences quote), `FIGURES` (number, file stem, title, question, inputs and
-drawing function of figures 1-14) and `render_readme`. No simulation happens here:
+drawing function of figures 1-15) and `render_readme`. No simulation happens here:
 `zfbench.figures` makes the simulated CSVs and calls these functions; the measured
 layouts are in `zfbench.analysis.plot_measured`.
 """
@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter
 
 from zfbench.analysis import plot_measured as pm, plot_sweeps as ps, plot_training as pt, plots as pl
+from zfbench.analysis import plot_run as pr
 
 MEASURED_COMMANDS = {
     "validate": "`python -m zfbench.validate --out <measured>`",
@@ -30,6 +31,7 @@ MEASURED_COMMANDS = {
                "final training loss is shown",
     "windows": "`python -m zfbench.accuracy --out <measured>`, from its zenflow run with "
                "`update_interval: \"auto\"`",
+    "run": "`python -m zfbench.run --model llama2-7b --gpus 4 --out <measured>/run`",
 }
 
 
@@ -243,6 +245,17 @@ def fig_loss(c: FigureData):
         f"After {f['steps']} steps the {f['metric']} is {values}{ref}{tail}.")
 
 
+def fig_first_command(c: FigureData):
+    measured, there, proxy = pr.load_run(c.path("run"), MEASURED_COMMANDS["run"])
+    f = pr.run_facts(measured, there, proxy)
+    here = (f"on this machine ZenFlow's step is {f['here']:.2f}x ZeRO-Offload's "
+            f"({f['measured']}, {f['ranks']} rank(s))" if f["here"] is not None else
+            f"{f['measured']} was measured without both ZenFlow and ZeRO-Offload")
+    there_text = (f"; projected for {f['model'] or 'the model'} whole on the GPU node it is "
+                  f"{f['there']:.2f}x (simulated)" if f["there"] is not None else "")
+    return pr.plot_run(measured, there, proxy), here[0].upper() + here[1:] + there_text + "."
+
+
 def fig_auto_interval(c: FigureData):
     df = pt.load_windows(c.path("windows"), MEASURED_COMMANDS["windows"])
     f = pt.window_facts(df)
@@ -315,6 +328,10 @@ FIGURES = (
     FigureSpec(14, "auto_update_interval", "Adaptive update interval",
                "Which update interval does the adaptive mode choose over training?",
                fig_auto_interval, ("windows",), True),
+    FigureSpec(15, "first_command", "The first command: measured here, projected on the node",
+               "What does `python -m zfbench.run --model llama2-7b --gpus 4` measure on this "
+               "machine, and what does the simulator project for the whole model on the GPU "
+               "node?", fig_first_command, ("run",), True),
 )
 
 

@@ -53,6 +53,7 @@ LAYOUT = {
     "accuracy": "accuracy/",
     "quality": "accuracy/quality.csv",
     "windows": "auto_interval/windows.csv",
+    "run": "run/summary.csv",
 }
 
 LAYOUT_COLUMNS = {
@@ -65,6 +66,9 @@ LAYOUT_COLUMNS = {
     "accuracy": "<strategy>.steps.jsonl: one JSON object per step with `loss`",
     "quality": "optional: strategy, metric, value",
     "windows": "window, length_steps[, end_step]",
+    "run": "strategy, step_time_s, compute_s, exposed_io_s, host_wait_s[, ranks, model, "
+           "projected] (as `zfbench.run --out DIR/run` writes; summary.json beside it "
+           "names the proxy)",
 }
 
 

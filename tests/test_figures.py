@@ -74,6 +74,7 @@ def write_measured(root: Path) -> dict:
     lengths = [1, 2, 2, 3, 4, 4, 5, 4]
     pd.DataFrame({"window": range(len(lengths)), "length_steps": lengths}).to_csv(
         root / "auto_interval/windows.csv", index=False)
+    write_run(root / "run")
     return {"windows": len(lengths), "mean_window": float(np.mean(lengths)),
             "validate_cells": 2 * 5}  # per shape: three baselines, zenflow at two pairs
 
@@ -105,7 +106,7 @@ def built(tmp_path_factory):
         numbers = write_measured(measured)
         figures_data.simulate = no_simulation
         rc = figures.main(["--quick", "--quiet", "--no-measure", "--out", str(out), "--measured",
-                           str(measured), "--only", "2,10,11,12,13,14"])
+                           str(measured), "--only", "2,10,11,12,13,14,15"])
     finally:
         pl.save_figure, figures_data.simulate = original_save, original_simulate
     return {"out": out, "measured": measured, "numbers": numbers, "rc": rc, "saved": saved,
@@ -121,7 +122,7 @@ def test_every_figure_is_produced_as_png_and_pdf(built):
             path = out / f"{spec.stem}.{ext}"
             assert path.exists() and path.stat().st_size > 5000, path
     readme = built["readme"]
-    assert readme.count("**Shows.**") == len(FIGURES) == 14
+    assert readme.count("**Shows.**") == len(FIGURES) == 15
     for line in readme.splitlines():  # each sentence quotes numbers and ends
         if line.startswith("- **Shows.**"):
             assert re.search(r"\d", line) and line.endswith("."), line
@@ -134,9 +135,9 @@ def test_every_figure_is_produced_as_png_and_pdf(built):
 def test_missing_measured_data_is_reported_with_its_command(built):
     assert built["rc_missing"] == 0
     readme = built["readme_missing"]
-    assert readme.count("**Not drawn: data missing.**") == 5
+    assert readme.count("**Not drawn: data missing.**") == 6
     for command in ("python -m zfbench.validate", "python -m zfbench.gradients",
-                    "python -m zfbench.accuracy"):
+                    "python -m zfbench.accuracy", "python -m zfbench.run --model llama2-7b"):
         assert command in readme
     for spec in FIGURES:
         drawn = f"{spec.stem}.png" in built["pngs_missing"]
@@ -223,3 +224,33 @@ def test_bad_measured_input_is_reported_not_drawn(tmp_path):
     assert not list(tmp_path.glob("*.png"))
     with pytest.raises(pm.MissingData, match="validate"):
         pm.load_validate(tmp_path / "nowhere.csv", "python -m zfbench.validate")
+
+
+def write_run(run: Path) -> None:
+    """A first-command run in the documented layout: measured rows of a proxy, then the
+    projected rows of the named model, and summary.json naming the proxy."""
+    run.mkdir(parents=True)
+    rows = []
+    for projected, steps in ((False, (0.6, 1.2, 1.4, 0.9)), (True, (0.44, 2.17, 1.79, 0.65))):
+        for strategy, step in zip(("device", "zero-offload", "zero-offload-dpu", "zenflow"),
+                                  steps):
+            rows.append({"strategy": strategy, "step_time_s": step, "compute_s": 0.3,
+                         "exposed_io_s": step / 4, "host_wait_s": step / 2, "ranks": 4,
+                         "model": "llama2-7b" if projected else None,
+                         "projected": projected or None})
+    pd.DataFrame(rows).to_csv(run / "summary.csv", index=False)
+    (run / "summary.json").write_text(json.dumps({"proxy": {"measured": "llama2-7b[4L][w0.25]",
+                                                            "model": "llama2-7b"}}))
+
+
+def test_figure_15_reads_the_first_commands_measured_and_projected_rows(built):
+    from zfbench.analysis import plot_run as pr
+
+    measured, there, proxy = pr.load_run(built["measured"] / "run" / "summary.csv", "cmd")
+    facts = pr.run_facts(measured, there, proxy)
+    assert facts["here"] == pytest.approx(0.9 / 1.2)
+    assert facts["there"] == pytest.approx(0.65 / 2.17)
+    assert (built["out"] / "fig15_first_command.png").stat().st_size > 10_000
+    readme = (built["out"] / "README.md").read_text()
+    assert "ZenFlow's step is 0.75x ZeRO-Offload's (llama2-7b[4L][w0.25], 4 rank(s))" in readme
+    assert "it is 0.30x (simulated)" in readme

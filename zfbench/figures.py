@@ -1,7 +1,7 @@
 """`python -m zfbench.figures`: rebuild every paper figure into paper_figures/ (`make figures`).
 
 Covers: figures 1-9 from simulations (regenerated when their CSVs under `<out>/data/` are
-missing or were made with other settings; `--regenerate` forces it), figures 10-14 from
+missing or were made with other settings; `--regenerate` forces it), figures 10-15 from
 measured files (layout below), run small on this machine when missing
 (`zfbench.figures_measure`; `--no-measure` skips that), `--quick` (small models and
 sweeps, for tests), `--only`, and `<out>/README.md`: per figure the question, the
@@ -31,6 +31,10 @@ Measured data (`--measured DIR`, default `<out>/data/measured/`; any .csv may be
     auto_interval/windows.csv        fig 14: window, length_steps[, end_step]
                                      (all three from python -m zfbench.accuracy --out DIR;
                                      the JSONL also from python -m zfbench.run --out DIR)
+    run/summary.csv                  fig 15: strategy, step_time_s, compute_s,
+                                     exposed_io_s, host_wait_s[, ranks, model, projected]
+                                     (python -m zfbench.run --model llama2-7b --gpus 4
+                                     --out DIR/run; summary.json beside it names the proxy)
 
 A missing file is reported in the README (and on stdout) with the command that makes it;
 the figure is not drawn, never from made-up data. A file that breaks the layout is
@@ -284,7 +288,7 @@ simulated (SimPy model in `sims/`, hardware presets from `zfbench/data/hardware.
 averages over steady-state steps after the default skip of warm-up and two update
 windows); their CSVs are under `data/` with a `.spec.json` each holding the exact
 settings, and are re-simulated only when missing, made with other settings, or with
-`--regenerate`. Figures 10-14 come from measured files (`--measured DIR`, default
+`--regenerate`. Figures 10-15 come from measured files (`--measured DIR`, default
 `{measured}`), laid out as below (documented in `analysis/plot_measured.py`):
 
 | figures | file | columns |
@@ -336,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "and what does not fit is left out with a note (default 20; 0: no "
                         "limit)")
     p.add_argument("--no-measure", action="store_true",
-                   help="do not run the measurements of figures 10-14 whose files are "
+                   help="do not run the measurements of figures 10-15 whose files are "
                         "missing (by default they run, small, on this machine)")
     return p
 

@@ -1,4 +1,4 @@
-"""The measured runs behind figures 10-14, run by `zfbench.figures` when their files are missing.
+"""The measured runs behind figures 10-15, run by `zfbench.figures` when their files are missing.
 
 Covers: `MeasureJob` (one command, the figures it feeds, the files it leaves under the
 measured directory), `measure_jobs(quick)` (sizes: `make figures` runs small real runs
@@ -12,7 +12,8 @@ per job saying what happened (and what was left out).
 Sizes for `make figures` (measured on this 2-core machine; the whole `make figures` must
 stay under 20 minutes): validate 2 pairs x 3 shapes x 4 strategies at 12 steps; gradient
 statistics on SmolLM2-135M's last 2 blocks, 24 pretrained + 24 random steps, gaps up to
-16; accuracy on the last 2 blocks, 5 variants x 1 seed x 32 steps. The full-size runs of
+16; accuracy on the last 2 blocks, 5 variants x 1 seed x 32 steps; the first command
+(`zfbench.run --model llama2-7b --gpus 4`: a proxy on 4 ranks, 1-2 minutes). The full-size runs of
 issues 4 and 5 are `python -m zfbench.validate` and `make real-model`.
 """
 
@@ -38,9 +39,10 @@ class MeasureJob:
     files: tuple[str, ...]  # under the measured dir; a .csv may be a .parquet
     args: tuple[str, ...]  # after `python -m`; `--out` is added
     real_model: bool = False
+    subdir: str = ""  # the command writes into this folder of the measured dir
 
     def command(self, out: Path) -> str:
-        return " ".join(("python -m", *self.args, "--out", str(out)))
+        return " ".join(("python -m", *self.args, "--out", str(out / self.subdir)))
 
 
 def measure_jobs(quick: bool) -> list[MeasureJob]:
@@ -50,11 +52,13 @@ def measure_jobs(quick: bool) -> list[MeasureJob]:
                  "6", "--max-d", "4", "--detail-every", "3")
         acc = ("zfbench.accuracy", "--seeds", "0", "--steps", "6", "--eval-windows", "4",
                "--last-blocks", "1")
+        first = ("zfbench.run", "--model", "llama2-7b", "--steps", "3", "--quiet")
     else:
         validate = ("zfbench.validate", "--steps", "12", "--skip", "4", "--quiet")
         grads = ("zfbench.gradients", "--model", "smollm2-135m", "--steps", "24",
                  "--random-steps", "24", "--max-d", "16", "--last-blocks", "2")
         acc = ("zfbench.accuracy", "--seeds", "0", "--steps", "32", "--last-blocks", "2")
+        first = ("zfbench.run", "--model", "llama2-7b", "--gpus", "4", "--quiet")
     return [
         MeasureJob("validate", (10,), ("validate.csv",), validate),
         MeasureJob("gradients", (11, 12), ("grad_stats/heatmap.csv",
@@ -62,6 +66,7 @@ def measure_jobs(quick: bool) -> list[MeasureJob]:
                    real_model=grads[2] != "tiny"),
         MeasureJob("accuracy", (13, 14), ("accuracy/quality.csv",
                                           "auto_interval/windows.csv"), acc, real_model=True),
+        MeasureJob("run", (15,), ("run/summary.csv",), first, subdir="run"),
     ]
 
 
@@ -115,7 +120,7 @@ def run_missing(measured: Path, figures: set[int], quick: bool, quiet: bool = Fa
         tmp = measured / f".{job.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        cmd = [sys.executable, "-m", *job.args, "--out", str(tmp)]
+        cmd = [sys.executable, "-m", *job.args, "--out", str(tmp / job.subdir)]
         if left is not None and job.name == "validate":
             cmd += ["--budget-min", f"{0.9 * left / 60:.2f}"]
         if not quiet:
