@@ -229,10 +229,14 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
 
     def zero():  # as Engine._zero_grads
         flat_grads.zero_()
-    def clip_norm():  # the `device` strategy's gradient clipping norm
-        kernels.grad_norm(flat_grads)
+    # the `device` strategy's gradient clipping norm (16-bit: through its fp32 copy)
+    norm_scratch = None if dtype == torch.float32 else torch.empty(total, device=device)
+
+    def clip_norm():
+        kernels.grad_norm(flat_grads, norm_scratch)
     check_s = median_time(check, repeats, device)
     norm_s = median_time(clip_norm, repeats, device)
+    del norm_scratch
     zero_s = median_time(zero, repeats, device)
     # applying an uploaded update: one device buffer copied into another (as the engine's
     # `flat_params.copy_(upload)`); a same-dtype copy, not the d2h conversion

@@ -183,7 +183,8 @@ class DeviceStrategy(Strategy):
                        writes=(e.flat_params, e.flat_grads)):
             clip = e.config.gradient_clipping
             if clip > 0:  # clip_grad_norm_'s rule on the flat buffer (all-reduced: whole)
-                norm = kernels.grad_norm(e.flat_grads)
+                norm = kernels.grad_norm(e.flat_grads,
+                                         None if self.grads32 is None else self.grads32[0])
                 e.flat_grads.mul_(torch.clamp(clip / (norm + 1e-6), max=1.0))
             self.count += 1
             grads = [e.flat_grads]
