@@ -51,6 +51,7 @@ stability: setup
 bench: setup
 	$(PY) bench/sim_speed.py
 	$(PY) bench/host_adam.py
+	$(PY) bench/kernels.py
 	$(PY) bench/engine_overlap.py
 
 clean:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from zfbench.real import kernels
 from zfbench.real.backend import CpuLanes, CudaBackend
 from zfbench.real.flat import LOW_PRECISION, FlatLayout
 from zfbench.core.strategies import gradient_buckets_apply
@@ -313,7 +314,7 @@ class Engine:
         for the exact per-element check (a sum that merely overflowed is not refused)."""
         # In the gradients' own dtype: torch accumulates bf16/fp16 sums in fp32 anyway,
         # and `sum(dtype=float32)` would first copy the whole buffer to fp32.
-        if bool(torch.isfinite(self.flat_grads.sum())):
+        if kernels.all_finite(self.flat_grads):
             return []
         return [n for n, p in self.named_params
                 if p.grad is not None and not bool(torch.isfinite(p.grad).all())]

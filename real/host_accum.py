@@ -8,7 +8,7 @@ CPUs: on a 2-core AMD EPYC (Zen 4, torch 2.13 CPU build) 50M elements took 0.25 
 against 0.027 s same-dtype, one thread (issue 25 measured 8x on 175M). `accumulate_`
 therefore converts mixed-dtype input chunk by chunk into a small fp32 scratch buffer
 that stays in cache, then adds same-dtype (0.039 s on that machine); same-dtype input is
-one `add_`. bench/host_kernels.py measures both paths side by side on the machine at hand.
+one `add_`. bench/kernels.py measures both paths side by side on the machine at hand.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 # elements converted per chunk: 1 MiB of fp32, within a core's L2 on current x86 and
-# Arm server cores (judgment; bench/host_kernels.py measures other sizes)
+# Arm server cores (judgment; bench/kernels.py times it beside the mixed-dtype add_)
 CHUNK_ELEMS = 1 << 18
 
 

@@ -8,7 +8,9 @@ one flat buffer, `zfbench.real.inplace_grads`):
   with the loss), from module hooks around a real training step, median of repeats;
 - the device optimizer rate on the selected columns (elements/s), the selection cost and
   ZenFlow's per-step column gather/scatter around that optimizer (seconds per 2-D
-  gradient element), on the device thread, with the engine's own buffers and ops;
+  gradient element), the non-finite check, the clipping norm and the zeroing of the flat
+  gradients, on the device thread, with the engine's own buffers and kernels
+  (`zfbench.real.kernels`: tests/test_kernel_identity.py checks they are the same);
 - d2h (device thread) and h2d (host worker) copy bandwidth, each alone and both at once;
 - host AdamW parameters/s and host accumulation elements/s on the host worker's threads;
 - how much the device and host lanes slow each other when they run at once (both are
@@ -34,8 +36,8 @@ from types import SimpleNamespace
 
 import torch
 
-from zfbench.real.adamw import adamw_foreach_
-from zfbench.real.flat import FlatLayout, device_dtype, put_columns, take_columns
+from zfbench.real import kernels
+from zfbench.real.flat import FlatLayout, device_dtype, take_columns
 from zfbench.real.inplace_grads import InplaceGrads
 from zfbench.real.model import build_model
 from zfbench.real.rate_probe import Clock, RateProbe, lane_contention, median_time
@@ -104,14 +106,14 @@ def block_times(model, data, repeats: int, inplace: InplaceGrads,
 WIDE_TOPK_RATIO = 0.3  # the second ratio of the column gather/scatter measurement
 
 
-def _selected_columns(mats, dtype, ratio: float):
+def _selected_columns(mats, dtype, ratio: float, importance: str = "l1"):
     """ZenFlow's device buffers for the top `ratio` columns of each weight ([k, rows]:
     fp32 values, gradient and scratch; a low-precision staging buffer when the weights are
     not fp32), and `column_io`: the gather/convert/scale/scatter
-    ZenFlowStrategy.device_update runs around its AdamW, on the same ops and the engine's
-    column-major layout."""
-    idx = [torch.topk(p.grad.float().abs().sum(0), topk_count(p.shape[1], ratio))
-           .indices.sort().values for p in mats]
+    ZenFlowStrategy.device_update runs around its AdamW, with its kernels
+    (`zfbench.real.kernels`) on the engine's column-major layout."""
+    idx = [kernels.top_columns(kernels.column_scores(p.grad, importance),
+                               topk_count(p.shape[1], ratio)) for p in mats]
     sel = [take_columns(p.detach(), i).float() for p, i in zip(mats, idx)]
     sel_g = [torch.empty_like(x) for x in sel]
     low = [None if dtype == torch.float32 else torch.empty_like(x, dtype=dtype) for x in sel]
@@ -119,29 +121,24 @@ def _selected_columns(mats, dtype, ratio: float):
 
     def column_io():
         for p, i, g, lo, x in zip(mats, idx, sel_g, low, sel):
-            if lo is None:
-                take_columns(p.grad, i, out=g)
-                put_columns(p.data, i, x)
-            else:
-                g.copy_(take_columns(p.grad, i, out=lo))
-                put_columns(p.data, i, lo.copy_(x))
-                x.copy_(lo)
-            g.div_(4.0)
+            kernels.gather_grads_(p.grad, i, g, lo).div_(4.0)
+            kernels.scatter_(p.data, i, x, lo)
     return sel, sel_g, ms, vs, scratch, column_io
 
 
-def _master_copy_s(params, repeats: int, device=None) -> float:
-    """The `device` strategy's extra work with low-precision weights: gradients copied to
-    fp32 and the fp32 master copied back into the weights (0 with fp32 weights)."""
-    if all(p.dtype == torch.float32 for p in params):
+def _master_copy_s(flat_params, flat_grads, repeats: int, device=None) -> float:
+    """The `device` strategy's extra work with low-precision weights: the flat gradients
+    copied to fp32 and the fp32 master copied back into the weights, with its kernel
+    (`kernels.copy_`; 0 with fp32 weights). The master is the weights' own values, so
+    writing it back changes nothing."""
+    if flat_params.dtype == torch.float32:
         return 0.0
-    master = [p.detach().float() for p in params]
-    grads32 = [torch.empty_like(m) for m in master]
+    master = flat_params.detach().float()
+    grads32 = torch.empty_like(master)
 
     def copies():
-        torch._foreach_copy_(grads32, [p.grad for p in params])
-        for p, m in zip(params, master):
-            p.data.copy_(m)
+        kernels.copy_(grads32, flat_grads)
+        kernels.copy_(flat_params, master)
     copies()
     return median_time(copies, repeats, device)
 
@@ -197,46 +194,56 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
     loss.backward()
     mats = [p for p in params if p.dim() == 2]
     mat_elems = sum(p.numel() for p in mats)
-    sel, sel_g, ms, vs, scratch, column_io = _selected_columns(mats, dtype, topk_ratio)
+    importance = spec.engine_config("zenflow").importance
+    sel, sel_g, ms, vs, scratch, column_io = _selected_columns(mats, dtype, topk_ratio,
+                                                               importance)
     sel_elems = sum(s.numel() for s in sel)
 
     def device_adam():
-        adamw_foreach_(sel, sel_g, ms, vs, [1] * len(sel), lr=1e-4, beta1=0.9, beta2=0.999,
-                       eps=1e-8, weight_decay=0.01, scratch=scratch)
+        kernels.adamw_foreach_(sel, sel_g, ms, vs, [1] * len(sel), lr=1e-4, beta1=0.9,
+                               beta2=0.999, eps=1e-8, weight_decay=0.01, scratch=scratch)
     column_io()
     device_adam()
     optim_s = median_time(device_adam, repeats, device)
     # the column gather/scatter costs a part per 2-D element (cache lines touched) and a
     # part per selected element: measured at two ratios, split by a line through both
     io_s = median_time(column_io, repeats, device)
-    wide = _selected_columns(mats, dtype, WIDE_TOPK_RATIO)
+    wide = _selected_columns(mats, dtype, WIDE_TOPK_RATIO, importance)
     wide_sel = sum(s.numel() for s in wide[0])
     wide[-1]()
     wide_io_s = median_time(wide[-1], repeats, device)
     per_selected = max(0.0, (wide_io_s - io_s) / max(wide_sel - sel_elems, 1))
     per_matrix = max(0.0, io_s - per_selected * sel_elems) / mat_elems
     del wide
-    master_s = _master_copy_s(params, repeats, device)
+    master_s = _master_copy_s(flat_params, flat_grads, repeats, device)
 
     def select():
         for p in mats:
-            torch.topk(p.grad.float().abs().sum(0), topk_count(p.shape[1], topk_ratio))
+            kernels.top_columns(kernels.column_scores(p.grad, importance),
+                                topk_count(p.shape[1], topk_ratio))
     select_s = median_time(select, repeats, device)
 
     # the engine's own per-step device work: the non-finite check and zeroing gradients
     def check():  # as Engine._nonfinite_params
-        bool(torch.isfinite(flat_grads.sum()))
+        kernels.all_finite(flat_grads)
 
     def zero():  # as Engine._zero_grads
         flat_grads.zero_()
+    # the `device` strategy's gradient clipping norm (16-bit: through its fp32 copy)
+    norm_scratch = None if dtype == torch.float32 else torch.empty(total, device=device)
+
+    def clip_norm():
+        kernels.grad_norm(flat_grads, norm_scratch)
     check_s = median_time(check, repeats, device)
+    norm_s = median_time(clip_norm, repeats, device)
+    del norm_scratch
     zero_s = median_time(zero, repeats, device)
     # applying an uploaded update: one device buffer copied into another (as the engine's
     # `flat_params.copy_(upload)`); a same-dtype copy, not the d2h conversion
     apply_src = new_flat()
 
     def apply_copy():
-        flat_grads.copy_(apply_src)
+        kernels.copy_(flat_grads, apply_src)
     apply_copy()
     apply_s = median_time(apply_copy, repeats, device)
 
@@ -261,6 +268,7 @@ def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) ->
         "master_copy_s_per_elem": master_s / total, "precision": precision,
         "select_s_per_elem": select_s / mat_elems,
         "grad_check_s_per_elem": check_s / total, "grad_zero_s_per_elem": zero_s / total,
+        "grad_norm_s_per_elem": norm_s / total,
         "device_copy_s_per_elem": apply_s / total,
         **rates}, describe_device(device))
 

@@ -4,18 +4,24 @@ and how every measurement of `zfbench.real.profile` waits for the device it time
 `RateProbe(total, dtype, host_threads, device)` allocates, once, the buffers the engine's
 host side works on for a model of `total` parameters (a device-precision flat buffer, the
 fp32 master, gradient and moments); `measure(repeats)` then times, as the engine does them:
-- d2h: on the CPU lanes, the device buffer copied into an fp32 host buffer on the calling
-  (device) thread; on CUDA, a GPU buffer in the device's dtype copied into a pinned host
-  buffer of the same dtype (the engine's d2h wire; it converts on the host afterwards) on
-  a d2h stream of its own, timed to the stream's completion;
-- h2d: on the CPU lanes, the fp32 master copied into a device-precision buffer; on CUDA, a
-  pinned host buffer of the device's dtype (the h2d wire) copied into a GPU buffer on an
-  h2d stream; either way issued from a host worker thread; each alone, and both at once
+- d2h: the device buffer copied into a host buffer of the device's dtype (the engine's
+  d2h wire, `Strategy.landing_for`: with 16-bit weights the gradients cross as
+  themselves and are converted on the host afterwards), on the calling (device) thread;
+  on CUDA a pinned wire, on a d2h stream of its own, timed to the stream's completion;
+- h2d: a host buffer of the device's dtype (the h2d wire, into which the engine converts
+  the master on the host) copied into the device buffer, issued from a host worker
+  thread (on CUDA from a pinned wire on an h2d stream); each alone, and both at once
   (d2h on the calling thread, h2d on the worker: on CUDA two streams copying at once);
-- host AdamW (`zfbench.real.host_adam.host_adamw_`) over the whole master and the host
-  accumulation (`zfbench.real.host_accum.accumulate_`, the engine's own call, of
-  gradients in the device's dtype into fp32), on the host worker's threads (the CPU,
-  either way).
+- on the host worker's threads (the CPU, either way), each with the engine's own kernel
+  (`zfbench.real.kernels`, the attribute the strategies call): host AdamW
+  (`host_adamw_`) over the whole master; the host accumulation (`accumulate_`) of
+  gradients in the device's dtype into fp32; the gradient clipping norm (`grad_norm`)
+  of the fp32 gradients; and, with 16-bit weights, the two conversions of the wires
+  (`copy_`: gradients out of the d2h wire into fp32, the master into the h2d wire),
+  `host_convert_elems_per_s` per element of both (absent with fp32 weights: the engine
+  converts nothing then).
+tests/test_kernel_identity.py checks that the probe and the engine reach the same kernels
+with the same dtypes.
 Pinned buffers are `zfbench.real.backend.register_pinned`'s, released by `close()` (or when
 the probe is collected).
 It returns the rate keys of a profile's `calibration` section. `zfbench.real.profile` measures
@@ -38,12 +44,14 @@ import time
 
 import torch
 
-from zfbench.real import host_accum
+from zfbench.real import kernels
 from zfbench.real.backend import register_pinned, unregister_pinned
-from zfbench.real.host_adam import host_adamw_
 
 RATE_KEYS = ("d2h_bytes_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s_both",
-             "h2d_bytes_per_s_both", "host_adam_params_per_s", "host_accum_elems_per_s")
+             "h2d_bytes_per_s_both", "host_adam_params_per_s", "host_accum_elems_per_s",
+             "host_norm_elems_per_s")
+# with 16-bit weights only: both host conversions of the wires, per element
+CONVERT_KEY = "host_convert_elems_per_s"
 
 
 def is_cuda(device) -> bool:
@@ -125,7 +133,7 @@ class RateProbe:
         self.dev = (torch.randn(self.total, device=self.device) * 0.02).to(dtype)
         self.up = torch.zeros(self.total, dtype=dtype, device=self.device)
         self.master = torch.randn(self.total)
-        self.grad = torch.randn(self.total) * 1e-3  # also the CPU lanes' d2h destination
+        self.grad = torch.randn(self.total) * 1e-3
         self.m, self.v = torch.zeros(self.total), torch.zeros(self.total)
         # the gradients as the engine's host accumulation reads them: landed in the
         # device's dtype (16-bit weights cross the link as themselves)
@@ -133,7 +141,13 @@ class RateProbe:
             (self.grad * 1e3).to(dtype)
         self._pinned: list[torch.Tensor] = []
         self.streams: dict = {}
-        if cuda:
+        # the CPU lanes' wires: fp32 weights land in (and leave from) the fp32 buffers
+        # themselves, 16-bit ones in plain host buffers of their own dtype (the gradients
+        # land where the accumulation reads them)
+        if not cuda:
+            self.down_wire = self.landed
+            self.up_wire = self.master if dtype == torch.float32 else self.master.to(dtype)
+        else:
             # the engine's CUDA link: device-dtype tensors into and out of pinned wires of
             # the same dtype (its fp32 <-> device dtype conversions run on the host lane)
             self.down_wire = register_pinned(self.total, dtype)
@@ -147,18 +161,18 @@ class RateProbe:
 
     def host_adam(self) -> None:
         """One host AdamW step over the whole master (values are irrelevant to its time)."""
-        host_adamw_(self.master, self.grad, self.m, self.v, step=1, lr=1e-4, beta1=0.9,
-                    beta2=0.999, eps=1e-8, weight_decay=0.01)
+        kernels.host_adamw_(self.master, self.grad, self.m, self.v, step=1, lr=1e-4,
+                            beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
 
     def _links(self):
         """(d2h, h2d, d2h_sync, h2d_sync): the two copies and the waits that time each to
         its completion (none on the CPU lanes)."""
         if not self.streams:
             def d2h():
-                self.grad.copy_(self.dev)
+                self.down_wire.copy_(self.dev)
 
             def h2d():
-                self.up.copy_(self.master)
+                self.up.copy_(self.up_wire)
             return d2h, h2d, None, None
         down, up = self.streams["d2h"], self.streams["h2d"]
 
@@ -176,7 +190,14 @@ class RateProbe:
         d2h, h2d, d2h_sync, h2d_sync = self._links()
 
         def accum():
-            host_accum.accumulate_(self.m, self.landed, 0.25)
+            kernels.accumulate_(self.m, self.landed, 0.25)
+
+        def norm():
+            kernels.grad_norm(self.grad)
+
+        def convert():  # out of the d2h wire, into the h2d wire (distinct buffers)
+            kernels.copy_(self.m, self.landed)
+            kernels.copy_(self.up_wire, self.master)
         d2h()
         h2d()
         d2h_alone = median_time(d2h, repeats, sync=d2h_sync)
@@ -196,11 +217,19 @@ class RateProbe:
                            self.host_threads)
         accum_s = in_thread(lambda: (accum(), median_time(accum, repeats))[1],
                             self.host_threads)
-        return {"d2h_bytes_per_s": nbytes / d2h_alone, "h2d_bytes_per_s": nbytes / h2d_alone,
+        norm_s = in_thread(lambda: (norm(), median_time(norm, repeats))[1],
+                           self.host_threads)
+        rates = {}
+        if self.dev.dtype != torch.float32:
+            convert_s = in_thread(lambda: (convert(), median_time(convert, repeats))[1],
+                                  self.host_threads)
+            rates[CONVERT_KEY] = self.total / convert_s
+        return {**rates,"d2h_bytes_per_s": nbytes / d2h_alone, "h2d_bytes_per_s": nbytes / h2d_alone,
                 "d2h_bytes_per_s_both": nbytes / both["d2h"],
                 "h2d_bytes_per_s_both": nbytes / both["h2d"],
                 "host_adam_params_per_s": self.total / adam_s,
-                "host_accum_elems_per_s": self.total / accum_s}
+                "host_accum_elems_per_s": self.total / accum_s,
+                "host_norm_elems_per_s": self.total / norm_s}
 
     def close(self) -> None:
         """Wait for the link streams and unpin the pinned buffers (the probe stays usable

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from zfbench.real.adamw import adamw_foreach_
+from zfbench.real import kernels
 from zfbench.real.distributed import allreduce_sum_
-from zfbench.real.host_adam import host_adamw_
 
 
 class Strategy:
@@ -102,7 +101,7 @@ class Strategy:
         """On the host lane: the gradients that crossed in the device's dtype into fp32."""
         if landed is not dst:
             self.B.access("host", op, reads=(landed,), writes=(dst,))
-            dst.copy_(landed)
+            kernels.copy_(dst, landed)
 
     def params_up(self, t: int, target: torch.Tensor, a: int, b: int) -> None:
         """h2d, from the host worker: master[a:b] (shard-relative) into the device buffer
@@ -113,7 +112,7 @@ class Strategy:
         if target.dtype != master.dtype:
             wire = self.wire("h2d")[a:b]
             B.access("host", "h2d_convert", reads=(src,), writes=(wire,))
-            wire.copy_(src)
+            kernels.copy_(wire, src)
             src = wire
         B.copy("h2d", "h2d_param", t, target[e.shard_lo + a:e.shard_lo + b], src)
 
@@ -152,7 +151,7 @@ class Strategy:
 
     def _device_adam(self, params, grads, ms, vs, steps, scratch=None) -> None:
         o = self.opt
-        adamw_foreach_(params, grads, ms, vs, steps, lr=o.lr, beta1=o.betas[0],
+        kernels.adamw_foreach_(params, grads, ms, vs, steps, lr=o.lr, beta1=o.betas[0],
                        beta2=o.betas[1], eps=o.eps, weight_decay=o.weight_decay,
                        scratch=scratch)
 
@@ -184,17 +183,18 @@ class DeviceStrategy(Strategy):
                        writes=(e.flat_params, e.flat_grads)):
             clip = e.config.gradient_clipping
             if clip > 0:  # clip_grad_norm_'s rule on the flat buffer (all-reduced: whole)
-                norm = torch.linalg.vector_norm(e.flat_grads, dtype=torch.float32)
+                norm = kernels.grad_norm(e.flat_grads,
+                                         None if self.grads32 is None else self.grads32[0])
                 e.flat_grads.mul_(torch.clamp(clip / (norm + 1e-6), max=1.0))
             self.count += 1
             grads = [e.flat_grads]
             if self.grads32 is not None:
-                self.grads32[0].copy_(e.flat_grads)
+                kernels.copy_(self.grads32[0], e.flat_grads)
                 grads = self.grads32
             self._device_adam(self.master, grads, self.m, self.v, [self.count],
                               self.scratch)
             if not self.fp32:
-                e.flat_params.copy_(self.master[0])
+                kernels.copy_(e.flat_params, self.master[0])
 
     def state_dict(self) -> dict:
         return {"m": self.m, "v": self.v, "count": self.count,
@@ -241,14 +241,14 @@ class HostState:
         self.master.copy_(flat_params[self.lo:self.hi].detach())
 
     def adam_chunk(self, a: int, b: int, grad: torch.Tensor, step: int, opt) -> None:
-        host_adamw_(self.master[a:b], grad[a:b], self.m[a:b], self.v[a:b], step=step,
+        kernels.host_adamw_(self.master[a:b], grad[a:b], self.m[a:b], self.v[a:b], step=step,
                     lr=opt.lr, beta1=opt.betas[0], beta2=opt.betas[1], eps=opt.eps,
                     weight_decay=opt.weight_decay)
 
     def clip_(self, grad: torch.Tensor, clip: float) -> None:
         """Scale `grad` in place to global L2 norm `clip` (clip_grad_norm_ semantics)."""
         if clip > 0:
-            norm = float(torch.linalg.vector_norm(grad))
+            norm = float(kernels.grad_norm(grad))
             if self.dist.active:  # the global norm: sum of squares over the shards
                 sq = torch.tensor([norm * norm], dtype=torch.float64)
                 allreduce_sum_(self.dist, sq, host=True)
@@ -341,7 +341,7 @@ class OffloadStrategy(Strategy):
             return
         with self.B.op("compute", "device_optim", t, reads=(self.upload,),
                        writes=(e.flat_params,)):
-            e.flat_params.copy_(self.upload)
+            kernels.copy_(e.flat_params, self.upload)
         self.pending, self.pending_ready = None, False
 
     def finish(self, flush_partial: bool = False) -> None:

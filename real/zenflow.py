@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zfbench.real import host_accum
+from zfbench.real import kernels
 from zfbench.real.flat import put_columns, selected_shape, take_columns
 from zfbench.real.strategies import HostState, Strategy
 from zfbench.real.zenflow_shard import (device_from_master, exchange_scores,
@@ -129,7 +129,7 @@ class ZenFlowStrategy(Strategy):
 
         def accumulate() -> None:
             self.B.access("host", "host_accum", reads=(landed,), writes=(window,))
-            host_accum.accumulate_(window, landed, alpha)
+            kernels.accumulate_(window, landed, alpha)
         self.accum_job = e.host_lane.submit(
             "host_accum", t, [accumulate], urgent=True,
             after=[(done, "host waits for the d2h of the gradients")])
@@ -181,7 +181,7 @@ class ZenFlowStrategy(Strategy):
             for name, p in self.matrices:
                 scores = shared[name] if shared is not None else self.column_scores(p.grad)
                 k = topk_count(p.shape[1], self.zf.topk_ratio)
-                idx = torch.topk(scores, k, sorted=False).indices.sort().values
+                idx = kernels.top_columns(scores, k)
                 self.selected[name] = idx
                 self.selected_values.pop(name, None)
                 # moments of the selected columns, laid out as the weight's columns
@@ -210,10 +210,7 @@ class ZenFlowStrategy(Strategy):
         return items + [(slots[n], None, self.vector_values[n]) for n, _ in self.vectors]
 
     def column_scores(self, grad: torch.Tensor) -> torch.Tensor:
-        g = grad.float()
-        if self.e.config.importance == "l2sq":
-            return g.pow(2).sum(0)
-        return g.abs().sum(0)
+        return kernels.column_scores(grad, self.e.config.importance)
 
     def observe(self, t: int) -> None:
         per_weight = []
@@ -234,10 +231,7 @@ class ZenFlowStrategy(Strategy):
             # columns moves k columns' bytes, not a pass over the whole matrix.
             idx = self.selected[name]
             work = self._work(name, p, idx)
-            if work.low is None:
-                take_columns(p.grad, idx, out=work.grad)
-            else:
-                work.grad.copy_(take_columns(p.grad, idx, out=work.low))
+            kernels.gather_grads_(p.grad, idx, work.grad, work.low)
             params.append(work.values)
             grads.append(work.grad.div_(div))
             ms.append(self.dm[name])
@@ -246,7 +240,7 @@ class ZenFlowStrategy(Strategy):
             slices.append((p, idx, work.low))
         for name, p in self.vectors:
             params.append(self.vector_values[name] if self.low else p.detach())
-            grads.append(self.vector_grads[name].copy_(p.grad).div_(div))
+            grads.append(kernels.copy_(self.vector_grads[name], p.grad).div_(div))
             ms.append(self.dm[name])
             vs.append(self.dv[name])
             scratch.append(self.vector_scratch[name])
@@ -257,11 +251,9 @@ class ZenFlowStrategy(Strategy):
         for (p, idx, low), new in zip(slices, params):
             if idx is None:
                 if new.data_ptr() != p.data_ptr():
-                    p.data.copy_(new)
-            elif low is None:
-                put_columns(p.data, idx, new)
+                    kernels.copy_(p.data, new)
             else:  # bf16 weights: rounded from the fp32 values, which the device keeps
-                put_columns(p.data, idx, low.copy_(new))
+                kernels.scatter_(p.data, idx, new, low)
 
     def _work(self, name: str, p: torch.Tensor, idx: torch.Tensor,
               from_device: bool = True) -> "_Selected":
@@ -332,7 +324,7 @@ class ZenFlowStrategy(Strategy):
             keep = [(p, idx, take_columns(p.detach(), idx))
                     for (name, p), idx in ((m, self.selected[m[0]]) for m in self.matrices)]
             keep_vec = [(p, p.detach().clone()) for _, p in self.vectors]
-            e.flat_params.copy_(self.upload)
+            kernels.copy_(e.flat_params, self.upload)
             for p, idx, vals in keep:
                 put_columns(p.data, idx, vals)
             for p, vals in keep_vec:

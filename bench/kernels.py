@@ -1,0 +1,229 @@
+"""Every element-wise kernel the engine's strategies run, per dtype, beside the machine's
+own memory bandwidth measured in the same run.
+
+    python bench/kernels.py [--elems 16M] [--repeats 5] [--threads 1,2] [--out DIR]
+
+What it times: the engine's own functions (`zfbench.real.kernels`, the attributes the
+strategies call; tests/test_kernel_identity.py checks the calibration probe calls the
+same ones), on the engine's layouts (2-D weights stored column by column), for device
+weights and gradients in fp32, bf16 and fp16 with the host master in fp32 (the dtype
+combinations the engine runs). Each row names the kernel, the strategies and lane that
+run it, the dtypes, the elements, the bytes it must move (at least: each input read once,
+each output written once; temporaries a kernel makes are its own cost, so they show up
+as a lower share), best and median seconds, GB/s, and GB/s as a share of the roofline:
+a same-dtype fp32 `a += b` (12 B per element) measured round-robin with the rest at
+the same thread count. Bytes per element (s: the device dtype's size, 2 or 4):
+
+    host_adamw_            28        p, g, m, v read; p, m, v written (fp32)
+    adamw_foreach_         28        the same on the device (fp32 master or selected values)
+    accumulate_            8 + s     fp32 window read and written, gradients read
+    copy_ (conversions)    4 + s     one read, one write, in the two dtypes
+    copy_ (same dtype)     2 s       an upload applied; the emulated link copies
+    grad_norm, all_finite  s         one read (fp32 on the host)
+    zero_, mul_ (scale)    s, 2 s    Tensor.zero_ / mul_ inline in the engine
+    column_scores          s         per 2-D gradient element (one read)
+    top_columns            4         per column (its scores read)
+    gather_grads_          s + 4     per selected element: gradient read, fp32 written
+    scatter_               4 + s     per selected element: fp32 read, weight written
+Plain torch `window.add_(grads)` with mixed dtypes (the slow path `accumulate_` replaces,
+real/host_accum.py) is timed beside it as a reference row.
+Writes DIR/kernels.csv and kernels.json (with the machine: CPU model, ISA flags, cores,
+torch version).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from zfbench.core.provenance import provenance  # noqa: E402
+from zfbench.core.schedule import topk_count  # noqa: E402
+from zfbench.core.trace import write_csv_atomic, write_json_atomic  # noqa: E402
+from zfbench.real import kernels as K  # noqa: E402
+from zfbench.real.flat import selected_shape, take_columns  # noqa: E402
+
+NAME = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+OFFLOAD = "zero-offload, zero-offload-dpu, zenflow"
+ALL = "device, " + OFFLOAD
+REFERENCE = "fp32 a += b (roofline)"
+ROWS = 4096  # rows of the 2-D weight the column kernels work on (e.g. a 7B model's hidden)
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(float(text[:-1] if text[-1:] in "KMG" else text) * mult)
+
+
+class Table:
+    """name -> (function, elements, bytes per element, row description)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple] = {}
+
+    def add(self, kernel: str, fn, elems: int, per_elem: float, strategies: str, lane: str,
+            dtypes: str, function: str) -> None:
+        key = f"{kernel} [{dtypes}]"
+        self.rows[key] = (fn, elems, per_elem, {
+            "kernel": kernel, "function": function, "strategies": strategies, "lane": lane,
+            "dtypes": dtypes, "elems": elems, "bytes_per_elem": per_elem,
+            "bytes": elems * per_elem})
+
+
+def host_rows(t: Table, n: int) -> None:
+    """The fp32 host kernels, the roofline and the device's fp32 AdamW over a flat buffer."""
+    a, b = torch.zeros(n), torch.randn(n) * 1e-3
+    t.add(REFERENCE, lambda: a.add_(b), n, 12, "-", "-", "fp32 += fp32", "Tensor.add_")
+    p, g, m, v = torch.randn(n), torch.randn(n) * 1e-3, torch.zeros(n), torch.zeros(n)
+    t.add("host_adamw_", lambda: K.host_adamw_(p, g, m, v, step=1, lr=1e-4, beta1=0.9,
+                                              beta2=0.999, eps=1e-8, weight_decay=0.01),
+          n, 28, OFFLOAD, "host", "fp32 master, grads, m, v", "real.host_adam.host_adamw_")
+    dp, dm, dv, ds = torch.randn(n), torch.zeros(n), torch.zeros(n), torch.zeros(n)
+    t.add("adamw_foreach_ (whole model)",
+          lambda: K.adamw_foreach_([dp], [g], [dm], [dv], [1], lr=1e-4, beta1=0.9,
+                                   beta2=0.999, eps=1e-8, weight_decay=0.01, scratch=[ds]),
+          n, 28, "device", "compute", "fp32 master, grads, m, v", "real.adamw.adamw_foreach_")
+    t.add("grad_norm (host clip)", lambda: K.grad_norm(g), n, 4, OFFLOAD + " (clipping)",
+          "host", "fp32", "real.kernels.grad_norm")
+    t.add("mul_ (scale)", lambda: g.mul_(1.0), n, 8,
+          OFFLOAD + " (clip scale, zenflow 1/U)", "host", "fp32", "Tensor.mul_ (inline)")
+
+
+def dtype_rows(t: Table, n: int, dtype: torch.dtype, ratio: float) -> None:
+    """The kernels whose dtypes follow the device's: conversions, accumulation, the device
+    lane's per-step kernels and ZenFlow's column kernels."""
+    s, d = torch.tensor([], dtype=dtype).element_size(), NAME[dtype]
+    fp32 = torch.randn(n) * 1e-3
+    window, wire, flat = torch.zeros(n), fp32.to(dtype), fp32.to(dtype)
+    low = dtype != torch.float32
+    t.add("accumulate_", lambda: K.accumulate_(window, wire, 0.25), n, 8 + s, "zenflow",
+          "host", f"fp32 += {d}", "real.host_accum.accumulate_")
+    if low:
+        t.add("add_ mixed dtype (reference: the slow path)",
+              lambda: window.add_(wire, alpha=0.25), n, 8 + s, "- (replaced by accumulate_)",
+              "host", f"fp32 += {d}", "Tensor.add_")
+        t.add("copy_ (grads out of the d2h wire)", lambda: K.copy_(fp32, wire), n, 4 + s,
+              OFFLOAD + " (host); device (compute)", "host / compute", f"{d} -> fp32",
+              "real.kernels.copy_")
+        h2d = torch.empty(n, dtype=dtype)
+        t.add("copy_ (params into the h2d wire)", lambda: K.copy_(h2d, fp32), n, 4 + s,
+              OFFLOAD + " (host); device (compute)", "host / compute", f"fp32 -> {d}",
+              "real.kernels.copy_")
+    other = torch.empty_like(flat)
+    t.add("copy_ (same dtype)", lambda: K.copy_(other, flat), n, 2 * s,
+          "zero-offload-dpu, zenflow (upload applied); link copies", "compute / d2h / h2d",
+          f"{d} -> {d}", "real.kernels.copy_")
+    t.add("all_finite", lambda: K.all_finite(flat), n, s, ALL, "compute", d,
+          "real.kernels.all_finite")
+    zeros = torch.zeros_like(flat)
+    t.add("zero_ (grads)", lambda: zeros.zero_(), n, s, ALL, "compute", d,
+          "Tensor.zero_ (Engine._zero_grads)")
+    if low:
+        scratch = torch.empty(n)
+        t.add("grad_norm (device clip)", lambda: K.grad_norm(flat, scratch), n, s,
+              "device (clipping)", "compute", f"{d} via fp32 scratch",
+              "real.kernels.grad_norm")
+        t.add("vector_norm dtype=fp32 (reference: the slow path)",
+              lambda: torch.linalg.vector_norm(flat, dtype=torch.float32), n, s,
+              "- (replaced by grad_norm's scratch)", "compute", d, "torch.linalg.vector_norm")
+    if dtype == torch.float16:
+        t.add("mul_ (loss-scale unscale)", lambda: zeros.mul_(1.0), n, 2 * s,
+              ALL + " (fp16)", "compute", d, "Tensor.mul_ (inline)")
+    # ZenFlow's column kernels on one 2-D weight stored column by column, as the engine
+    cols = max(1, n // ROWS)
+    storage = (torch.randn(cols, ROWS) * 1e-3).to(dtype)
+    grad = storage.t()  # logical [rows, cols], column-major
+    weight = storage.clone().t()
+    k = topk_count(cols, ratio)
+    scores = K.column_scores(grad)
+    idx = K.top_columns(scores, k)
+    shape = selected_shape(grad, k)
+    out, values = torch.empty(shape), take_columns(weight, idx).float()
+    staged = torch.empty(shape, dtype=dtype) if low else None
+    sel = k * ROWS
+    t.add("column_scores", lambda: K.column_scores(grad), cols * ROWS, s, "zenflow",
+          "compute", f"{d} [{ROWS}x{cols}] -> fp32", "real.kernels.column_scores")
+    t.add("top_columns", lambda: K.top_columns(scores, k), cols, 4, "zenflow", "compute",
+          f"fp32 [{cols}], k={k}", "real.kernels.top_columns")
+    t.add("gather_grads_", lambda: K.gather_grads_(grad, idx, out, staged), sel, s + 4,
+          "zenflow", "compute", f"{d} -> fp32, {ratio:g} of columns",
+          "real.kernels.gather_grads_")
+    t.add("scatter_", lambda: K.scatter_(weight, idx, values, staged), sel, 4 + s,
+          "zenflow", "compute", f"fp32 -> {d}, {ratio:g} of columns", "real.kernels.scatter_")
+    if dtype == torch.float32:  # the device AdamW on the selected values: always fp32
+        vm, vv, vs = (torch.zeros(shape) for _ in range(3))
+        t.add("adamw_foreach_ (selected columns)",
+              lambda: K.adamw_foreach_([values], [out], [vm], [vv], [1], lr=1e-4,
+                                       beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01,
+                                       scratch=[vs]),
+              sel, 28, "zenflow", "compute", f"fp32 [{k}x{ROWS}] values, grads, m, v",
+              "real.adamw.adamw_foreach_")
+
+
+def measure(table: Table, repeats: int) -> dict[str, list[float]]:
+    """Round-robin: every kernel once per round, so a noisy minute hits them all."""
+    times: dict[str, list[float]] = {key: [] for key in table.rows}
+    for fn, *_ in table.rows.values():
+        fn()  # warm: pages touched, kernels chosen
+    for _ in range(repeats):
+        for key, (fn, *_) in table.rows.items():
+            start = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - start)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--elems", default="16M", help="elements of each flat buffer")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--topk-ratio", type=float, default=0.1)
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = p.parse_args(argv)
+    n = parse_size(args.elems)
+    table = Table()
+    host_rows(table, n)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        dtype_rows(table, n, dtype, args.topk_ratio)
+    rows, load = [], {"before": os.getloadavg()}  # a shared machine: how busy it was
+    for threads in [int(t) for t in args.threads.split(",")]:
+        torch.set_num_threads(threads)
+        times = measure(table, args.repeats)
+        ref = n * 12 / min(times[f"{REFERENCE} [fp32 += fp32]"])
+        for key, (_, elems, per_elem, desc) in table.rows.items():
+            best = min(times[key])
+            gbs = elems * per_elem / best
+            rows.append({"threads": threads, **desc, "best_s": best,
+                         "median_s": statistics.median(times[key]),
+                         "gb_per_s": gbs / 1e9, "roofline_gb_per_s": ref / 1e9,
+                         "share_of_roofline": gbs / ref})
+        print(f"{threads} thread(s): {len(table.rows)} kernels, {n / 2**20:.0f}M elements, "
+              f"roofline {ref / 1e9:.1f} GB/s", flush=True)
+    load["after"] = os.getloadavg()
+    frame = pd.DataFrame(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv_atomic(frame, args.out / "kernels.csv")
+    write_json_atomic(args.out / "kernels.json",
+                      {"provenance": provenance(argv, "python bench/kernels.py"),
+                       "load_average_1_5_15_min": load, "rows": frame.to_dict("records")})
+    with pd.option_context("display.width", 200, "display.max_colwidth", 44):
+        print(frame[["threads", "kernel", "dtypes", "best_s", "gb_per_s",
+                     "share_of_roofline"]].to_string(index=False))
+    print(f"wrote {args.out}/kernels.csv, kernels.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

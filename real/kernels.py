@@ -1,0 +1,97 @@
+"""The engine's element-wise kernels, one named function each, shared by the engine, the
+calibration probe and the kernel bench.
+
+The strategies (real/strategies.py, real/zenflow.py) and the engine call every hot
+element-wise kernel through this module's attributes (`kernels.copy_(...)`), and so do
+the calibration measurements (real/rate_probe.py, real/profile.py) and
+bench/kernels.py. The probe therefore times the very function the engine runs, and
+tests/test_kernel_identity.py checks it by replacing each attribute here with a counting
+wrapper and running both. Where each kernel runs:
+
+- `host_adamw_` (real/host_adam.py): the host AdamW step over fp32 master chunks; every
+  offloading strategy, host lane.
+- `accumulate_` (real/host_accum.py): ZenFlow's `window += alpha * grads` into the fp32
+  window, gradients in the device's dtype; host lane.
+- `adamw_foreach_` (real/adamw.py): device AdamW; `device` (the whole flat buffer) and
+  `zenflow` (the selected columns and 1-D parameters); compute lane.
+- `copy_`: a copy converting dtype where the two differ: the gradients out of the d2h
+  wire into fp32 and the master into the h2d wire (host lane, 16-bit weights), the
+  device strategy's fp32 gradient copy and master write-back, the upload applied
+  (compute lane).
+- `grad_norm`: the L2 norm of gradient clipping (host lane for the offloading strategies,
+  compute lane for `device`).
+- `all_finite`: the engine's one-pass non-finite check of the flat gradients.
+- `column_scores`, `top_columns`: ZenFlow's selection (compute lane).
+- `gather_grads_`, `scatter_`: ZenFlow's per-step gather of the selected columns'
+  gradients (into fp32) and write-back of their new values (rounded into 16-bit weights).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zfbench.real.adamw import adamw_foreach_
+from zfbench.real.flat import put_columns, take_columns
+from zfbench.real.host_accum import accumulate_
+from zfbench.real.host_adam import host_adamw_
+
+__all__ = ["accumulate_", "adamw_foreach_", "all_finite", "column_scores", "copy_",
+           "gather_grads_", "grad_norm", "host_adamw_", "scatter_", "top_columns"]
+
+
+def copy_(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """`dst[:] = src`, converting to `dst`'s dtype; returns `dst`."""
+    return dst.copy_(src)
+
+
+def grad_norm(grad: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """The L2 norm of `grad` as a 0-d fp32 tensor, accumulated in fp32 whatever its dtype.
+
+    For 16-bit `grad` torch's `vector_norm(dtype=float32)` converts the whole buffer into a
+    fresh fp32 tensor first, which page-faults on every call: 16M bf16 elements took
+    0.036 s against 0.0024 s for fp32 ones on a 2-core AMD EPYC (Zen 4, torch 2.13 CPU;
+    bench/kernels.py). Given an fp32 `scratch` of `grad`'s size (one the caller keeps),
+    the conversion goes there instead: the same conversion and the same norm, so the same
+    bits (tests/test_kernels.py)."""
+    if scratch is not None and grad.dtype != torch.float32:
+        return torch.linalg.vector_norm(scratch.view(grad.shape).copy_(grad))
+    return torch.linalg.vector_norm(grad, dtype=torch.float32)
+
+
+def all_finite(grad: torch.Tensor) -> bool:
+    """Whether the sum of `grad` is finite: one summing pass in the gradients' own dtype
+    (torch accumulates bf16/fp16 sums in fp32; a NaN or inf makes the sum non-finite;
+    measured 15x faster than isfinite or max-abs on CPU). A sum may overflow without a
+    non-finite element: the caller checks element-wise only then."""
+    return bool(torch.isfinite(grad.sum()))
+
+
+def column_scores(grad: torch.Tensor, importance: str = "l1") -> torch.Tensor:
+    """ZenFlow's per-column importance of a 2-D gradient, in fp32: sum over rows of |g|
+    (`l1`) or of g^2 (`l2sq`)."""
+    g = grad.float()
+    if importance == "l2sq":
+        return g.pow(2).sum(0)
+    return g.abs().sum(0)
+
+
+def top_columns(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The indices of the k highest scores, ascending."""
+    return torch.topk(scores, k, sorted=False).indices.sort().values
+
+
+def gather_grads_(grad: torch.Tensor, idx: torch.Tensor, out: torch.Tensor,
+                  low: torch.Tensor | None = None) -> torch.Tensor:
+    """The columns `idx` of the 2-D gradient `grad` into the fp32 `out` (shaped as
+    `flat.selected_shape`); `low`, in `grad`'s dtype, stages them when it is not fp32.
+    Returns `out`."""
+    if low is None:
+        return take_columns(grad, idx, out=out)
+    return out.copy_(take_columns(grad, idx, out=low))
+
+
+def scatter_(weight: torch.Tensor, idx: torch.Tensor, values: torch.Tensor,
+             low: torch.Tensor | None = None) -> None:
+    """The fp32 `values` into the columns `idx` of the 2-D `weight`, rounded through
+    `low` (in the weight's dtype) when the weight is not fp32."""
+    put_columns(weight, idx, values if low is None else low.copy_(values))
