@@ -223,6 +223,18 @@ class CostModel:
         return self.node.host.adam_params_per_s_per_core
 
     @property
+    def convert_units_per_core_s(self) -> float | None:
+        """Elements/s per core of the host's two wire conversions together (gradients
+        out of the d2h wire into fp32, the master into the h2d wire), as a profile
+        measured them with 16-bit weights (`host_convert_elems_per_s`); None where not
+        measured (fp32 weights convert nothing; on a GPU node DeepSpeed's CPU-Adam, whose
+        rate the preset is, writes the 16-bit parameters itself)."""
+        rate = (self.calibration or {}).get("host_convert_elems_per_s")
+        if rate is None or self.settings.precision == "fp32":
+            return None
+        return rate / self.node.host.cores
+
+    @property
     def accum_units_per_core_s(self) -> float:
         if self.calibration is not None:
             return self.calibration["host_accum_elems_per_s"] / self.node.host.cores

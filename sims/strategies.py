@@ -87,12 +87,20 @@ class RankSim:
         nbytes = int(round(nbytes))
         return device_thread_op(self, "d2h", op, step, nbytes, nbytes)
 
-    def host_work(self, op: str, step: int, elems: float, deps) -> simpy.Event:
+    def host_work(self, op: str, step: int, elems: float, deps,
+                  convert_elems: float = 0.0) -> simpy.Event:
+        """Host-lane work; a host AdamW chunk also converts `convert_elems` elements of
+        both wires (gradients into fp32, parameters into the device's dtype) where the
+        profile measured the conversions (zfbench.sims.costs.CostModel.convert_units_per_core_s)."""
         if elems <= 0:
             return _fired(self.env)
         c = self.costs
         if op == "host_optim":
-            job = Job("host", self.rank, elems, ADAM_BYTES_PER_PARAM, c.adam_units_per_core_s)
+            units = c.adam_units_per_core_s
+            convert = c.convert_units_per_core_s
+            if convert_elems > 0 and convert is not None:  # seconds per element add up
+                units = 1.0 / (1.0 / units + convert_elems / elems / convert)
+            job = Job("host", self.rank, elems, ADAM_BYTES_PER_PARAM, units)
         else:
             job = Job("host", self.rank, elems, ACCUM_BYTES_PER_ELEMENT,
                       c.accum_units_per_core_s)
@@ -145,13 +153,16 @@ class RankSim:
         self.env.process(issue())
         return done
 
-    def host_update(self, step: int, deps, elems_of, up_bytes_of):
+    def host_update(self, step: int, deps, elems_of, up_bytes_of, convert_of=None):
         """Host Adam chunk by chunk, each chunk's parameters up (and all-gathered) after it;
-        returns the event of the last upload and each chunk's host event."""
+        returns the event of the last upload and each chunk's host event. `convert_of(i)`:
+        elements of chunk i whose wires the host converts (both directions; default
+        none)."""
         c = self.costs
         last, chunks = None, {}
         for i in reversed(range(self.nb)):
-            chunks[i] = self.host_work("host_optim", step, elems_of(i), deps)
+            chunks[i] = self.host_work("host_optim", step, elems_of(i), deps,
+                                       convert_of(i) if convert_of else 0.0)
             up = self.transfer(self.h2d, "h2d_param", step, up_bytes_of(i), [chunks[i]])
             last = self.gather_when_ready(step, c.buckets[i].numel * c.elem_bytes, up) or up
             deps = ()
@@ -222,8 +233,9 @@ class RankSim:
         yield from self.compute("forward", t, c.forward_s)
         down = yield from self._grads_down(t, self._shard_bytes)
         yield from self._copy_grads_down(t, self._shard_bytes)
-        landed, _ = self.host_update(t, list(down.values()),
-                                     lambda i: c.share(c.buckets[i].numel), self._shard_bytes)
+        shard = lambda i: c.share(c.buckets[i].numel)  # noqa: E731
+        landed, _ = self.host_update(t, list(down.values()), shard, self._shard_bytes,
+                                     shard)
         yield from all_done(self.env, [landed])
 
     def dpu_step(self, t: int):
@@ -241,9 +253,9 @@ class RankSim:
             yield from self.apply_update(t, stale)
             stale = None
         yield from self._copy_grads_down(t, self._shard_bytes, consumed)
-        last, chunks = self.host_update(t, list(down.values()),
-                                        lambda i: c.share(c.buckets[i].numel),
-                                        self._shard_bytes)
+        shard = lambda i: c.share(c.buckets[i].numel)  # noqa: E731
+        last, chunks = self.host_update(t, list(down.values()), shard, self._shard_bytes,
+                                        shard)
         st[("chunks", t)], st[("landed", t)] = chunks, last
         # The next forward needs the update of step t-1: the step ends when it has landed.
         yield from self.apply_update(t, stale)
@@ -296,9 +308,12 @@ class RankSim:
             up_elems = unselected if not shipped else [b.numel for b in c.buckets]
             if s.overlap_step:
                 yield from self.apply_update(t, st.pop("pending", None), True)
+            # the window is fp32 already: only the parameters going up are converted,
+            # one of the two conversions the profile times together
             landed, _ = self.host_update(t, window_deps,
                                          lambda i: c.share(c.buckets[i].numel),
-                                         lambda i: c.share(up_elems[i]) * c.elem_bytes)
+                                         lambda i: c.share(up_elems[i]) * c.elem_bytes,
+                                         lambda i: 0.5 * c.share(up_elems[i]))
             if s.overlap_step:
                 st["pending"] = landed
             else:
