@@ -69,3 +69,15 @@ def test_host_adam_rate_is_measured_for_real():
     (["--precision", "fp32"], False, 1, True), (["--config", "c.json"], False, 1, False), ([], True, 1, False), ([], False, 2, False)])
 def test_only_a_run_with_no_shape_flags_is_sized(argv, cuda, world, want):
     assert is_default_scenario(argv, cuda, world) is want
+
+
+def test_the_header_names_the_ratio_the_simulator_gives_on_the_gpu_node():
+    from zfbench.run_proxy import node_regime
+
+    ratio = node_regime()
+    r = {"shape": "s", "batch": 1, "seq": 4, "precision": "bf16", "host_adam_s": 0.25,
+         "forward_backward_s": 0.15, "ratio": 0.25 / 0.15, "target_ratio": 1.3,
+         "node_ratio": ratio}
+    text = describe_scenario(r)
+    assert f"host AdamW at {ratio:.2f}x forward+backward (simulated)" in text
+    assert ratio > 1.3  # the node is in ZenFlow's regime, which the machine is sized toward

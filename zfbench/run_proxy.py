@@ -139,6 +139,21 @@ def regime(row: dict, params: float) -> float:
     return host_s / row["compute_s"]
 
 
+def node_regime(model: str = "llama2-7b", ranks: int = 4) -> float:
+    """Host AdamW over forward+backward per ZeRO-Offload step of `model` whole on the
+    default GPU node (`SimSettings`' defaults, `ranks` GPUs), simulated: the regime a
+    measured run is compared with."""
+    from zfbench.core.models import get_model
+    from zfbench.sims.costs import SimSettings
+    from zfbench.sims.simulator import simulate, steps_needed
+    from zfbench.simulate_report import summary_row
+
+    settings = SimSettings(model=model, gpus=ranks)
+    settings = settings.with_(steps=max(steps_needed(settings), 8))
+    row = summary_row(simulate(settings, "zero-offload"))
+    return regime(row, get_model(model).total_params)
+
+
 def project_to_node(record: dict, configs: dict, strategies: list[str],
                     ranks: int) -> tuple[list[dict], dict]:
     """Simulate the named model whole on the default GPU node with the run's ranks and
