@@ -65,9 +65,10 @@ def test_what_bounds_the_gain_reads_from_the_stall_parts():
              "host_wait_s": 1.489}
     line = what_bounds(here, there)
     assert "0.7 s exposed transfers" in line and "1.49 s waiting for the host" in line
-    assert "does not hide" in line and "mostly the host's wait" in line
+    assert "bounded by transfers and collectives" in line and "does not hide" in line
+    assert "mostly the host's wait, which ZenFlow hides" in line
     line = what_bounds(there, here)
-    assert "the host wait ZenFlow hides" in line and "mostly the exposed transfers" in line
+    assert "bounded by the host's wait" in line and "mostly the exposed transfers" in line
 
 
 @pytest.mark.slow

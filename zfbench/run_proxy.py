@@ -195,10 +195,11 @@ def what_bounds(here: dict, there: dict) -> str:
         return (f"{row['stall_fraction']:.0%} of its {row['step_time_s']:.3g} s step stalls: "
                 f"{row['exposed_io_s']:.3g} s exposed transfers and collectives, "
                 f"{row['host_wait_s']:.3g} s waiting for the host")
-    side = "the host's wait" if there["host_wait_s"] > there["exposed_io_s"] else \
-        "the exposed transfers"
-    lead = ("the host wait ZenFlow hides" if here["host_wait_s"] > here["exposed_io_s"]
-            else "transfers and collectives (on ranks that share the CPU, gloo's), which "
-                 "ZenFlow shortens but does not hide")
-    return (f"  what bounds ZenFlow's gain: here ZeRO-Offload's {parts(here)}, so {lead} "
-            f"bound the measured gain; on the node its {parts(there)}, mostly {side}")
+    side = ("the host's wait, which ZenFlow hides" if there["host_wait_s"] >
+            there["exposed_io_s"] else "the exposed transfers, which ZenFlow shortens")
+    lead = ("the host's wait, which ZenFlow hides" if here["host_wait_s"] >
+            here["exposed_io_s"] else "transfers and collectives (gloo's, on ranks that "
+            "share the CPU), which ZenFlow shortens but does not hide")
+    return (f"  what bounds ZenFlow's gain: here ZeRO-Offload's {parts(here)}, so the "
+            f"measured gain is bounded by {lead}; on the node its {parts(there)}, mostly "
+            f"{side}")
