@@ -146,7 +146,7 @@ def _summary_rows(file: str):
     def rows(labels: dict, result) -> dict:
         row = {**labels, **summary_row(result)}
         s = result.settings
-        row["tokens_per_s"] = s.ranks * s.micro_batch * s.seq / row["step_time_s"]
+        row["tokens_per_s"] = s.ranks * s.micro_batch * s.grad_accum * s.seq / row["step_time_s"]
         row["model_bytes"] = result.costs.model_bytes
         return {file: pd.DataFrame([row])}
     return rows
