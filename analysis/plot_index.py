@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter
 
 from zfbench.analysis import plot_measured as pm, plot_sweeps as ps, plot_training as pt, plots as pl
+from zfbench.analysis import plot_published as pp
 
 MEASURED_COMMANDS = {
     "validate": "`python -m zfbench.validate --out <measured>`",
@@ -252,6 +253,11 @@ def fig_auto_interval(c: FigureData):
         f"and the last of {f['last']}.")
 
 
+def fig_published(c: FigureData):
+    df = c.table("published.csv")
+    return pp.plot_published(df), pp.published_sentence(pp.published_facts(df))
+
+
 # -- the registry and the README ------------------------------------------------------
 @dataclass(frozen=True)
 class FigureSpec:
@@ -315,6 +321,10 @@ FIGURES = (
     FigureSpec(14, "auto_update_interval", "Adaptive update interval",
                "Which update interval does the adaptive mode choose over training?",
                fig_auto_interval, ("windows",), True),
+    FigureSpec(15, "published_vs_simulated", "Published vs simulated",
+               "How close does the simulator come to what the ZeRO-Offload and ZeRO-Infinity "
+               "papers and DeepSpeed's core-binding blog measured on real GPUs?",
+               fig_published, ("published",)),
 )
 
 

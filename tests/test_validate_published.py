@@ -168,3 +168,21 @@ def test_bundled_dataset_runs_with_no_row_unsupported(tmp_path):
     assert validate_main(["--published", "--out", str(tmp_path), "--quiet"]) == 0
     rows = read(tmp_path / "published.csv")
     assert len(rows) == 41 and all(r["status"] == "ok" for r in rows)
+
+
+def test_figure_facts_from_a_published_table():
+    import pandas as pd
+
+    from zfbench.analysis.plot_published import published_facts, short_source
+
+    df = pd.DataFrame({
+        "id": ["a", "b", "c", "d"], "source": ["P, arXiv 1, Figure 1"] * 2 + ["Q, arXiv 2, Table 3"] * 2,
+        "metric": ["tflops_per_gpu"] * 4, "strategy": ["device"] * 4, "value": [10, 10, 10, 10],
+        "simulated": [11, 9.5, 14, ""], "error_pct": [10.0, -5.0, 40.0, ""],
+        "status": ["ok", "ok", "ok", "unsupported: x"]})
+    f = published_facts(df)
+    assert f["rows"] == 3 and f["unsupported"] == 1
+    assert f["mae_pct"] == pytest.approx(55 / 3)
+    assert f["within_15_pct"] == pytest.approx(200 / 3) and f["worst_id"] == "c"
+    assert (f["best_source"], f["best_source_pct"]) == ("P Figure 1", pytest.approx(7.5))
+    assert short_source("Q, arXiv 2, Table 3") == "Q Table 3"

@@ -261,6 +261,10 @@ def build_parser() -> OneLineParser:
     p.add_argument("--host-threads", type=int)
     p.add_argument("--out", type=Path, default=Path("runs/validate"))
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--published", nargs="?", const="", metavar="FILE.csv",
+                   help="check the simulator against published GPU measurements instead "
+                        "(the bundled file when FILE.csv is left out; docs/published.md); "
+                        "takes only --out and --quiet")
     return p
 
 
