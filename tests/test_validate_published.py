@@ -186,3 +186,19 @@ def test_figure_facts_from_a_published_table():
     assert f["within_15_pct"] == pytest.approx(200 / 3) and f["worst_id"] == "c"
     assert (f["best_source"], f["best_source_pct"]) == ("P Figure 1", pytest.approx(7.5))
     assert short_source("Q, arXiv 2, Table 3") == "Q Table 3"
+
+
+def test_backward_time_by_hand():
+    """One GPU: device's backward is the backward compute alone (3 x forward with
+    recompute); zero-offload's also waits for the last gradient to land on the host, so
+    it is longer by at least the last bucket's copy and at most every copy."""
+    _, rows = vp.read_rows(FIXTURE)
+    row = {**{r["id"]: r for r in rows}["pt"], "metric": "backward_time_s"}
+    settings = vp.row_settings(row)
+    device = vp.simulate(settings, "device")
+    fwd = sum(b.forward_s for b in device.costs.buckets)
+    assert vp.measure(device, "backward_time_s", vp.SKIP_STEPS) == pytest.approx(3 * fwd, rel=1e-9)
+    offload = vp.measure(vp.simulate(settings, "zero-offload"), "backward_time_s", vp.SKIP_STEPS)
+    c = device.costs
+    first_bucket = c.buckets[0].numel * 2 / 12e9
+    assert 3 * fwd + first_bucket <= offload <= 3 * fwd + c.params * 2 / 12e9 + 1e-3
