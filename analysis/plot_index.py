@@ -3,7 +3,7 @@ it shows (numbers read from the same data), and the README that lists them all.
 
 Covers: `FigureData` (where the simulated CSVs and the measured files are, plus the few
 settings the sentences quote), `FIGURES` (number, file stem, title, question, inputs and
-drawing function of figures 1-15) and `render_readme`. No simulation happens here:
+drawing function of figures 1-16) and `render_readme`. No simulation happens here:
 `zfbench.figures` makes the simulated CSVs and calls these functions; the measured
 layouts are in `zfbench.analysis.plot_measured`.
 """
@@ -20,6 +20,7 @@ from matplotlib.ticker import EngFormatter
 
 from zfbench.analysis import plot_measured as pm, plot_sweeps as ps, plot_training as pt, plots as pl
 from zfbench.analysis import plot_run as pr
+from zfbench.analysis import plot_published as pp
 
 MEASURED_COMMANDS = {
     "validate": "`python -m zfbench.validate --out <measured>`",
@@ -265,6 +266,11 @@ def fig_auto_interval(c: FigureData):
         f"and the last of {f['last']}.")
 
 
+def fig_published(c: FigureData):
+    df = c.table("published.csv")
+    return pp.plot_published(df), pp.published_sentence(pp.published_facts(df))
+
+
 # -- the registry and the README ------------------------------------------------------
 @dataclass(frozen=True)
 class FigureSpec:
@@ -332,6 +338,10 @@ FIGURES = (
                "What does `python -m zfbench.run --model llama2-7b --gpus 4` measure on this "
                "machine, and what does the simulator project for the whole model on the GPU "
                "node?", fig_first_command, ("run",), True),
+    FigureSpec(16, "published_vs_simulated", "Published vs simulated",
+               "How close does the simulator come to what the ZeRO-Offload and ZeRO-Infinity "
+               "papers and DeepSpeed's core-binding blog measured on real GPUs?",
+               fig_published, ("published",)),
 )
 
 

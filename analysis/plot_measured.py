@@ -41,10 +41,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+from matplotlib.ticker import MaxNLocator
 
 from zfbench.analysis.gradstats import overlap_pairs
-from zfbench.analysis.plots import STRATEGY_STYLE, new_figure, with_style
+from zfbench.analysis.plots import STRATEGY_STYLE, log_log_axes, new_figure, with_style
 
 LAYOUT = {
     "validate": "validate.csv",
@@ -182,12 +182,7 @@ def plot_validation(df: pd.DataFrame, caption: str = "") -> Figure:
         hi = float(max(m.max(), sim.max()))
         if log:
             lo, hi = max(lo, 1e-6) / 1.5, hi * 1.5
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            for axis in (ax.xaxis, ax.yaxis):
-                axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-                axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-                axis.set_minor_formatter(NullFormatter())
+            log_log_axes(ax)
             grid = np.geomspace(lo, hi, 50)
             ax.fill_between(grid, grid / 1.25, grid * 1.25, color="#DDDDDD", linewidth=0,
                             label="within 25%")

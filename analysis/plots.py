@@ -95,6 +95,19 @@ def new_figure(nrows: int = 1, ncols: int = 1, figsize=None, **subplot_kw):
     return fig, fig.subplots(nrows, ncols, squeeze=False, **subplot_kw)
 
 
+def log_log_axes(ax) -> None:
+    """Both axes logarithmic, major ticks at 1, 2 and 5 of each decade written plainly
+    (`0.2`, `50`), no minor tick labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
+
+
 def save_figure(fig: Figure, out_dir: str | Path, stem: str,
                 png_dpi: float | None = None) -> list[Path]:
     """Write `<stem>.png` (at the style's dpi unless `png_dpi`) and `<stem>.pdf` (no

@@ -60,6 +60,10 @@ class SimSettings:
     gpus_per_switch: int = 2
     micro_batch: int = 1
     seq: int = 1024
+    # Micro-steps per optimizer step (DeepSpeed's gradient_accumulation_steps): each runs
+    # forward and backward, and the offloading strategies send its gradients down and
+    # accumulate them on the host; the last one ends with the strategy's update.
+    grad_accum: int = 1
     precision: str = "bf16"
     mfu: float | None = None
     activation_checkpointing: bool = True
@@ -108,6 +112,7 @@ class SimSettings:
         _check_int(self, "gpus_per_switch", 1)
         _check_int(self, "micro_batch", 1)
         _check_int(self, "seq", 1)
+        _check_int(self, "grad_accum", 1)
         _check_int(self, "steps", 1)
         _check_int(self, "prefetch_buckets", 0)
         _check_int(self, "nvme_drives", 1)
@@ -149,6 +154,8 @@ class SimSettings:
                 shape.with_layers(self.layers)
             if self.profile is not None:
                 load_calibration(self.profile, shape)
+            elif self.precision != "fp32":  # a GPU without bf16 (V100) refuses it here
+                self.parts()[0].peak_flops_per_s(self.precision)
             else:
                 self.parts()
             self.nvme_drive()
@@ -208,6 +215,29 @@ class SimSettings:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def node_knobs(name: str, gpus: int | None = None) -> dict:
+    """The knobs that put a run on the node preset `name` (hardware.json "nodes"): its GPU,
+    link, host, GPU-to-GPU network, switch pairing and drives; with `gpus` (the run's total)
+    above the node's GPUs, that many nodes joined by the node's `inter_net` (it must be a
+    multiple of the node's GPUs)."""
+    node = hardware.get_node(name)
+    knobs = {"gpu": node.gpu.name, "pcie": node.link.name, "host": node.host.name,
+             "net": node.net.name, "gpus_per_switch": node.gpus_per_switch}
+    if node.nvme is not None:
+        knobs.update(nvme=node.nvme.name, nvme_drives=node.nvme_drives)
+    gpus = node.gpus if gpus is None else gpus
+    if gpus <= node.gpus:
+        return {**knobs, "gpus": gpus}
+    if gpus % node.gpus:
+        raise SimSettingsError(f"{gpus} GPUs on {name} nodes of {node.gpus}: not a whole "
+                               f"number of nodes; give a multiple of {node.gpus}")
+    if node.inter_net is None:
+        raise SimSettingsError(f"node {name} names no inter_net, so {gpus} GPUs (more than "
+                               f"its {node.gpus}) cannot be several nodes of it")
+    return {**knobs, "nodes": gpus // node.gpus, "gpus_per_node": node.gpus,
+            "gpus": gpus, "inter_net": node.inter_net.name}
 
 
 def _check_int(settings: SimSettings, name: str, minimum: int) -> None:

@@ -20,7 +20,7 @@ import simpy
 from zfbench.sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
 from zfbench.sims.fluid import FluidPool, NodeCapacities, node_rates
 from zfbench.sims.emulated import emulated_rates
-from zfbench.sims.strategies import RankSim
+from zfbench.sims.strategies import GRAD_ACCUM_STRATEGIES, RankSim
 from zfbench.core.trace import Timeline
 
 
@@ -49,7 +49,7 @@ class SimResult:
 
     def flops_per_step(self) -> float:
         s, shape = self.settings, self.costs.shape
-        tokens = s.seq * s.micro_batch
+        tokens = s.seq * s.micro_batch * s.grad_accum
         fwd = shape.forward_flops_per_token(s.seq) * tokens
         return fwd + shape.backward_flops_per_token(s.seq) * tokens
 
@@ -87,6 +87,10 @@ def simulate(settings: SimSettings, strategy: str) -> SimResult:
     if strategy not in STRATEGIES:
         raise SimSettingsError(f"unknown strategy {strategy!r}; choose one of: "
                                f"{', '.join(STRATEGIES)}")
+    if settings.grad_accum > 1 and strategy not in GRAD_ACCUM_STRATEGIES:
+        raise SimSettingsError(f"grad_accum {settings.grad_accum} is simulated for "
+                               f"{', '.join(GRAD_ACCUM_STRATEGIES)}, not {strategy} (its "
+                               f"accumulation path is not modelled); use grad_accum 1")
     if settings.nodes > 1 and strategy == "zero-infinity" and \
             settings.offload_params == "nvme":
         raise SimSettingsError("zero-infinity with --offload-params nvme is simulated on one "

@@ -21,6 +21,19 @@ to its lanes with the dependencies the real engine has:
   parameters go up. With `overlap_step` the device waits, at the next boundary, for the
   previous window's update only (one window stale); without it, at once.
 
+With gradient accumulation (`grad_accum` A > 1; device, zero-offload and zero-offload-dpu)
+a step is A micro-steps: A - 1 accumulation micro-steps (`accumulate`), then the strategy's
+own step as the last. A micro-step runs forward and backward, each bucket's gradient
+all-reduced (device: the ZeRO-2 reduction happens every micro-step). The offloading
+strategies accumulate as DeepSpeed's ZeRO-2 CPU offload does
+(`async_accumulate_grad_in_cpu_via_gpu` in its stage_1_and_2.py): the rank's share of
+each bucket lives in a pinned 16-bit host buffer between micro-steps; from the second
+micro-step on it first comes up (h2d, recorded as `h2d_param`, as zenflow's shipped round
+trip is) to be added to the new gradient on the device, and every micro-step but the
+last sends the sum down (d2h `d2h_grad`); the last sends it down as the step's gradient.
+The add itself (one read-read-write of the share in HBM, milliseconds against seconds of
+compute) is left out. No host compute is spent on accumulation.
+
 A step's wall interval runs from its forward's start to the moment the next forward may
 start; the stall the analysis reports is that interval minus the compute lane's busy time.
 
@@ -47,6 +60,10 @@ from zfbench.sims.lanes import Lane, all_done, run_compute
 from zfbench.sims.zero_infinity import zero_infinity_step
 from zfbench.core.schedule import is_selection_step, is_warmup
 from zfbench.core.trace import Timeline
+
+
+# The strategies whose step runs with gradient accumulation (grad_accum > 1).
+GRAD_ACCUM_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu")
 
 
 class RankSim:
@@ -174,8 +191,11 @@ class RankSim:
                    "zero-offload-dpu": self.dpu_step, "zenflow": self.zenflow_step,
                    "zero-infinity": lambda t: zero_infinity_step(self, t)}[strategy]
         self.state: dict = {}
+        accum = self.costs.settings.grad_accum
         for t in range(steps):
             start = self.env.now
+            for micro in range(accum - 1):
+                yield from self.accumulate(strategy, t, micro)
             yield from step_fn(t)
             yield from self.after_step(t)
             self.timeline.mark_step(self.rank, t, start, self.env.now)
@@ -184,6 +204,43 @@ class RankSim:
         """Device work that closes every step: emulated, the engine zeroes every gradient."""
         if self.emulated:
             yield from self.compute("device_optim", t, grad_zero_s(self.costs))
+
+    def accumulate(self, strategy: str, t: int, micro: int):
+        """Micro-step `micro` of step t that ends in no update: forward, backward, each
+        bucket reduced; offloading, each share summed through the host buffer (module
+        docstring)."""
+        c, st = self.costs, self.state
+        yield from self.compute("forward", t, c.forward_s)
+        if strategy == "device":
+            reduced = []
+            yield from self.backward(t, lambda i: reduced.append(self.collective(
+                "allreduce", t, c.buckets[i].numel * c.elem_bytes, [])))
+            yield from all_done(self.env, reduced)
+            return
+        deps_of = self._accumulated_up(t, micro)
+        down = yield from self._grads_down(t, self._shard_bytes, deps_of)
+        yield from self._copy_grads_down(t, self._shard_bytes)
+        st["accum_down"] = down
+        yield from all_done(self.env, self.reduced)
+
+    def _accumulated_up(self, t: int, micro: int):
+        """`extra_deps_of` for a micro-step's gradients going down: from the second
+        micro-step on, bucket i's accumulated share first comes up, once the previous
+        micro-step's copy of it has landed on the host."""
+        if micro == 0 or self.emulated:
+            return lambda i: ()
+        previous = self.state.get("accum_down", {})
+        return lambda i: [self.transfer(self.h2d, "h2d_param", t, self._shard_bytes(i),
+                                        [previous.get(i)])]
+
+    def _final_micro_deps(self, t: int):
+        """The last micro-step's `extra_deps_of` (nothing without accumulation)."""
+        accum = self.costs.settings.grad_accum
+        if accum == 1:
+            return lambda i: ()
+        deps = self._accumulated_up(t, accum - 1)
+        self.state.pop("accum_down", None)
+        return deps
 
     def device_step(self, t: int):
         c = self.costs
@@ -231,7 +288,7 @@ class RankSim:
     def offload_step(self, t: int):
         c = self.costs
         yield from self.compute("forward", t, c.forward_s)
-        down = yield from self._grads_down(t, self._shard_bytes)
+        down = yield from self._grads_down(t, self._shard_bytes, self._final_micro_deps(t))
         yield from self._copy_grads_down(t, self._shard_bytes)
         shard = lambda i: c.share(c.buckets[i].numel)  # noqa: E731
         landed, _ = self.host_update(t, list(down.values()), shard, self._shard_bytes,
@@ -248,7 +305,7 @@ class RankSim:
             return [prev_chunks.get(i)]
         # with copy engines the buckets land in the other of two alternating buffers
         # (real/strategies.py), free since the update of step t-2 was applied
-        down = yield from self._grads_down(t, self._shard_bytes)
+        down = yield from self._grads_down(t, self._shard_bytes, self._final_micro_deps(t))
         if self.emulated:  # the device thread applies it before its gradients go down
             yield from self.apply_update(t, stale)
             stale = None

@@ -1,6 +1,6 @@
 """`python -m zfbench.figures`: rebuild every paper figure into paper_figures/ (`make figures`).
 
-Covers: figures 1-9 from simulations (regenerated when their CSVs under `<out>/data/` are
+Covers: figures 1-9 and 16 from simulations (regenerated when their CSVs under `<out>/data/` are
 missing or were made with other settings; `--regenerate` forces it), figures 10-15 from
 measured files (layout below), run small on this machine when missing
 (`zfbench.figures_measure`; `--no-measure` skips that), `--quick` (small models and
@@ -44,6 +44,7 @@ reported the same way and makes the command exit 1.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -61,7 +62,7 @@ from zfbench.analysis import plot_sweeps as ps
 from zfbench.analysis.plot_index import FIGURES, FigureData, draw_one, merge_outcomes, render_readme
 from zfbench.sims.costs import SimSettings
 from zfbench.sims.simulator import default_skip_steps
-from zfbench import predict_inputs
+from zfbench import predict_inputs, validate_published
 from zfbench.core import hardware
 from zfbench.core.strategies import SIM_STRATEGIES as STRATEGIES
 from zfbench.figures_data import TIMELINE_STRATEGIES, Dataset, generate, is_fresh
@@ -98,13 +99,16 @@ class Plan:
     util_bin_s: float = 0.25
     model: str = "llama2-7b"  # timelines, sweeps and scaling
     png_dpi: float | None = None  # None: the style's savefig.dpi
+    published_ids: tuple[str, ...] = ()  # figure 16's rows of the bundled file (): all
 
 
 FULL = Plan("full", ("qwen2.5-1.5b", "qwen2.5-3b", "llama2-7b", "llama2-13b"), None, 32, 40,
             (1, 2, 4, 8, 16), (0.01, 0.05, 0.1, 0.2, 0.5), (1, 2, 4, 8, 16, 32, 64))
 QUICK = Plan("quick", ("qwen2.5-1.5b", "llama2-7b"), 2, 12, 20, (1, 2, 4), (0.1, 0.5),
              (1, 2, 16),
-             util_bin_s=0.02, png_dpi=72)
+             util_bin_s=0.02, png_dpi=72,
+             published_ids=("zo-fig9-2b-zo", "zo-fig9-2b-dpu", "zo-fig14-b1-pt",
+                            "zo-fig14-b1-zo", "cb-qwen1.5b-zero2", "cb-qwen1.5b-zo-bound"))
 
 
 def node_settings(node: str, plan: Plan, model: str | None = None, **knobs) -> SimSettings:
@@ -150,7 +154,7 @@ def _summary_rows(file: str):
     def rows(labels: dict, result) -> dict:
         row = {**labels, **summary_row(result)}
         s = result.settings
-        row["tokens_per_s"] = s.ranks * s.micro_batch * s.seq / row["step_time_s"]
+        row["tokens_per_s"] = s.ranks * s.micro_batch * s.grad_accum * s.seq / row["step_time_s"]
         row["model_bytes"] = result.costs.model_bytes
         return {file: pd.DataFrame([row])}
     return rows
@@ -190,12 +194,29 @@ def datasets(plan: Plan) -> dict[str, Dataset]:
     d["paper_predict"] = Dataset("paper_predict", [], None, lambda: _paper_view(plan),
                                  {"models": list(plan.models), "steps": plan.steps,
                                   "bars": predict_inputs.paper_bars()["bars"]})
+    d["published"] = Dataset("published", [], None, lambda: _published_view(plan),
+                             {"file": validate_published.BUNDLED,
+                              "sha256": _bundled_digest(), "ids": list(plan.published_ids)})
     gpus = hardware.get_node(NODES[0]).gpus
     d["selection_traffic"] = Dataset(
         "selection_traffic", [], None,
         lambda: {"selection_traffic.csv": ps.selection_traffic(list(FULL.models), gpus)},
         {"models": list(FULL.models), "gpus": gpus})
     return d
+
+
+def _bundled_digest() -> str:
+    return hashlib.sha256(validate_published.bundled_path().read_bytes()).hexdigest()
+
+
+def _published_view(plan: Plan) -> dict:
+    """The bundled published rows (plan.published_ids of them, or all) simulated as
+    `python -m zfbench.validate --published` does; its published.csv."""
+    columns, rows = validate_published.read_rows(validate_published.bundled_path())
+    if plan.published_ids:
+        rows = [r for r in rows if r["id"] in plan.published_ids]
+    done = validate_published.validate_rows(rows, quiet=True)
+    return {"published.csv": pd.DataFrame(done)[[*columns, *validate_published.OUTPUT_COLUMNS]]}
 
 
 def _paper_view(plan: Plan) -> dict:
@@ -254,6 +275,11 @@ def sources(plan: Plan) -> dict[str, str]:
                          f"of {models}, zfbench/data/paper_zero_offload_bars.json, each fitted "
                          f"on its node and ZenFlow simulated there; like `python -m "
                          f"zfbench.predict --paper --steps {plan.steps}`)",
+        "published": f"`data/published.csv` ("
+                     + (f"rows {', '.join(plan.published_ids)} of " if plan.published_ids
+                        else "every row of ")
+                     + f"{validate_published.BUNDLED}, each simulated; like `python -m "
+                     f"zfbench.validate --published --out DIR`, docs/published.md)",
         "selection_traffic": f"`data/selection_traffic.csv` (computed from the shapes in "
                              f"zfbench/core/models.py of {', '.join(FULL.models)}, "
                              f"{hardware.get_node(NODES[0]).gpus} GPUs; no simulation)",
@@ -286,7 +312,8 @@ Generated by `make figures` (`python -m zfbench.figures`{quick}); do not edit by
 Every number below is read from the data files named with each figure. Figures 1-9 are
 simulated (SimPy model in `sims/`, hardware presets from `zfbench/data/hardware.json`,
 averages over steady-state steps after the default skip of warm-up and two update
-windows); their CSVs are under `data/` with a `.spec.json` each holding the exact
+windows), and so is figure 16 (the bundled published GPU measurements, each row
+simulated as docs/published.md says); their CSVs are under `data/` with a `.spec.json` each holding the exact
 settings, and are re-simulated only when missing, made with other settings, or with
 `--regenerate`. Figures 10-15 come from measured files (`--measured DIR`, default
 `{measured}`), laid out as below (documented in `analysis/plot_measured.py`):

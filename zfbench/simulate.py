@@ -63,6 +63,7 @@ from pathlib import Path
 
 from zfbench.sims.costs import STRATEGIES, SimSettings, SimSettingsError
 from zfbench.sims.simulator import steps_needed
+from zfbench.sims.strategies import GRAD_ACCUM_STRATEGIES
 from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, check_profile, fail
 from zfbench.core.provenance import machine
 from zfbench.report import format_table, staging_dir
@@ -243,6 +244,22 @@ def check_fits(settings: SimSettings, strategies: list[str]) -> None:
                            f"--activation-checkpointing true, or an offload strategy.")
 
 
+def accumulating(cases, strategies: list[str], every: bool) -> list[str]:
+    """With --grad-accum above 1, the strategies whose accumulation is simulated: `all`
+    keeps those (and says which it leaves out); one named that is not is an error."""
+    if all(case.grad_accum == 1 for _, case in cases):
+        return strategies
+    kept = [s for s in strategies if s in GRAD_ACCUM_STRATEGIES]
+    left = [s for s in strategies if s not in kept]
+    if left and not every:
+        raise SimSettingsError(f"--grad-accum above 1 is simulated for "
+                               f"{', '.join(GRAD_ACCUM_STRATEGIES)}, not {', '.join(left)}")
+    if left:
+        print(f"note: --grad-accum above 1: {', '.join(left)} left out (its accumulation "
+              f"is not simulated)", file=sys.stderr)
+    return kept
+
+
 def auto_resolution(case: SimSettings) -> dict | None:
     """What update_interval "auto" resolved to in this case (None with a fixed one)."""
     plan = case.window_plan()
@@ -262,7 +279,9 @@ def header(case: SimSettings, flags: set, sweeps) -> str:
                                else "")
     interval = s.window_plan().rule if s.update_interval == "auto" else s.update_interval
     line = (f"{s.model}{'' if s.layers is None else f'[{s.layers}L]'} on {where}; "
-            f"micro-batch {s.micro_batch} x seq {s.seq}, {precision}; zenflow topk "
+            f"micro-batch {s.micro_batch} x seq {s.seq}"
+            + (f" x {s.grad_accum} micro-steps" if s.grad_accum > 1 else "")
+            + f", {precision}; zenflow topk "
             f"{s.topk_ratio}, U={interval}, overlap={s.overlap_step}; zero-infinity "
             f"parameters on {s.offload_params}"
             + (f" ({s.nvme_drives} x {s.nvme})" if s.offload_params == "nvme" else "")
@@ -280,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         sweeps = parse_sweeps(args.sweep)
         cases = build_cases(given, sweeps)  # every case validated before any simulation
         strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
+        strategies = accumulating(cases, strategies, args.strategy == "all")
         for _, case in cases:
             check_fits(case, strategies)
         trace = TraceRule.parse(args.trace_steps)

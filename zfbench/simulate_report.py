@@ -50,7 +50,7 @@ def summary_row(result: SimResult, spans=None, steps=None, table=None) -> dict:
     s = result.settings
     row["steps_left_out"] = result.skip_steps
     row["achieved_flops_per_s"] = result.flops_per_step() / row["step_time_s"]
-    row["tokens_per_s"] = s.micro_batch * s.seq * s.ranks / row["step_time_s"]
+    row["tokens_per_s"] = s.micro_batch * s.grad_accum * s.seq * s.ranks / row["step_time_s"]
     fit = c.fits(result.strategy)
     row.update({"device_bytes_per_rank": fit["device_bytes_per_rank"],
                 "device_capacity_bytes": fit["device_capacity_bytes"],

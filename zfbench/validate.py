@@ -32,6 +32,9 @@ lanes), and a shape that needs more tokens than the model has positions grows it
     python -m zfbench.validate                 # full matrix, about 8 minutes here
     python -m zfbench.validate --shapes longer # one shape (longer, equal, shorter)
     python -m zfbench.validate --quick         # tiny shapes, seconds (what CI runs)
+
+`--published [FILE.csv] [--out DIR]` checks the simulator against measurements published
+for real GPUs instead (zfbench.validate_published, docs/published.md).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, fail, pos
 from zfbench.core.config import SCENARIO_ZENFLOW, STRATEGIES
 from zfbench.core.trace import merge_chrome_traces, write_csv_atomic, write_json_atomic
 from zfbench.run_defaults import DEFAULT_PRECISION
+from zfbench import validate_published
 from zfbench.validate_shapes import (REGIMES, SIZING_SEQ, compute_s, fitting, host_adam_s,
                                      sized_shapes)
 
@@ -257,6 +261,10 @@ def build_parser() -> OneLineParser:
     p.add_argument("--host-threads", type=int)
     p.add_argument("--out", type=Path, default=Path("runs/validate"))
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--published", nargs="?", const="", metavar="FILE.csv",
+                   help="check the simulator against published GPU measurements instead "
+                        "(the bundled file when FILE.csv is left out; docs/published.md); "
+                        "takes only --out and --quiet")
     return p
 
 
@@ -320,6 +328,9 @@ def checked_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     from zfbench.core.provenance import provenance
 
+    given = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--published" or a.startswith("--published=") for a in given):
+        return validate_published.main(given)  # against published GPU measurements
     try:
         args, regimes, base = checked_args(argv)
     except (CliError, ValueError) as err:

@@ -52,10 +52,12 @@ _SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "net_links": (("bytes_per_s", "latency_s", "efficiency"), ()),
     "nvme_drives": (("read_bytes_per_s", "write_bytes_per_s", "capacity_bytes"), ()),
     "nodes": (("gpus", "gpus_per_switch", "nvme_drives"), ("gpu", "link", "host", "net",
-                                                          "nvme")),
+                                                          "nvme", "inter_net")),
 }
-# Fields an entry may leave out: a node without NVMe (e.g. a measured profile's node).
-_OPTIONAL = {"nodes": frozenset({"nvme", "nvme_drives"})}
+# Fields an entry may leave out: a node without NVMe (e.g. a measured profile's node) or
+# without a network to other nodes; a GPU without bf16 tensor cores (V100).
+_OPTIONAL = {"nodes": frozenset({"nvme", "nvme_drives", "inter_net"}),
+             "gpus": frozenset({"bf16_flops_per_s"})}
 _FRACTIONS = {"default_mfu", "h2d_factor_when_d2h_busy", "d2h_factor_when_h2d_busy",
               "dram_triad_fraction", "efficiency"}
 _INTEGERS = {"cores_per_socket", "sockets", "gpus", "gpus_per_switch", "nvme_drives"}
@@ -132,7 +134,9 @@ def _number(entry: dict, f: str, where: str) -> tuple[float, str]:
 
 
 def _vals(parsed: dict, fields: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, str]]:
-    return ({f: parsed[f][0] for f in fields}, {f: parsed[f][1] for f in fields})
+    """Values and sources of `fields`; an optional field left out is None, sourceless."""
+    return ({f: parsed[f][0] if f in parsed else None for f in fields},
+            {f: parsed[f][1] for f in fields if f in parsed})
 
 
 def _simple(cls: type) -> Any:
@@ -163,7 +167,7 @@ def _build_host(name: str, p: dict) -> HostCPU:
 _BUILDERS = {"gpus": _simple(GPU), "host_links": _simple(HostLink), "hosts": _build_host,
              "net_links": _simple(NetLink), "nvme_drives": _simple(NvmeDrive)}
 _NODE_PARTS = {"gpu": "gpus", "link": "host_links", "host": "hosts", "net": "net_links",
-               "nvme": "nvme_drives"}
+               "nvme": "nvme_drives", "inter_net": "net_links"}
 
 
 def _build(validated: dict, fallback: dict | None, origin: str) -> dict[str, dict[str, Any]]:
@@ -283,6 +287,8 @@ def entry_of(section: str, obj: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in numeric:
         value = derived[f](obj) if section == "hosts" and f in derived else getattr(obj, f)
+        if value is None:  # an optional field left out (a V100's bf16 rate)
+            continue
         out[f] = {"value": value, "source": obj.sources.get(f) or f"from {obj.name}"}
-    out.update({f: getattr(obj, f) for f in strings})
+    out.update({f: getattr(obj, f) for f in strings if getattr(obj, f, None) is not None})
     return out

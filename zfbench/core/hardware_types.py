@@ -30,7 +30,7 @@ def _sources_field() -> Any:
 @dataclass(frozen=True)
 class GPU:
     name: str
-    bf16_flops_per_s: float
+    bf16_flops_per_s: float | None  # None: no bf16 tensor cores (V100)
     fp16_flops_per_s: float
     memory_bytes: float
     hbm_bytes_per_s: float
@@ -43,6 +43,8 @@ class GPU:
         key = _PRECISIONS.get(str(precision).lower())
         if key is None:
             raise ValueError(f"unknown precision {precision!r}; choose one of: bf16, fp16")
+        if key == "bf16" and self.bf16_flops_per_s is None:
+            raise ValueError(f"GPU {self.name!r} has no bf16 tensor cores; use precision fp16")
         return self.bf16_flops_per_s if key == "bf16" else self.fp16_flops_per_s
 
 
@@ -155,6 +157,7 @@ class Node:
     net: NetLink
     nvme: NvmeDrive | None = None  # the node's drive model, `nvme_drives` of them
     nvme_drives: int = 0
+    inter_net: NetLink | None = None  # the network joining several such nodes, per GPU
     note: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:

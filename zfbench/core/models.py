@@ -56,9 +56,12 @@ from numbers import Real
 
 from zfbench.core.model_names import (UnknownModelError, format_width, legacy_depth,
                                         parse_model_name, slice_name, strip_suffix)
+from zfbench.core.model_specs import ModelSpecError, is_spec, spec_fields
 
 __all__ = [
     "UnknownModelError",
+    "ModelSpecError",
+    "SPEC_SYNTAX",
     "Matrix",
     "Vector",
     "Block",
@@ -149,7 +152,8 @@ class ModelShape:
     """Architecture hyper-parameters of a decoder-only transformer.
 
     ``style`` is ``"llama"`` (rotary positions, gated SiLU MLP, RMSNorm; also
-    Qwen2) or ``"opt"`` (learned positions, fc1/fc2 MLP, LayerNorm, biases).
+    Qwen2) or ``"opt"`` (learned positions, fc1/fc2 MLP, LayerNorm, biases; also
+    GPT-2, which has the same parameters).
     ``word_embed_proj_dim`` of 0 means "equal to hidden"; when it differs
     (opt-350m) the model has ``project_in`` / ``project_out`` matrices.
     """
@@ -465,6 +469,10 @@ def _make_slice(base: ModelShape, layers: int, heads: int, depth_named: bool = T
     return replace(base, name=name, layers=layers, sliced_from=base, **dims)
 
 
+# What get_model takes besides a preset name (zfbench.core.model_specs).
+SPEC_SYNTAX = ("gpt2:layers=L,hidden=H,heads=A, llama:layers=L,hidden=H,heads=A[,kv_heads=K,"
+               "ffn=F,vocab=V] or a Hugging Face config.json path")
+
 MODELS: dict[str, ModelShape] = {
     m.name: m
     for m in (
@@ -511,7 +519,9 @@ def get_model(name: str) -> ModelShape:
     * ``"<model>"``: the whole model of :data:`MODELS`;
     * ``"<model>[<n>L]"``: its ``with_layers(n)`` depth slice;
     * ``"<model>[w<fraction>]"``: its ``with_width(fraction)`` width slice;
-    * ``"<model>[<n>L][w<fraction>]"``: both (``[w<fraction>][<n>L]`` also accepted).
+    * ``"<model>[<n>L][w<fraction>]"``: both (``[w<fraction>][<n>L]`` also accepted);
+    * a written-out shape, ``gpt2:layers=L,hidden=H,heads=A``, ``llama:...`` or a Hugging
+      Face ``config.json`` path (:mod:`zfbench.core.model_specs`), sliced the same way.
 
     ``get_model(s.name) == s`` for every slice ``s`` of a built-in model.  An unknown
     base model or a malformed suffix raises :class:`UnknownModelError` (a
@@ -523,12 +533,15 @@ def get_model(name: str) -> ModelShape:
     if key in MODELS:
         return MODELS[key]
     base, depth, width = parse_model_name(name)
-    base = base.lower()
-    if base not in MODELS:
+    if is_spec(base):
+        shape = ModelShape(**spec_fields(base))
+    elif base.lower() not in MODELS:
         raise UnknownModelError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}"
                                 + (" (with an optional slice suffix: [<n>L], [w<fraction>] or "
-                                   "[<n>L][w<fraction>])" if (depth, width) != (None, None) else ""))
-    shape = MODELS[base]
+                                   "[<n>L][w<fraction>])" if (depth, width) != (None, None) else "")
+                                + f", or write a shape: {SPEC_SYNTAX}")
+    else:
+        shape = MODELS[base.lower()]
     if width is not None:
         shape = shape.with_width(width)
     if depth is not None:

@@ -1,0 +1,104 @@
+"""The published-measurements figure: simulated against published, one marker per row.
+
+Covers: `plot_published(df)` (two panels, throughput rows in TFLOP/s and time rows in
+seconds, each on the simulated = published line with a +-15 % band, markers coloured by
+source and shaped by strategy) `published_facts(df)` (the numbers its sentence quotes) and
+`published_sentence(facts)`. `df` is `python -m zfbench.validate --published`'s published.csv (columns in
+docs/published.md); rows whose status is not `ok` are left out. No simulation here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from zfbench.analysis.plot_measured import strategy_style
+from zfbench.analysis.plots import log_log_axes, new_figure, with_style
+
+BAND = 0.15  # the band drawn around simulated = published
+# Colour-blind-safe qualitative colours (Paul Tol's "bright"), one per source in order.
+SOURCE_COLOURS = ("#4477AA", "#EE6677", "#228833", "#CCBB44", "#66CCEE", "#AA3377",
+                  "#BBBBBB", "#000000")
+PANELS = (("throughput", ("tflops_per_gpu",), "throughput per GPU (TFLOP/s)"),
+          ("time", ("step_time_s", "backward_time_s", "host_adam_time_s"), "time (s)"))
+
+
+def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
+    ok = df[df["status"] == "ok"].copy()
+    ok["value"] = ok["value"].astype(float)
+    ok["simulated"] = ok["simulated"].astype(float)
+    ok["error_pct"] = ok["error_pct"].astype(float)
+    return ok
+
+
+def short_source(source: str) -> str:
+    """`ZeRO-Offload, arXiv 2101.06840, Figure 8 (bars ...)` -> `ZeRO-Offload Figure 8`."""
+    parts = [p.strip() for p in str(source).split(",")]
+    where = parts[-1].split("(")[0].strip() if len(parts) > 2 else ""
+    name = parts[0].split("(")[0].strip()
+    return f"{name} {where}".strip()
+
+
+def published_facts(df: pd.DataFrame) -> dict:
+    ok = ok_rows(df)
+    worst = ok.loc[ok["error_pct"].abs().idxmax()]
+    per = ok.groupby("source", sort=False)["error_pct"].apply(lambda e: e.abs().mean())
+    return {"rows": len(ok), "unsupported": int((df["status"] != "ok").sum()),
+            "mae_pct": float(ok["error_pct"].abs().mean()),
+            "within_15_pct": float(100 * (ok["error_pct"].abs() <= 100 * BAND).mean()),
+            "within_25_pct": float(100 * (ok["error_pct"].abs() <= 25).mean()),
+            "worst_id": worst["id"], "worst_pct": float(worst["error_pct"]),
+            "best_source": short_source(per.idxmin()), "best_source_pct": float(per.min()),
+            "worst_source": short_source(per.idxmax()), "worst_source_pct": float(per.max())}
+
+
+def published_sentence(f: dict) -> str:
+    """What figure 16 shows, in numbers from `published_facts`."""
+    return (f"Over {f['rows']} published GPU measurements the simulation misses by "
+            f"{f['mae_pct']:.1f}% on average ({f['within_15_pct']:.0f}% of rows within 15%, "
+            f"{f['within_25_pct']:.0f}% within 25%, {f['unsupported']} unsupported); the "
+            f"closest source is {f['best_source']} ({f['best_source_pct']:.1f}%), the "
+            f"farthest {f['worst_source']} ({f['worst_source_pct']:.1f}%), and the worst row "
+            f"{f['worst_id']} ({f['worst_pct']:+.0f}%).")
+
+
+@with_style
+def plot_published(df: pd.DataFrame) -> Figure:
+    ok = ok_rows(df)
+    sources = list(dict.fromkeys(ok["source"]))
+    colour = {s: SOURCE_COLOURS[i % len(SOURCE_COLOURS)] for i, s in enumerate(sources)}
+    fig, axes = new_figure(1, 2, figsize=(8.4, 5.6))
+    for ax, (_, metrics, what) in zip(axes[0], PANELS):
+        rows = ok[ok["metric"].isin(metrics)]
+        if rows.empty:
+            ax.set_visible(False)
+            continue
+        lo = float(min(rows["value"].min(), rows["simulated"].min())) / 1.4
+        hi = float(max(rows["value"].max(), rows["simulated"].max())) * 1.4
+        grid = np.geomspace(lo, hi, 60)
+        ax.fill_between(grid, grid * (1 - BAND), grid * (1 + BAND), color="#E4E4E4",
+                        linewidth=0, label=f"within {100 * BAND:.0f}%")
+        ax.plot(grid, grid, color="#222222", linestyle="--", linewidth=0.9,
+                label="simulated = published")
+        for _, r in rows.iterrows():
+            ax.plot(r["value"], r["simulated"], linestyle="none",
+                    marker=strategy_style(r["strategy"])["marker"], markersize=6,
+                    color=colour[r["source"]], markeredgecolor="#222222",
+                    markeredgewidth=0.4)
+        log_log_axes(ax)
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_aspect("equal", adjustable="box")
+        ax.set_xlabel(f"published {what}")
+        ax.set_ylabel(f"simulated {what}")
+    handles = [axes[0, 0].plot([], [], linestyle="none", marker="s", color=colour[s],
+                               label=short_source(s))[0] for s in sources]
+    for strategy in dict.fromkeys(ok["strategy"]):
+        st = strategy_style(strategy)
+        handles.append(axes[0, 0].plot([], [], linestyle="none", marker=st["marker"],
+                                       color="#888888", label=st["label"])[0])
+    band = [h for h in axes[0, 0].get_legend_handles_labels()[0][:2]]
+    fig.legend(handles=band + handles, loc="outside lower center", ncols=3, fontsize=7)
+    fig.suptitle("Simulated against published GPU measurements (one marker per row)")
+    return fig

@@ -1,0 +1,204 @@
+"""`python -m zfbench.validate --published`: the fixture tests/data/published_small.csv end
+to end, the file checks, and the anchor and metric rules against hand computations."""
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from zfbench import validate_published as vp
+from zfbench.core import hardware
+from zfbench.core.models import get_model
+from zfbench.sims.costs import ADAM_BYTES_PER_PARAM
+from zfbench.validate import main as validate_main
+
+FIXTURE = Path(__file__).parent / "data" / "published_small.csv"
+V100 = hardware.get_gpu("v100-sxm3-32g")
+HOST = hardware.get_host("xeon-8168")
+SMALL = "gpt2:layers=4,hidden=512,heads=8"
+
+
+def read(path: Path) -> list[dict]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("published")
+    assert validate_main(["--published", str(FIXTURE), "--out", str(out), "--quiet"]) == 0
+    return {r["id"]: r for r in read(out / "published.csv")}, out
+
+
+def counted(model: str, batch: int, seq: int, accum: int = 1) -> float:
+    """The counting rule by hand: 4 x forward FLOPs (checkpointing) per token."""
+    return 4 * get_model(model).forward_flops_per_token(seq) * batch * seq * accum
+
+
+def test_end_to_end_columns_statuses_and_signed_errors(run):
+    rows, out = run
+    with open(FIXTURE, newline="") as handle:
+        columns = next(csv.reader(handle))
+    with open(out / "published.csv", newline="") as handle:
+        header = next(csv.reader(handle))
+    assert header[:len(columns)] == columns
+    assert header[len(columns):len(columns) + 3] == ["simulated", "error_pct", "status"]
+    assert [r["status"] for r in rows.values()][:5] == ["ok"] * 5
+    assert rows["bf16"]["status"].startswith("unsupported: ")
+    assert "no bf16 tensor cores" in rows["bf16"]["status"]
+    for r in rows.values():
+        if r["status"] == "ok":
+            sim, pub = float(r["simulated"]), float(r["value"])
+            assert float(r["error_pct"]) == pytest.approx(100 * (sim - pub) / pub, rel=1e-4)
+    assert (out / "published_summary.json").exists()
+
+
+def test_device_row_by_hand(run):
+    """One V100, no offload: step = counted FLOPs / (peak x default MFU) + device Adam."""
+    rows, _ = run
+    params = get_model(SMALL).total_params
+    compute = counted(SMALL, 4, 512) / (V100.fp16_flops_per_s * V100.default_mfu)
+    adam = params * ADAM_BYTES_PER_PARAM / (V100.hbm_bytes_per_s * 0.8)
+    assert float(rows["pt"]["simulated"]) == pytest.approx(compute + adam, rel=1e-6)
+
+
+def test_anchor_mfu_by_hand(run):
+    """The anchor's measured step P = C(m) + Adam with C(m) = F / (peak m), so
+    m = F / (peak (P - Adam)); the anchored row runs at that m."""
+    rows, _ = run
+    params = get_model(SMALL).total_params
+    adam = params * ADAM_BYTES_PER_PARAM / (V100.hbm_bytes_per_s * 0.8)
+    mfu = counted(SMALL, 4, 512) / (V100.fp16_flops_per_s * (0.05 - adam))
+    assert float(rows["zo"]["mfu"]) == pytest.approx(mfu, rel=1e-6)
+    assert float(rows["pt"]["mfu"]) == pytest.approx(V100.default_mfu)
+    # anchors ignored, the row runs at the default MFU: a different number
+    assert float(rows["zo"]["simulated_no_anchor"]) != pytest.approx(
+        float(rows["zo"]["simulated"]), rel=1e-3)
+    row = dict(zip(vp.COLUMNS, [""] * len(vp.COLUMNS)))
+    row.update({k: v for k, v in rows["zo"].items() if k in vp.COLUMNS})
+    settings = vp.row_settings(row).with_(mfu=mfu)
+    again = vp.measure(vp.simulate(settings, "zero-offload"), "tflops_per_gpu", vp.SKIP_STEPS)
+    assert float(rows["zo"]["simulated"]) == pytest.approx(again, rel=1e-5)
+
+
+def test_host_adam_row_by_hand(run):
+    """One GPU's whole partition on the 48 cores of the DGX-2 host at the preset rate."""
+    rows, _ = run
+    params = get_model(SMALL).total_params
+    rate = HOST.cores * HOST.adam_params_per_s_per_core
+    assert float(rows["adam"]["simulated"]) == pytest.approx(params / rate, rel=1e-6)
+
+
+def test_accumulation_counts_every_micro_step(run):
+    """Eight micro-steps: the counted FLOPs are 8x one micro-step's, over the longer step."""
+    rows, _ = run
+    one, eight = float(rows["zo"]["simulated_no_anchor"]), float(rows["zo-accum"]["simulated"])
+    assert eight > one  # the host update is paid once per eight micro-steps
+    assert eight < V100.fp16_flops_per_s * V100.default_mfu / 1e12
+
+
+def test_summary_is_mean_absolute_error_per_source(run):
+    rows, _ = run
+    ok = [r for r in rows.values() if r["status"] == "ok"]
+    done = [{**r, "error_pct": float(r["error_pct"]),
+             "error_pct_no_anchor": float(r["error_pct_no_anchor"])} for r in rows.values()
+            if r["status"] == "ok"]
+    head = vp.summary(done)
+    assert head["mae_pct"] == pytest.approx(sum(abs(float(r["error_pct"])) for r in ok) / len(ok))
+    per = {s["source"]: s for s in head["per_source"]}
+    a = [abs(float(r["error_pct"])) for r in ok if r["source"] == "test fixture A"]
+    assert per["test fixture A"]["mae_pct"] == pytest.approx(sum(a) / len(a))
+    assert per["test fixture A"]["rows"] == 3
+
+
+def test_table_is_printed_with_the_error_lines(capsys, tmp_path):
+    assert validate_main(["--published", str(FIXTURE), "--out", str(tmp_path), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "mean absolute error" in out and "anchors ignored" in out
+    assert "test fixture B" in out and "zi-32" in out
+
+
+def test_unknown_column_is_an_error_naming_it(tmp_path, capsys):
+    text = FIXTURE.read_text().splitlines()
+    text = [text[0] + ",batch"] + [line + ",4" for line in text[1:]]
+    path = tmp_path / "extra.csv"
+    path.write_text("\n".join(text) + "\n")
+    assert validate_main(["--published", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "unknown column 'batch'" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_column_and_repeated_id(tmp_path, capsys):
+    path = tmp_path / "bad.csv"
+    path.write_text("id,source,metric,value\nx,s,step_time_s,1\n")
+    assert validate_main(["--published", str(path), "--out", str(tmp_path / "o")]) == 2
+    assert "missing column 'strategy'" in capsys.readouterr().err
+    lines = FIXTURE.read_text().splitlines()
+    path.write_text("\n".join([*lines, lines[1]]) + "\n")
+    assert validate_main(["--published", str(path), "--out", str(tmp_path / "o")]) == 2
+    assert "id 'pt' is given twice" in capsys.readouterr().err
+
+
+def test_bad_anchor_and_metric_are_unsupported_rows():
+    _, rows = vp.read_rows(FIXTURE)
+    by_id = {r["id"]: r for r in rows}
+    row = {**by_id["zo"], "anchor": "nothere"}
+    assert vp.simulate_row(row, by_id, {})["status"] == \
+        "unsupported: anchor 'nothere' names no row of the file"
+    row = {**by_id["zo"], "anchor": "adam"}  # a host-Adam row cannot fix the GPU's MFU
+    assert "an anchor gives tflops_per_gpu or step_time_s" in \
+        vp.simulate_row(row, by_id, {})["status"]
+    row = {**by_id["pt"], "metric": "joules"}
+    assert vp.simulate_row(row, by_id, {})["status"].startswith("unsupported: metric 'joules'")
+
+
+def test_bundled_dataset_is_complete():
+    columns, rows = vp.read_rows(vp.bundled_path())
+    assert columns == list(vp.COLUMNS) and len(rows) == 41
+    ids = {r["id"] for r in rows}
+    assert all(r["anchor"] in ids for r in rows if r["anchor"])
+    assert {r["metric"] for r in rows} == set(vp.METRICS)
+    for r in rows:  # every row is expressible
+        vp.row_settings(r)
+
+
+@pytest.mark.slow
+def test_bundled_dataset_runs_with_no_row_unsupported(tmp_path):
+    assert validate_main(["--published", "--out", str(tmp_path), "--quiet"]) == 0
+    rows = read(tmp_path / "published.csv")
+    assert len(rows) == 41 and all(r["status"] == "ok" for r in rows)
+
+
+def test_figure_facts_from_a_published_table():
+    import pandas as pd
+
+    from zfbench.analysis.plot_published import published_facts, short_source
+
+    df = pd.DataFrame({
+        "id": ["a", "b", "c", "d"], "source": ["P, arXiv 1, Figure 1"] * 2 + ["Q, arXiv 2, Table 3"] * 2,
+        "metric": ["tflops_per_gpu"] * 4, "strategy": ["device"] * 4, "value": [10, 10, 10, 10],
+        "simulated": [11, 9.5, 14, ""], "error_pct": [10.0, -5.0, 40.0, ""],
+        "status": ["ok", "ok", "ok", "unsupported: x"]})
+    f = published_facts(df)
+    assert f["rows"] == 3 and f["unsupported"] == 1
+    assert f["mae_pct"] == pytest.approx(55 / 3)
+    assert f["within_15_pct"] == pytest.approx(200 / 3) and f["worst_id"] == "c"
+    assert (f["best_source"], f["best_source_pct"]) == ("P Figure 1", pytest.approx(7.5))
+    assert short_source("Q, arXiv 2, Table 3") == "Q Table 3"
+
+
+def test_backward_time_by_hand():
+    """One GPU: device's backward is the backward compute alone (3 x forward with
+    recompute); zero-offload's also waits for the last gradient to land on the host, so
+    it is longer by at least the last bucket's copy and at most every copy."""
+    _, rows = vp.read_rows(FIXTURE)
+    row = {**{r["id"]: r for r in rows}["pt"], "metric": "backward_time_s"}
+    settings = vp.row_settings(row)
+    device = vp.simulate(settings, "device")
+    fwd = sum(b.forward_s for b in device.costs.buckets)
+    assert vp.measure(device, "backward_time_s", vp.SKIP_STEPS) == pytest.approx(3 * fwd, rel=1e-9)
+    offload = vp.measure(vp.simulate(settings, "zero-offload"), "backward_time_s", vp.SKIP_STEPS)
+    c = device.costs
+    first_bucket = c.buckets[0].numel * 2 / 12e9
+    assert 3 * fwd + first_bucket <= offload <= 3 * fwd + c.params * 2 / 12e9 + 1e-3

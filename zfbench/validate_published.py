@@ -1,0 +1,415 @@
+"""`python -m zfbench.validate --published [FILE.csv] [--out DIR]`: the simulator against
+what other people measured on real GPUs.
+
+This module owns that check: reading a published-measurements CSV (the bundled
+`zfbench/data/published/offload_measurements.csv` when FILE is left out; its columns are
+documented in docs/published.md), turning each row into `SimSettings`, simulating it,
+reading the row's metric off the simulated timeline, fixing the compute efficiency from
+an anchor row, and the table, summary and files it prints and writes. It fits nothing:
+every row is simulated with the presets' numbers (an anchored row with the MFU its anchor
+implies), and the error is what it is.
+
+Metrics, read from steady-state steps (after `SKIP_STEPS`) of rank 0:
+
+- `step_time_s`: the step's wall time (a step is all of its `grad_accum` micro-steps);
+- `tflops_per_gpu`: counted FLOPs per GPU per step over the step time, in 10^12/s. The
+  count is the same for every row: forward FLOPs (`ModelShape.forward_flops_per_token`:
+  every matmul at 2 FLOPs a multiply-add, attention over the full seq x seq scores, the
+  vocabulary projection) times 3 for forward + backward, times 4 with activation
+  checkpointing (the recomputed forward counts, as the ZeRO papers count it), times the
+  tokens of a step (micro_batch x seq x grad_accum);
+- `backward_time_s`: from the start of the step's last backward (after its last forward)
+  to the end of the last span of that backward's gradients: the backward compute, its
+  reductions (`allreduce`, `reduce_scatter`) and its copies down (`d2h_grad`), i.e. until
+  DeepSpeed's `engine.backward()` would return with the gradients on the host;
+- `host_adam_time_s`: from the start of the step's first host Adam chunk to the end of its
+  last (`host_optim` spans).
+
+Anchors: a row whose `anchor` names another row (measured on the same machine without
+offload) is simulated with the MFU that makes the anchor row's simulation reproduce the
+anchor's measurement. The anchor row is simulated at the GPU's default MFU m0; its
+forward+backward compute time per step is C (which scales as 1/MFU) and the rest of its
+step O = step - C (optimizer, exposed collectives). The anchor's measured step time P
+(its `step_time_s`, or counted FLOPs / `tflops_per_gpu`) then gives MFU m = m0 C / (P - O);
+the anchor is simulated again at m and the rule repeated until m moves by less than
+1e-6 of itself (at most `ANCHOR_ROUNDS` times; on one GPU the first m is already exact).
+Every row also gets `simulated_no_anchor` and `error_pct_no_anchor`, at the default MFU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+from zfbench.cli_checks import CliError, OneLineParser, check_input_file, check_out_dir, fail
+from zfbench.core.progress import progress
+from zfbench.sims.costs import CostModel, SimSettings, SimSettingsError
+from zfbench.sims.settings import node_knobs
+from zfbench.sims.simulator import default_skip_steps, simulate, steps_needed
+
+PROG = "python -m zfbench.validate --published"
+BUNDLED = "zfbench/data/published/offload_measurements.csv"
+# Every column the format has, in its order; REQUIRED must be present (the rest may be
+# left out of a file, or left empty in a row, for their defaults).
+COLUMNS = ("id", "source", "metric", "value", "strategy", "hardware", "gpu", "gpus", "model",
+           "micro_batch", "seq", "grad_accum", "precision", "activation_checkpointing",
+           "offload_params", "anchor", "note")
+REQUIRED = ("id", "source", "metric", "value", "strategy", "hardware", "gpus", "model",
+            "micro_batch", "seq")
+OUTPUT_COLUMNS = ("simulated", "error_pct", "status", "mfu", "simulated_no_anchor",
+                  "error_pct_no_anchor", "fits")
+METRICS = ("tflops_per_gpu", "step_time_s", "backward_time_s", "host_adam_time_s")
+ANCHOR_METRICS = ("tflops_per_gpu", "step_time_s")
+STEPS, SKIP_STEPS = 4, 2  # steps simulated per row and left out of the averages
+ANCHOR_ROUNDS = 5
+GRAD_OPS = ("backward", "allreduce", "reduce_scatter", "d2h_grad")
+
+
+class Unsupported(ValueError):
+    """A row the simulator cannot express; the message is the reason."""
+
+
+# -- reading ------------------------------------------------------------------------
+def bundled_path() -> Path:
+    return Path(str(resources.files("zfbench").joinpath("data/published/"
+                                                          "offload_measurements.csv")))
+
+
+def read_rows(path: str | Path) -> tuple[list[str], list[dict]]:
+    """The file's columns (in its order) and rows; an unknown or missing column, an empty
+    or repeated id is a CliError naming it."""
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        columns = list(reader.fieldnames or [])
+        rows = [dict(r) for r in reader]
+    unknown = [c for c in columns if c not in COLUMNS]
+    if unknown:
+        raise CliError(f"{path}: unknown column {unknown[0]!r}; the columns are "
+                       f"{', '.join(COLUMNS)} (docs/published.md)")
+    missing = [c for c in REQUIRED if c not in columns]
+    if missing:
+        raise CliError(f"{path}: missing column {missing[0]!r}; required: "
+                       f"{', '.join(REQUIRED)}")
+    seen: set[str] = set()
+    for n, row in enumerate(rows, 2):
+        if None in row:  # more cells than columns
+            raise CliError(f"{path}: line {n} has more cells than the header's columns")
+        rid = (row["id"] or "").strip()
+        if not rid or rid in seen:
+            raise CliError(f"{path}: line {n}: id {rid!r} is " +
+                           ("empty" if not rid else "given twice") + "; ids are unique")
+        seen.add(rid)
+        for c in COLUMNS:
+            row[c] = (row.get(c) or "").strip()
+    return columns, rows
+
+
+def _int(row: dict, key: str, default: int | None = None) -> int:
+    text = row[key]
+    if not text and default is not None:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise Unsupported(f"{key} {text!r} is not a positive integer")
+    return int(text)
+
+
+def _bool(row: dict, key: str, default: bool) -> bool:
+    text = row[key].lower()
+    if not text:
+        return default
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise Unsupported(f"{key} {row[key]!r} is not true or false")
+
+
+def published_value(row: dict) -> float:
+    try:
+        value = float(row["value"])
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise Unsupported(f"value {row['value']!r} is not a positive number")
+    return value
+
+
+def row_settings(row: dict) -> SimSettings:
+    """The simulation of one row, at the GPU's default MFU (Unsupported with the reason)."""
+    if row["metric"] not in METRICS:
+        raise Unsupported(f"metric {row['metric']!r} is not one of {', '.join(METRICS)}")
+    if not row["hardware"]:
+        raise Unsupported("hardware is empty; name a node preset (python -c 'from "
+                          "zfbench.core.hardware import node_names; print(node_names())')")
+    try:
+        knobs = node_knobs(row["hardware"], _int(row, "gpus"))
+        if row["gpu"]:
+            knobs["gpu"] = row["gpu"]
+        knobs.update(model=row["model"], micro_batch=_int(row, "micro_batch"),
+                     seq=_int(row, "seq"), grad_accum=_int(row, "grad_accum", 1),
+                     activation_checkpointing=_bool(row, "activation_checkpointing", True))
+        if row["precision"]:
+            knobs["precision"] = row["precision"]
+        if row["offload_params"]:
+            if row["strategy"] != "zero-infinity":
+                raise Unsupported("offload_params is a zero-infinity setting; leave it empty")
+            knobs["offload_params"] = row["offload_params"]
+        settings = SimSettings(**knobs, steps=STEPS)
+        if row["strategy"] == "zenflow":  # its windows: warm-up, two skipped, one measured
+            settings = settings.with_(steps=steps_needed(settings))
+        return settings
+    except (SimSettingsError, ValueError) as err:
+        raise Unsupported(" ".join(str(err).split())) from None
+
+
+def skip_of(settings: SimSettings, strategy: str) -> int:
+    return default_skip_steps(settings) if strategy == "zenflow" else SKIP_STEPS
+
+
+# -- metrics off a simulation --------------------------------------------------------
+def counted_flops(settings: SimSettings, costs: CostModel) -> float:
+    """FLOPs per GPU per step by the module's counting rule."""
+    s = settings
+    factor = 4.0 if s.activation_checkpointing else 3.0
+    return (factor * costs.shape.forward_flops_per_token(s.seq)
+            * s.micro_batch * s.seq * s.grad_accum)
+
+
+def _per_step(result, skip: int):
+    spans = result.timeline.spans_frame()
+    steps = result.timeline.steps_frame()
+    return spans[(spans["rank"] == 0) & (spans["step"] >= skip)], \
+        steps[(steps["rank"] == 0) & (steps["step"] >= skip)]
+
+
+def measure(result, metric: str, skip: int) -> float:
+    """`metric` (METRICS) of a simulated run, averaged over its steps from `skip` on."""
+    spans, steps = _per_step(result, skip)
+    step_s = float(steps["wall_s"].mean())
+    if metric == "step_time_s":
+        return step_s
+    if metric == "tflops_per_gpu":
+        return counted_flops(result.settings, result.costs) / step_s / 1e12
+    values = []
+    for _, group in spans.groupby("step"):
+        if metric == "host_adam_time_s":
+            host = group[group["op"] == "host_optim"]
+            if host.empty:
+                raise Unsupported(f"{result.strategy} runs no host Adam")
+            values.append(host["t_end_s"].max() - host["t_start_s"].min())
+        else:  # backward_time_s
+            last_fwd = group[group["op"] == "forward"]["t_end_s"].max()
+            grads = group[group["op"].isin(GRAD_OPS) & (group["t_start_s"] >= last_fwd)]
+            start = grads[grads["op"] == "backward"]["t_start_s"].min()
+            values.append(grads["t_end_s"].max() - start)
+    return float(sum(values) / len(values))
+
+
+def fwd_bwd_and_step_s(result, skip: int) -> tuple[float, float]:
+    """Per steady step: the forward+backward compute seconds and the wall time."""
+    spans, steps = _per_step(result, skip)
+    fb = spans[spans["op"].isin(("forward", "backward"))]
+    per_step = fb.groupby("step")["duration_s"].sum()
+    return float(per_step.mean()), float(steps["wall_s"].mean())
+
+
+# -- anchors --------------------------------------------------------------------------
+def anchor_mfu(anchor: dict) -> float:
+    """The MFU at which the anchor row's simulation reproduces its measurement (module
+    docstring); Unsupported when none in (0, 1] does."""
+    if anchor["metric"] not in ANCHOR_METRICS:
+        raise Unsupported(f"anchor {anchor['id']} measures {anchor['metric']}; an anchor "
+                          f"gives {' or '.join(ANCHOR_METRICS)}")
+    settings = row_settings(anchor)
+    costs = CostModel(settings)
+    published = published_value(anchor)
+    target = published if anchor["metric"] == "step_time_s" else \
+        counted_flops(settings, costs) / (published * 1e12)
+    mfu = costs.mfu
+    skip = skip_of(settings, anchor["strategy"])
+    for _ in range(ANCHOR_ROUNDS):
+        compute, step = fwd_bwd_and_step_s(simulate(settings.with_(mfu=mfu),
+                                                    anchor["strategy"]), skip)
+        other = step - compute
+        if target <= other:
+            raise Unsupported(f"anchor {anchor['id']}: measured {target:.4g} s per step is "
+                              f"no more than the simulated non-compute part {other:.4g} s")
+        new = mfu * compute / (target - other)
+        if new > 1:
+            raise Unsupported(f"anchor {anchor['id']} implies MFU {new:.3g} > 1")
+        if abs(new - mfu) <= 1e-6 * mfu:
+            return new
+        mfu = new
+    return mfu
+
+
+# -- one row ------------------------------------------------------------------------
+def simulate_row(row: dict, by_id: dict, anchors: dict) -> dict:
+    """The output columns of one row (`anchors` caches each anchor's MFU or reason)."""
+    out = {c: "" for c in OUTPUT_COLUMNS}
+    try:
+        published = published_value(row)
+        settings = row_settings(row)
+        skip = skip_of(settings, row["strategy"])
+        base = CostModel(settings)
+        plain = simulate(settings, row["strategy"])
+        no_anchor = measure(plain, row["metric"], skip)
+        mfu = base.mfu
+        if row["anchor"]:
+            if row["anchor"] not in by_id:
+                raise Unsupported(f"anchor {row['anchor']!r} names no row of the file")
+            if row["anchor"] not in anchors:
+                try:
+                    anchors[row["anchor"]] = anchor_mfu(by_id[row["anchor"]])
+                except Unsupported as err:
+                    anchors[row["anchor"]] = err
+            found = anchors[row["anchor"]]
+            if isinstance(found, Unsupported):
+                raise Unsupported(str(found))
+            mfu = found
+            value = measure(simulate(settings.with_(mfu=mfu), row["strategy"]),
+                            row["metric"], skip)
+        else:
+            value = no_anchor
+        fit = base.fits(row["strategy"])["fits"]
+    except (Unsupported, SimSettingsError) as err:
+        out["status"] = f"unsupported: {' '.join(str(err).split())}"
+        return out
+    out.update(simulated=value, error_pct=100 * (value - published) / published,
+               status="ok", mfu=mfu, simulated_no_anchor=no_anchor,
+               error_pct_no_anchor=100 * (no_anchor - published) / published,
+               fits=str(bool(fit)).lower())
+    return out
+
+
+def validate_rows(rows: list[dict], quiet: bool = False) -> list[dict]:
+    """Every row with its output columns added, in order."""
+    by_id, anchors, done = {r["id"]: r for r in rows}, {}, []
+    bar = progress(total=len(rows), desc="simulating published rows", unit="row",
+                   quiet=quiet)
+    for row in rows:
+        bar.set_postfix_str(row["id"])
+        done.append({**row, **simulate_row(row, by_id, anchors)})
+        bar.update()
+    bar.close()
+    return done
+
+
+# -- summary, table, files ----------------------------------------------------------
+def _mae(rows: list[dict], key: str) -> float:
+    ok = [abs(r[key]) for r in rows if r["status"] == "ok"]
+    return sum(ok) / len(ok) if ok else math.nan
+
+
+def summary(rows: list[dict]) -> dict:
+    """Mean absolute error (%) overall and per source, with and without anchors; rows
+    within 25 %; unsupported rows."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    sources = list(dict.fromkeys(r["source"] for r in rows))
+    return {
+        "rows": len(rows), "ok": len(ok), "unsupported": len(rows) - len(ok),
+        "mae_pct": _mae(rows, "error_pct"),
+        "mae_no_anchor_pct": _mae(rows, "error_pct_no_anchor"),
+        "within_25_pct": (100 * sum(abs(r["error_pct"]) <= 25 for r in ok) / len(ok)
+                          if ok else math.nan),
+        "per_source": [{"source": s, "rows": sum(r["source"] == s for r in ok),
+                        "mae_pct": _mae([r for r in rows if r["source"] == s], "error_pct"),
+                        "mae_no_anchor_pct": _mae([r for r in rows if r["source"] == s],
+                                                  "error_pct_no_anchor")}
+                       for s in sources]}
+
+
+def _fmt(value, spec: str) -> str:
+    return "" if value == "" or value is None or value != value else format(value, spec)
+
+
+def format_table(rows: list[dict], head: dict) -> str:
+    anchored = any(r["anchor"] for r in rows)
+    header = ["id", "metric", "published", "simulated", "error%"] + \
+        (["no-anchor%"] if anchored else []) + ["status"]
+    body = []
+    for r in rows:
+        line = [r["id"], r["metric"], _fmt(float(r["value"]), ".4g") if r["status"] == "ok"
+                else r["value"],
+                _fmt(r["simulated"], ".4g"), _fmt(r["error_pct"], "+.1f")]
+        if anchored:
+            line.append(_fmt(r["error_pct_no_anchor"], "+.1f") if r["anchor"] else "")
+        line.append(r["status"] if r["status"] == "ok" and r["fits"] != "false" else
+                    r["status"] + (" (does not fit)" if r["fits"] == "false" else ""))
+        body.append(line)
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip()
+             for line in [header, *body]]
+    lines.append("")
+    lines.append(f"mean absolute error {head['mae_pct']:.1f}% over {head['ok']} rows "
+                 f"(anchors ignored: {head['mae_no_anchor_pct']:.1f}%); "
+                 f"{head['within_25_pct']:.0f}% of rows within 25%; "
+                 f"{head['unsupported']} unsupported")
+    for s in head["per_source"]:
+        lines.append(f"  {_fmt(s['mae_pct'], '5.1f')}% (anchors ignored "
+                     f"{_fmt(s['mae_no_anchor_pct'], '5.1f')}%) over {s['rows']:2d} rows: "
+                     f"{s['source']}")
+    return "\n".join(lines)
+
+
+def write_outputs(out: Path, columns: list[str], rows: list[dict], head: dict) -> None:
+    """DIR/published.csv (input columns, then OUTPUT_COLUMNS) and published_summary.json,
+    each through a rename."""
+    out.mkdir(parents=True, exist_ok=True)
+    path, tmp = out / "published.csv", out / ".published.csv.tmp"
+    with open(tmp, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, [*columns, *OUTPUT_COLUMNS], extrasaction="ignore")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: (format(v, ".10g") if isinstance(v, float) else v)
+                             for k, v in r.items()})
+    os.replace(tmp, path)
+    tmp = out / ".published_summary.json.tmp"
+    tmp.write_text(json.dumps(head, indent=1, default=str))
+    os.replace(tmp, out / "published_summary.json")
+
+
+def build_parser() -> OneLineParser:
+    p = OneLineParser(prog=PROG, description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--published", nargs="?", const="", metavar="FILE.csv", required=True,
+                   help=f"published measurements (default: the bundled {BUNDLED})")
+    p.add_argument("--out", type=Path, default=Path("runs/validate"),
+                   help="directory for published.csv and published_summary.json "
+                        "(default runs/validate)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from zfbench.core.provenance import provenance
+
+    started = time.perf_counter()
+    try:
+        args = build_parser().parse_args(argv)
+        path = Path(args.published) if args.published else bundled_path()
+        if args.published:
+            check_input_file(path, "--published")
+        check_out_dir(args.out)
+        columns, rows = read_rows(path)
+    except (CliError, OSError, UnicodeDecodeError) as err:
+        return fail(err)
+    done = validate_rows(rows, args.quiet)
+    head = summary(done)
+    print(format_table(done, head))
+    head.update(file=str(args.published or BUNDLED), wall_s=time.perf_counter() - started,
+                provenance=provenance(argv, PROG))
+    try:
+        write_outputs(args.out, columns, done, head)
+    except OSError as err:
+        return fail(f"writing {args.out}: {err}")
+    print(f"wrote {args.out}/published.csv and published_summary.json "
+          f"({time.perf_counter() - started:.0f} s)")
+    return 0
