@@ -97,6 +97,9 @@ def test_a_model_that_cannot_fit_runs_a_proxy_and_projects_the_whole_model(
     assert len(measured) == len(projected) == 4
     assert {r["model"] for r in projected} == {"llama2-7b"}
     assert summary["settings"]["steps"] == proxy["steps"] == 16
+    assert proxy["tokens_per_rank_step"] == summary["settings"]["micro_batch"] * \
+        summary["settings"]["seq"]
+    assert proxy["cores"] >= 1 and proxy["ranks"] == 1 and proxy["why"]
     assert proxy["projection"]["host_accum_per_core"] == \
         proxy["host_accum_elems_per_s"] / proxy["threads"]
     assert "PROJECTED (simulated, not measured): llama2-7b whole" in printed.out

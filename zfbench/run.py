@@ -324,7 +324,8 @@ def measure_proxy(args, argv, spec, strategies, elem, use_cuda, world, bucketed,
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
         (os.cpu_count() or 1)
     args.proxy = proxy_record(named, proxy, bound, {"budget_adam_params_per_s": rate,
-                              "threads": threads}, budget, why, world, cores, spec.steps)
+                              "threads": threads}, budget, why, world, cores, spec.steps,
+                              spec.batch * spec.grad_accum, spec.seq)
     return spec, proxy, argv + ["--model", proxy.name, "--steps", str(spec.steps)]
 
 

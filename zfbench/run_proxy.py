@@ -102,9 +102,10 @@ def choose_proxy(shape: ModelShape, fits, budget_params: float) -> tuple[ModelSh
 
 def proxy_record(named: ModelShape, proxy: ModelShape, bound: str, rates: dict,
                  budget_params: float, why: str, ranks: int, cores: int,
-                 steps: int) -> dict:
+                 steps: int, batch: int = 1, seq: int = 1) -> dict:
     """What summary.json keeps under `proxy` (and the header prints)."""
     return {"model": named.name, "measured": proxy.name, "layers": proxy.layers,
+            "micro_batch": batch, "seq": seq, "tokens_per_rank_step": batch * seq,
             "of_layers": named.base.layers, "width_fraction": float(proxy.width_ratio),
             "params": proxy.total_params, "of_params": named.base.total_params,
             "bound_by": bound, "why": why, "ranks": ranks, "cores": cores,
