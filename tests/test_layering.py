@@ -133,3 +133,17 @@ def test_the_wheel_installs_one_import_name(tmp_path):
     (entry,) = [n for n in names if n.endswith("entry_points.txt")]
     scripts = zipfile.ZipFile(wheel).read(entry).decode()
     assert "zfbench = zfbench.cli:main" in scripts
+
+
+@pytest.mark.parametrize("package,folder", sorted(FOLDERS.items()))
+def test_every_module_imports_under_its_zfbench_name(package, folder):
+    """Each .py file under real/, sims/, analysis/, zfbench/ and zfbench/core imports as
+    `<package>.<stem>` and is the file in this checkout (the package-dir mapping holds)."""
+    import importlib
+
+    files = sorted(p for p in (ROOT / folder).glob("*.py") if p.name != "__main__.py")
+    assert files, folder
+    for path in files:
+        name = package if path.stem == "__init__" else f"{package}.{path.stem}"
+        module = importlib.import_module(name)
+        assert Path(module.__file__).resolve() == path.resolve(), (name, module.__file__)
