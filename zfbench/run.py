@@ -242,16 +242,17 @@ def main(argv: list[str] | None = None) -> int:
         first = spec.engine_config(strategies[0])
         elem = element_bytes(first.precision)
         bucketed = buckets_on(first.precision, first.overlap_comm)
+        topk = memory_topk(spec, strategies, world)  # the config's, as `fits` reports it
         given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
         args.proxy = json.loads(args.proxy_record) if args.proxy_record else None
         try:
             check_fits(shape, strategies, spec.batch, spec.seq, elem, use_cuda,
-                       ranks=world, bucketed=bucketed)
+                       ranks=world, bucketed=bucketed, **topk)
         except InsufficientMemoryError as err:
             if "--layers" in given or "[" in args.model or launched:
                 raise  # a slice the user chose, or ranks torchrun started: refuse
             spec, shape, argv = measure_proxy(args, argv, spec, strategies, elem,
-                                              use_cuda, world, bucketed, err, given)
+                                              use_cuda, world, bucketed, err, given, topk)
         args.scenario = None
         if use_cuda and not given & set(SHAPE_FLAGS):  # a GPU-sized run, not the slice
             spec = gpu_sized(spec, strategies, world, args)
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             elem = element_bytes(spec.precision)
             bucketed = buckets_on(spec.precision, first.overlap_comm)
             check_fits(shape, strategies, spec.batch, spec.seq, elem, use_cuda, ranks=world,
-                       bucketed=bucketed)
+                       bucketed=bucketed, **topk)
             argv = argv + ["--precision", spec.precision]  # the same choice on every rank
         if args.proxy is not None and not launched:  # the rates in the run's precision
             from zfbench.run_proxy import measure_host_rates
@@ -297,8 +298,16 @@ def main(argv: list[str] | None = None) -> int:
     return run_all(args, spec, shape, strategies, elem)
 
 
+def memory_topk(spec: RunSpec, strategies: list[str], world: int) -> dict:
+    """The top-k ratio the memory check counts ZenFlow's device state with: the run's
+    zenflow config's (as the `fits` column reports it), none without zenflow."""
+    if "zenflow" not in strategies:
+        return {}
+    return {"topk_ratio": spec.engine_config("zenflow", world).zenflow.topk_ratio}
+
+
 def measure_proxy(args, argv, spec, strategies, elem, use_cuda, world, bucketed, err,
-                  given):
+                  given, topk: dict):
     """The named model does not fit: (the RunSpec, shape and argv of the proxy that
     `zfbench.run_proxy.choose_proxy` picks instead)."""
     from zfbench.real.distributed import rank_threads
@@ -313,7 +322,7 @@ def measure_proxy(args, argv, spec, strategies, elem, use_cuda, world, bucketed,
     rate = host_adam_params_per_s(named.total_params, threads)
     budget = PROXY_HOST_ADAM_S * rate
     check = MemoryCheck(strategies, spec.batch, spec.seq, elem, use_cuda, ranks=world,
-                        bucketed=bucketed)
+                        bucketed=bucketed, **topk)
     proxy, bound = choose_proxy(named, check.suggestable, budget)
     if "--steps" not in given:
         windows = [measurement_window(spec.engine_config(s, world)) for s in strategies]
