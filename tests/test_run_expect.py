@@ -62,3 +62,7 @@ def test_a_one_rank_profile_run_prints_and_keeps_the_simulated_expectation(tmp_p
         assert pair["measured_step_time_s"] == measured[strategy]["step_time_s"]
         assert pair["simulated_step_time_s"] > 0
     assert (out / "profile.json").exists()
+    for strategy in here:  # each simulated with the rates measured around its own run
+        own = json.loads((out / "profiles" / f"{strategy}.json").read_text())
+        assert own["calibration"]["blocks"] == \
+            json.loads((out / "profile.json").read_text())["calibration"]["blocks"]

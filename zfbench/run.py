@@ -29,8 +29,9 @@ measured. Then the breakdown table is printed, the same table `python -m zfbench
 prints (zfbench.report): step time, speedup, stall, exposed I/O, host wait, achieved link
 GB/s, host Adam G parameters/s, PCIe bytes over model bytes, achieved TFLOP/s, MFU (empty
 on the CPU lane: no datasheet peak), whether it fits; then the loss. Then (the no-flag
-run, or any one-rank run with --profile) this machine's profile is measured and the
-simulator's expectation for it is printed beside each measured strategy: step, stall,
+run, or any one-rank run with --profile) this machine's profile is measured before and
+after the strategies, its host and link rates around each (as zfbench.validate does), and
+the simulator's expectation for it is printed beside each measured strategy: step, stall,
 exposed I/O and host wait, measured | simulated, the lanes' threads and rates, and
 whether ZenFlow's step reached 0.8x ZeRO-Offload's or why not (zfbench.run_expect; kept
 in summary.json as `simulated_here`).
@@ -53,6 +54,7 @@ import argparse
 import json
 import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 from zfbench.real.memory import InsufficientMemoryError, check_fits
@@ -398,8 +400,16 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
     peak, mfu_note = peak_flops(use_cuda, precision) if lead else (None, "")
     work = StepWork(shape.total_params * elem, shape.total_params, flops, tokens, peak)
     room = memory_room(use_cuda) if lead else None  # before any strategy allocates
+    expect = ranks == 1 and (getattr(args, "scenario", None) is not None or args.profile)
+    calibration = None
+    if expect:  # this machine's profile around the strategies (zfbench.run_expect)
+        from zfbench.run_expect import Calibration
+
+        calibration = Calibration(spec)
+        calibration.begin()
     for strategy in strategies:
-        result = train(spec, strategy, progress=not args.quiet, dist=ctx)
+        with calibration.around(strategy) if calibration else nullcontext():
+            result = train(spec, strategy, progress=not args.quiet, dist=ctx)
         results[strategy] = result
         if not lead:
             continue
@@ -416,11 +426,16 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
         return 0
     add_speedups(rows)
     print(format_table(rows, loss=True))
-    expect = ranks == 1 and (getattr(args, "scenario", None) is not None or args.profile)
     if args.profile or args.project or expect:
-        profile_path = write_profile(spec, args.out)
+        if calibration is not None:
+            profile_path = calibration.finish(args.out or Path("runs/profile"))
+            print(f"profile: the mean of one measured before and one after the strategies, "
+                  f"host and link rates also around each -> {profile_path}")
+        else:
+            profile_path = write_profile(spec, args.out)
         if expect:
-            rows_here = print_expectation(spec, configs, strategies, rows, profile_path)
+            rows_here = print_expectation(spec, configs, strategies, rows, profile_path,
+                                          calibration.paths)
             if args.out:
                 args.expectation = rows_here
         if args.project:
@@ -450,15 +465,15 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
 
 
 def print_expectation(spec, configs: dict, strategies: list[str], measured: list[dict],
-                      profile_path: Path) -> list[dict]:
+                      profile_path: Path, profiles: dict) -> list[dict]:
     """The simulator's expectation for this machine beside each measured strategy
     (zfbench.run_expect), what the lanes are, and whether ZenFlow reached its target."""
     from zfbench.run_expect import (describe_lanes, expect_here, format_expectation,
                                     side_by_side, verdict)
 
-    pairs = side_by_side(measured, expect_here(spec, configs, strategies, profile_path))
-    print(f"\nSIMULATED FOR THIS MACHINE (the profile just measured, {profile_path}), "
-          f"beside the measured run:")
+    pairs = side_by_side(measured, expect_here(spec, configs, strategies, profiles))
+    print(f"\nSIMULATED FOR THIS MACHINE (the profiles measured around the run, "
+          f"{profile_path.parent / 'profiles'}), beside the measured run:")
     print(format_expectation(pairs))
     print("  " + describe_lanes(json.loads(Path(profile_path).read_text())))
     said = verdict(pairs)

@@ -1,14 +1,18 @@
 """What the simulator expects for the machine that just ran `python -m zfbench.run`.
 
-After a one-rank run, `expect_here` measures this machine's profile for the run's shape
-(zfbench.real.profile: per-block compute, the lanes' copy rates alone and together, host
-AdamW and accumulation rates on the host lane's threads, and how much the lanes slow each
-other over the shared DRAM), simulates every strategy the run measured with it, and
+A one-rank run measures this machine's profile for its shape (zfbench.real.profile:
+per-block compute, the lanes' copy rates alone and together, host AdamW, accumulation and
+conversion rates on the host lane's threads, and how much the lanes slow each other over
+the shared DRAM) as `zfbench.validate` does, because the machine drifts (`Calibration`):
+once before the strategies run and once after (the mean is used), and the memory-bound
+host and link rates again right before and after each strategy (each strategy is
+simulated with its own). `expect_here` simulates every strategy with its profile, and
 returns one row per strategy with the measured and the simulated step, stall and its
 parts side by side (`format_expectation`). `describe_lanes` says what bounds the gain here:
 the threads of each lane and the rates each lane achieved, beside the bandwidth the host
-kernels reach alone. The profile is written beside the run's files (OUT/profile.json) so
-`python -m zfbench.simulate --profile` can replay it.
+kernels reach alone. The profiles are written beside the run's files (OUT/profile.json,
+the mean; OUT/profiles/<strategy>.json, with that strategy's rates) so
+`python -m zfbench.simulate --profile` can replay them.
 
 Several ranks that share this CPU are not simulated here: the simulator's emulated lanes
 give every rank cores of its own, which 4 ranks on 2 cores do not have, so the run says
@@ -19,21 +23,72 @@ Part of the command `python -m zfbench.run`: like the command, it imports real/ 
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 # The columns compared, measured vs simulated.
 PARTS = ("step_time_s", "stall_fraction", "exposed_io_s", "host_wait_s")
+PROBE_REPEATS = 3  # host and link rates around each strategy: median of this many
 
 
-def expect_here(spec, configs: dict, strategies: list[str], profile_path: Path) -> list[dict]:
-    """Simulate each strategy with the profile at `profile_path` at the run's shape,
-    steps and ZenFlow knobs: one row per strategy (zfbench.simulate_report.summary_row)."""
+class Calibration:
+    """This machine's profile for one run, measured around it: `begin()` before the first
+    strategy, `around(strategy)` (a context) around each, `finish(out)` after the last;
+    then `paths[strategy]` is the profile each strategy is simulated with."""
+
+    def __init__(self, spec) -> None:
+        self.spec = spec
+        self.rates: dict[str, dict] = {}
+        self.paths: dict[str, Path] = {}
+
+    def begin(self) -> None:
+        from zfbench.real.engine import resolve_device
+        from zfbench.real.flat import device_dtype
+        from zfbench.real.profile import measure_profile
+        from zfbench.real.rate_probe import RateProbe
+
+        self.before = measure_profile(self.spec)
+        cal = self.before["calibration"]
+        self.probe = RateProbe(self.spec.shape().total_params,
+                               device_dtype(cal["precision"]), cal["host_threads"],
+                               device=resolve_device(self.spec.device))
+
+    @contextmanager
+    def around(self, strategy: str):
+        from zfbench.real.profile import mean_profile
+
+        ahead = self.probe.measure(PROBE_REPEATS)
+        yield
+        self.rates[strategy] = mean_profile([ahead, self.probe.measure(PROBE_REPEATS)])
+
+    def finish(self, out: Path) -> Path:
+        """Write OUT/profile.json (the mean of before and after) and one profile per
+        strategy; return the mean's path."""
+        from zfbench.core.trace import write_json_atomic
+        from zfbench.real.profile import mean_profile, measure_profile, with_rates
+
+        self.probe.close()
+        del self.probe
+        profile = mean_profile([self.before, measure_profile(self.spec)])
+        path = out / "profile.json"
+        write_json_atomic(path, profile)
+        for strategy, rates in self.rates.items():
+            self.paths[strategy] = out / "profiles" / f"{strategy}.json"
+            write_json_atomic(self.paths[strategy], with_rates(profile, rates))
+        return path
+
+
+def expect_here(spec, configs: dict, strategies: list[str], profiles: dict) -> list[dict]:
+    """Simulate each strategy with its profile (`profiles[strategy]`, a path) at the
+    run's shape, steps and ZenFlow knobs: one row per strategy
+    (zfbench.simulate_report.summary_row)."""
     from zfbench.sims.costs import SimSettings
     from zfbench.sims.simulator import simulate, steps_needed
     from zfbench.simulate_report import summary_row
 
     rows = []
     for strategy in strategies:
+        profile_path = profiles[strategy]
         cfg = configs[strategy]
         zf = cfg.zenflow
         knobs = {}
