@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zfbench.sims import collectives, zero3
+from zfbench.sims import collectives, host_step, zero3
 from zfbench.sims.settings import (OFFLOAD_PARAMS, PRECISIONS, STRATEGIES, TRANSFER_MODES,
                            SimSettings, SimSettingsError, load_calibration)
 from zfbench.core import hardware, models
@@ -22,7 +22,7 @@ from zfbench.core.schedule import topk_count
 __all__ = ["STRATEGIES", "TRANSFER_MODES", "PRECISIONS", "OFFLOAD_PARAMS", "SimSettings",
            "SimSettingsError", "load_calibration", "Bucket", "CostModel",
            "ADAM_BYTES_PER_PARAM", "ACCUM_BYTES_PER_ELEMENT",
-           "ACCUM_SPEEDUP_OVER_ADAM_PER_CORE", "DEVICE_OPTIM_HBM_EFFICIENCY",
+           "DEVICE_OPTIM_HBM_EFFICIENCY",
            "ACTIVATION_BYTES_PER_TOKEN_HIDDEN"]
 
 # Bytes per parameter of a memory-bound Adam step with fp32 master weights and moments:
@@ -32,12 +32,8 @@ __all__ = ["STRATEGIES", "TRANSFER_MODES", "PRECISIONS", "OFFLOAD_PARAMS", "SimS
 ADAM_BYTES_PER_PARAM = 28.0
 # Host gradient accumulation: read a 16-bit gradient, read and write an fp32 accumulator.
 ACCUM_BYTES_PER_ELEMENT = 10.0
-# Per core, accumulation (one fused multiply-add per element, streaming ~10 B/element)
-# runs about 30x as many elements/s as the preset's CPU-Adam rate (judgment: one core
-# streams ~10 GB/s, i.e. ~1 G elements/s of accumulation, against the ~30 M params/s
-# per core implied by DeepSpeed's 1.4 G params/s on a whole host, hardware.md). DRAM
-# bandwidth still caps it through the fluid pool.
-ACCUM_SPEEDUP_OVER_ADAM_PER_CORE = 30.0
+# The per-core host accumulation rate is zfbench.sims.host_step.ACCUM_ELEMS_PER_CORE_S
+# (memory-bound streaming, independent of the host's CPU-Adam rate).
 # Fraction of peak HBM bandwidth a fused device Adam achieves (judgment; multi-tensor
 # apply kernels typically reach 70-90 % of STREAM-like bandwidth).
 DEVICE_OPTIM_HBM_EFFICIENCY = 0.8
@@ -219,8 +215,19 @@ class CostModel:
         return self.node.host.cores / self.gpus_per_node  # one host per node
 
     @property
+    def numa_factor(self) -> float:
+        """A rank's host work rate over its all-local rate on a GPU node: its threads and
+        its memory on different sockets (zfbench.sims.host_step); 1 with a measured
+        profile (the profile measured the rates on the machine itself)."""
+        if self.calibration is not None:
+            return 1.0
+        h = self.node.host
+        return host_step.numa_factor(h.sockets, h.cores / h.sockets, self.cores_per_rank,
+                                     self.settings.bind_cores)
+
+    @property
     def adam_units_per_core_s(self) -> float:
-        return self.node.host.adam_params_per_s_per_core
+        return self.node.host.adam_params_per_s_per_core * self.numa_factor
 
     @property
     def convert_units_per_core_s(self) -> float | None:
@@ -240,7 +247,7 @@ class CostModel:
             return self.calibration["host_accum_elems_per_s"] / self.node.host.cores
         if self.settings.host_accum_per_core is not None:
             return self.settings.host_accum_per_core
-        return self.node.host.adam_params_per_s_per_core * ACCUM_SPEEDUP_OVER_ADAM_PER_CORE
+        return host_step.ACCUM_ELEMS_PER_CORE_S * self.numa_factor
 
     # -- net lane (ring collectives; NCCL busbw convention) ---------------------------
     def allreduce_s(self, nbytes: float) -> float:

@@ -53,9 +53,14 @@ class SimSettings:
     host_cores: int | None = None
     # Host gradient accumulation, elements/s per core (the node's DRAM bandwidth still caps
     # the sum); None: the host's AdamW rate per core x zfbench.sims.costs.
-    # ACCUM_SPEEDUP_OVER_ADAM_PER_CORE (a judgment). `python -m zfbench.run` sets it from
+    # the per-core streaming rate zfbench.sims.host_step.ACCUM_ELEMS_PER_CORE_S (a judgment). `python -m zfbench.run` sets it from
     # the rate it measured with the engine's kernel (zfbench.run_proxy).
     host_accum_per_core: float | None = None
+    # Each rank's host threads bound to its own cores (DeepSpeed's --bind_cores_to_rank,
+    # off by default there and here): unbound, a rank's optimizer threads run on every
+    # socket of the node and part of its memory traffic crosses sockets
+    # (zfbench.sims.host_step). No effect with a measured profile.
+    bind_cores: bool = False
     net: str = "nvlink3"
     gpus_per_switch: int = 2
     micro_batch: int = 1

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings as hsettings, strategies as st
 
 from zfbench.analysis.breakdown import step_breakdown
-from zfbench.sims.costs import (ACCUM_BYTES_PER_ELEMENT, ACCUM_SPEEDUP_OVER_ADAM_PER_CORE,
+from zfbench.sims.host_step import ACCUM_ELEMS_PER_CORE_S
+from zfbench.sims.costs import (ACCUM_BYTES_PER_ELEMENT,
                         ADAM_BYTES_PER_PARAM, STRATEGIES, CostModel, SimSettings)
 from oracle import steady_state
 from zfbench.sims.simulator import simulate
@@ -185,7 +186,7 @@ def dram_never_binds(s: SimSettings) -> bool:
     left = host.dram_bytes_per_s - switches * (link.d2h_bytes_per_s + link.h2d_bytes_per_s)
     adam = host.adam_params_per_s_per_core
     need = max(adam * ADAM_BYTES_PER_PARAM,
-               adam * ACCUM_SPEEDUP_OVER_ADAM_PER_CORE * ACCUM_BYTES_PER_ELEMENT)
+               ACCUM_ELEMS_PER_CORE_S * ACCUM_BYTES_PER_ELEMENT)
     return host.cores * need <= left
 
 

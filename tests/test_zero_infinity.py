@@ -160,7 +160,7 @@ def test_nvme_slower_than_pcie_slows_the_step_and_more_drives_help():
     assert on_cpu == pytest.approx(cpu.step_time_s, rel=1e-6) or not cpu.exact
     # one drive reads 7 GB/s for 4 ranks (1.75 GB/s each) against ~13 GB/s of PCIe each
     assert times[1] > times[4] > times[16] >= on_cpu * (1 - 1e-9)
-    assert times[1] > 2 * on_cpu
+    assert times[1] > 1.5 * on_cpu  # 2x before the Milan host rate was calibrated (host_step)
 
 
 def test_nvme_bound_is_the_drive_time_when_the_drives_bind():

@@ -51,6 +51,7 @@ from pathlib import Path
 from zfbench.cli_checks import CliError, OneLineParser, check_input_file, check_out_dir, fail
 from zfbench.core.progress import progress
 from zfbench.sims.costs import CostModel, SimSettings, SimSettingsError
+from zfbench.sims.host_step import CALIBRATION_ROWS
 from zfbench.sims.settings import node_knobs
 from zfbench.sims.simulator import default_skip_steps, simulate, steps_needed
 
@@ -60,11 +61,11 @@ BUNDLED = "zfbench/data/published/offload_measurements.csv"
 # left out of a file, or left empty in a row, for their defaults).
 COLUMNS = ("id", "source", "metric", "value", "strategy", "hardware", "gpu", "gpus", "model",
            "micro_batch", "seq", "grad_accum", "precision", "activation_checkpointing",
-           "offload_params", "anchor", "note")
+           "offload_params", "bind_cores", "anchor", "note")
 REQUIRED = ("id", "source", "metric", "value", "strategy", "hardware", "gpus", "model",
             "micro_batch", "seq")
-OUTPUT_COLUMNS = ("simulated", "error_pct", "status", "mfu", "simulated_no_anchor",
-                  "error_pct_no_anchor", "fits")
+OUTPUT_COLUMNS = ("simulated", "error_pct", "status", "calibration", "mfu",
+                  "simulated_no_anchor", "error_pct_no_anchor", "fits")
 METRICS = ("tflops_per_gpu", "step_time_s", "backward_time_s", "host_adam_time_s")
 ANCHOR_METRICS = ("tflops_per_gpu", "step_time_s")
 STEPS, SKIP_STEPS = 4, 2  # steps simulated per row and left out of the averages
@@ -154,7 +155,8 @@ def row_settings(row: dict) -> SimSettings:
             knobs["gpu"] = row["gpu"]
         knobs.update(model=row["model"], micro_batch=_int(row, "micro_batch"),
                      seq=_int(row, "seq"), grad_accum=_int(row, "grad_accum", 1),
-                     activation_checkpointing=_bool(row, "activation_checkpointing", True))
+                     activation_checkpointing=_bool(row, "activation_checkpointing", True),
+                     bind_cores=_bool(row, "bind_cores", False))
         if row["precision"]:
             knobs["precision"] = row["precision"]
         if row["offload_params"]:
@@ -251,6 +253,15 @@ def anchor_mfu(anchor: dict) -> float:
 
 
 # -- one row ------------------------------------------------------------------------
+def calibration_of(row: dict) -> str:
+    """What a calibration row sets ("host preset field"), or "" (zfbench.sims.host_step.
+    CALIBRATION_ROWS: a constant only a measurement gives, taken from that one row)."""
+    if row["id"] not in CALIBRATION_ROWS:
+        return ""
+    host, field = CALIBRATION_ROWS[row["id"]]
+    return f"{host} {field}"
+
+
 def simulate_row(row: dict, by_id: dict, anchors: dict) -> dict:
     """The output columns of one row (`anchors` caches each anchor's MFU or reason)."""
     out = {c: "" for c in OUTPUT_COLUMNS}
@@ -283,7 +294,7 @@ def simulate_row(row: dict, by_id: dict, anchors: dict) -> dict:
         out["status"] = f"unsupported: {' '.join(str(err).split())}"
         return out
     out.update(simulated=value, error_pct=100 * (value - published) / published,
-               status="ok", mfu=mfu, simulated_no_anchor=no_anchor,
+               status="ok", calibration=calibration_of(row), mfu=mfu, simulated_no_anchor=no_anchor,
                error_pct_no_anchor=100 * (no_anchor - published) / published,
                fits=str(bool(fit)).lower())
     return out
@@ -303,18 +314,25 @@ def validate_rows(rows: list[dict], quiet: bool = False) -> list[dict]:
 
 
 # -- summary, table, files ----------------------------------------------------------
+def _counted(r: dict) -> bool:
+    """A row that counts in the error: simulated, and not a calibration row."""
+    return r["status"] == "ok" and not r.get("calibration")
+
+
 def _mae(rows: list[dict], key: str) -> float:
-    ok = [abs(r[key]) for r in rows if r["status"] == "ok"]
+    ok = [abs(r[key]) for r in rows if _counted(r)]
     return sum(ok) / len(ok) if ok else math.nan
 
 
 def summary(rows: list[dict]) -> dict:
     """Mean absolute error (%) overall and per source, with and without anchors; rows
-    within 25 %; unsupported rows."""
-    ok = [r for r in rows if r["status"] == "ok"]
+    within 25 %; unsupported rows. Calibration rows are left out of all but `calibration`."""
+    ok = [r for r in rows if _counted(r)]
     sources = list(dict.fromkeys(r["source"] for r in rows))
     return {
-        "rows": len(rows), "ok": len(ok), "unsupported": len(rows) - len(ok),
+        "rows": len(rows), "ok": len(ok),
+        "unsupported": sum(r["status"] != "ok" for r in rows),
+        "calibration": [r["id"] for r in rows if r["status"] == "ok" and r.get("calibration")],
         "mae_pct": _mae(rows, "error_pct"),
         "mae_no_anchor_pct": _mae(rows, "error_pct_no_anchor"),
         "within_25_pct": (100 * sum(abs(r["error_pct"]) <= 25 for r in ok) / len(ok)
@@ -341,8 +359,9 @@ def format_table(rows: list[dict], head: dict) -> str:
                 _fmt(r["simulated"], ".4g"), _fmt(r["error_pct"], "+.1f")]
         if anchored:
             line.append(_fmt(r["error_pct_no_anchor"], "+.1f") if r["anchor"] else "")
-        line.append(r["status"] if r["status"] == "ok" and r["fits"] != "false" else
-                    r["status"] + (" (does not fit)" if r["fits"] == "false" else ""))
+        status = r["status"] + (f" (calibration: {r['calibration']})"
+                                if r.get("calibration") else "")
+        line.append(status + (" (does not fit)" if r["fits"] == "false" else ""))
         body.append(line)
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip()
@@ -351,8 +370,13 @@ def format_table(rows: list[dict], head: dict) -> str:
     lines.append(f"mean absolute error {head['mae_pct']:.1f}% over {head['ok']} rows "
                  f"(anchors ignored: {head['mae_no_anchor_pct']:.1f}%); "
                  f"{head['within_25_pct']:.0f}% of rows within 25%; "
-                 f"{head['unsupported']} unsupported")
+                 f"{head['unsupported']} unsupported"
+                 + (f"; calibration rows left out: {', '.join(head['calibration'])}"
+                    if head["calibration"] else ""))
     for s in head["per_source"]:
+        if not s["rows"]:
+            lines.append(f"  calibration rows only: {s['source']}")
+            continue
         lines.append(f"  {_fmt(s['mae_pct'], '5.1f')}% (anchors ignored "
                      f"{_fmt(s['mae_no_anchor_pct'], '5.1f')}%) over {s['rows']:2d} rows: "
                      f"{s['source']}")

@@ -1,0 +1,75 @@
+"""The host's optimizer threads on a GPU node (sims/host_step.py): sockets, core binding,
+the calibrated CPU-Adam rates and the accumulation rate, with numbers."""
+
+import pytest
+
+from zfbench.core import hardware as hw
+from zfbench.sims import host_step as hs
+from zfbench.sims.costs import CostModel, SimSettings
+from zfbench.sims.settings import node_knobs
+from zfbench.sims.simulator import simulate
+from zfbench.validate_published import bundled_path, measure, read_rows, row_settings
+
+
+def test_numa_factor_by_hand():
+    # unbound on 2 sockets: half the traffic remote at 0.6 -> 1 / (0.5 + 0.5/0.6) = 0.75
+    assert hs.numa_factor(2, 64, 64, bound=False) == pytest.approx(0.75)
+    # bound within one socket: all local
+    assert hs.numa_factor(2, 64, 64, bound=True) == 1.0
+    # bound over 80 cores of 64-core sockets: 16/80 remote -> 1 / (0.8 + 0.2/0.6)
+    assert hs.numa_factor(2, 64, 80, bound=True) == pytest.approx(1 / (0.8 + 0.2 / 0.6))
+    assert hs.numa_factor(1, 64, 64, bound=False) == 1.0
+
+
+def test_binding_speeds_up_two_ranks_host_adam():
+    """2 ranks on the 128-core Milan node: bound, each its own socket (local); unbound,
+    4/3 as long in the host Adam (the blog's bound/unbound rows differ by 13-16 %)."""
+    base = SimSettings(**node_knobs("a100-4x-gen4", 2), model="qwen2.5-3b", steps=3)
+    bound, unbound = CostModel(base.with_(bind_cores=True)), CostModel(base)
+    assert unbound.adam_units_per_core_s / bound.adam_units_per_core_s == pytest.approx(0.75)
+    def adam_s(s):
+        return measure(simulate(s, "zero-offload"), "host_adam_time_s", 1)
+    ratio = adam_s(base) / adam_s(base.with_(bind_cores=True))
+    assert ratio == pytest.approx(4 / 3, rel=0.02)
+
+
+def test_profiled_lanes_ignore_binding():
+    """A measured profile's rates are the machine's own: no NUMA factor is applied."""
+    class Fake:  # only what numa_factor reads
+        calibration = {"x": 1}
+    assert CostModel.numa_factor.fget(Fake()) == 1.0
+
+
+def test_presets_hold_the_rates_of_their_calibration_rows():
+    """Each calibration row's arithmetic gives exactly the preset's value, and the row's
+    own simulation then reproduces the row (so the two cannot drift apart)."""
+    _, rows = read_rows(bundled_path())
+    by_id = {r["id"]: r for r in rows}
+    assert set(hs.CALIBRATION_ROWS) <= set(by_id)
+    for rid, (host, field) in hs.CALIBRATION_ROWS.items():
+        row = by_id[rid]
+        s = row_settings(row)
+        c = CostModel(s)
+        rate = hs.calibrated_adam_rate(c.share(c.params), float(row["value"]),
+                                       c.cores_per_rank, c.numa_factor)
+        assert getattr(hw.get_host(host), field) == pytest.approx(rate, rel=1e-9)
+        simulated = measure(simulate(s, row["strategy"]), row["metric"], 2)
+        assert simulated == pytest.approx(float(row["value"]), rel=0.01)
+
+
+def test_table4_rate_is_far_from_the_milan_rate():
+    """One Adam rate per host: the Xeon 8168 (AVX-512) at 111 M/s per core locally, the
+    Milan node 15.3 M/s per core in a full DeepSpeed step."""
+    assert hw.get_host("xeon-8168").adam_params_per_s_per_core == pytest.approx(111.1e6, rel=1e-3)
+    assert hw.get_host("epyc-7763-milan").adam_params_per_s_per_core == pytest.approx(
+        15.26e6, rel=1e-3)
+
+
+def test_accumulation_rate_does_not_follow_adam_rate():
+    """Accumulation streams memory: its per-core rate is the same on hosts whose Adam
+    rates differ 7x (up to the NUMA factor both see)."""
+    a = CostModel(SimSettings(host="xeon-8168", gpus=1, host_cores=48))
+    b = CostModel(SimSettings(gpus=1))
+    assert a.adam_units_per_core_s / b.adam_units_per_core_s > 7
+    assert a.accum_units_per_core_s == pytest.approx(b.accum_units_per_core_s)
+    assert b.accum_units_per_core_s == pytest.approx(30 * 29.5e6 * 0.75)
