@@ -245,9 +245,10 @@ class CostModel:
     def accum_units_per_core_s(self) -> float:
         if self.calibration is not None:
             return self.calibration["host_accum_elems_per_s"] / self.node.host.cores
-        if self.settings.host_accum_per_core is not None:
-            return self.settings.host_accum_per_core
-        return host_step.ACCUM_ELEMS_PER_CORE_S * self.numa_factor
+        per_core = self.settings.host_accum_per_core  # measured on a machine's own socket
+        if per_core is None:
+            per_core = host_step.ACCUM_ELEMS_PER_CORE_S
+        return per_core * self.numa_factor
 
     # -- net lane (ring collectives; NCCL busbw convention) ---------------------------
     def allreduce_s(self, nbytes: float) -> float:
