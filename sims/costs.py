@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zfbench.sims import collectives, host_step, zero3
+from zfbench.sims import collectives, device_memory, host_step, zero3
 from zfbench.sims.settings import (OFFLOAD_PARAMS, PRECISIONS, STRATEGIES, TRANSFER_MODES,
                            SimSettings, SimSettingsError, load_calibration)
 from zfbench.core import hardware, models
@@ -291,7 +291,10 @@ class CostModel:
         if strategy == "device":  # ZeRO-2: 16-bit params, partitioned grads and fp32 state
             device = p * b + part * b + part * 12 + act
         elif strategy in ("zero-offload", "zero-offload-dpu"):
-            device = p * b + p * b + act  # params + a full gradient buffer
+            if self.calibration is None:  # DeepSpeed's: params + two gradient buckets
+                device = device_memory.zero_offload_device_bytes(p, b, act)
+            else:  # zfbench's engine: params + a full gradient buffer
+                device = p * b + p * b + act
         else:  # zenflow: device Adam state for the selected slice
             sel = self.selected_params
             device = p * b + p * b + sel * 12 + act

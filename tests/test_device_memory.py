@@ -1,0 +1,26 @@
+"""ZeRO-Offload's device memory as DeepSpeed allocates it (zfbench.sims.device_memory)."""
+
+import pytest
+
+from zfbench.sims import device_memory as dm
+from zfbench.sims.costs import CostModel, SimSettings
+
+GPT2_10B = "gpt2:layers=50,hidden=4096,heads=16"
+
+
+def test_two_reduce_buckets_not_a_full_gradient():
+    # 10e9 params, fp16: 20 GB of parameters + 2 x 5e8 x 2 B = 2 GB of buckets + activations
+    assert dm.zero_offload_device_bytes(10_000_000_000, 2, 1e9) == pytest.approx(23e9)
+    # a model smaller than one bucket holds at most two gradients of itself
+    assert dm.zero_offload_device_bytes(1000, 2, 0.0) == 1000 * 2 + 2 * 1000 * 2
+
+
+def test_paper_10b_gpt2_fits_a_32gb_v100_with_zero_offload():
+    s = SimSettings(gpu="v100-sxm3-32g", pcie="gen3-dgx2", precision="fp16", model=GPT2_10B,
+                    micro_batch=10, seq=1024, activation_checkpointing=True, gpus=1)
+    c = CostModel(s)
+    fit = c.fits("zero-offload")
+    expected = c.params * 2 + 2 * dm.REDUCE_BUCKET_ELEMS * 2 + c.activation_bytes()
+    assert fit["device_bytes_per_rank"] == pytest.approx(expected)
+    assert 28e9 < fit["device_bytes_per_rank"] < 30e9 and fit["fits"]
+    assert c.fits("zero-offload-dpu")["device_bytes_per_rank"] == pytest.approx(expected)
