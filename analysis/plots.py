@@ -56,6 +56,8 @@ OP_STYLE = {
     "h2d_param": dict(color="#994455", hatch="", label="parameters up (h2d)"),
     "host_optim": dict(color="#BB5566", hatch="", label="host Adam"),
     "host_accum": dict(color="#EE99AA", hatch="....", label="host accumulate"),
+    "host_clip": dict(color="#882255", hatch="\\\\", label="host unscale/clip"),
+    "host_convert": dict(color="#CC6677", hatch="xx", label="host fp32 -> 16-bit"),
     "allreduce": dict(color="#BBBBBB", hatch="", label="all-reduce"),
     "allgather": dict(color="#888888", hatch="", label="all-gather"),
 }

@@ -242,6 +242,18 @@ class CostModel:
         return rate / self.node.host.cores
 
     @property
+    def deepspeed_host_step(self) -> bool:
+        """ZeRO-Offload's host step as DeepSpeed runs it (zfbench.sims.host_step: clip,
+        CPU-Adam, the blocking fp32 -> 16-bit conversion over the whole partition, then one
+        upload); False with a measured profile (zfbench's own engine: Adam chunk by chunk,
+        each chunk up after it, conversions as the profile measured them)."""
+        return self.calibration is None
+
+    def stream_units_per_core_s(self, bytes_per_elem: float) -> float:
+        """Elements/s per core of a host streaming pass beside Adam (clip, conversion)."""
+        return host_step.stream_units_per_core_s(bytes_per_elem) * self.numa_factor
+
+    @property
     def accum_units_per_core_s(self) -> float:
         if self.calibration is not None:
             return self.calibration["host_accum_elems_per_s"] / self.node.host.cores

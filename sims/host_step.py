@@ -33,6 +33,32 @@ presets hold exactly what it gives for their rows.
 Host gradient accumulation is memory-bound streaming (one fused multiply-add per element
 over ~10 B of DRAM traffic), not CPU-Adam's arithmetic: its per-core rate
 `ACCUM_ELEMS_PER_CORE_S` is its own constant, not a multiple of the host's Adam rate.
+
+DeepSpeed's host step beside CPU-Adam. With the optimizer offloaded, DeepSpeed's ZeRO-2
+`step()` (deepspeedai/DeepSpeed, deepspeed/runtime/zero/stage_1_and_2.py, the
+`cpu_offload` branch) runs, per parameter group, over the rank's whole partition and one
+after the other: `unscale_and_clip_grads` (`grad.data.mul_(1 / combined_scale)` over the
+fp32 gradient partition: every step, also at loss scale 1), `_optimizer_step` (CPU-Adam;
+its `fp16_param_groups` path that writes the 16-bit copy inside the Adam loop is
+commented out there, "Disabled, this is not currently working"), then
+`bit16_partition_buffer.data.copy_(fp32_partition.data)` (the fp32 master into the 16-bit
+pinned buffer, on the CPU, blocking) and only then one non-blocking copy of that buffer up
+to the device, and the all-gather after every group. The conversion therefore blocks
+after Adam and does not overlap it, and nothing goes up before the whole partition is
+updated. Gradient dtype conversion on arrival costs the host nothing there: the copy into
+the fp32 gradient partition (`async_inplace_copy_grad_to_fp32_buffer_from_gpu`) converts
+on the device (`src_tensor.float()`) before the copy. The clip and the conversion are
+memory-bound streaming passes (`CLIP_BYTES_PER_ELEM`, `CONVERT_BYTES_PER_ELEM`), at the
+per-core streaming rate of host accumulation, capped by DRAM like every host job.
+
+What the ZenFlow blog's Figure 3 "CPU parameter update 4600 ms" covers (judgment): the
+host's whole optimizer step, clip + CPU-Adam + conversion: the figure shows the GPU idle
+from the gradients' arrival to the parameters' upload (500 ms, a phase of its own) with no
+other host phase. Its calibration row therefore measures `host_step_time_s` (first clip to
+last conversion), and `calibrated_adam_rate` takes the two streaming passes' seconds
+(`streaming_pass_s`, as the fluid pool runs them: every rank of the node at once) out of
+the 4600 ms before dividing. Table 4 of the ZeRO-Offload paper times CPU-Adam alone (a
+microbenchmark): nothing is taken out of its 2.57 s.
 """
 
 from __future__ import annotations
@@ -46,6 +72,14 @@ REMOTE_DRAM_RATE = 0.6
 # 30 x 29.5 M/s, unchanged, now independent of the host's Adam rate). DRAM bandwidth
 # still caps the sum through the fluid pool.
 ACCUM_ELEMS_PER_CORE_S = 30.0 * 29.5e6
+# Bytes per element of the host's passes beside Adam (stage_1_and_2.py, module docstring):
+# unscale/clip reads and writes the fp32 gradient (mul_ in place); the conversion reads the
+# fp32 master and writes the 16-bit copy.
+CLIP_BYTES_PER_ELEM = 8.0
+CONVERT_BYTES_PER_ELEM = 6.0
+# One core's streaming rate in bytes/s, the judgment behind ACCUM_ELEMS_PER_CORE_S (~10 B
+# per accumulated element): a pass of b bytes per element runs at this / b elements/s.
+CORE_STREAM_BYTES_PER_S = ACCUM_ELEMS_PER_CORE_S * 10.0
 # The rows of the bundled published dataset that set a constant, and which:
 # row id -> (host preset, field). `python -m zfbench.validate --published` marks them.
 CALIBRATION_ROWS = {
@@ -71,9 +105,35 @@ def numa_factor(sockets: int, cores_per_socket: float, cores_per_rank: float,
     return 1.0 / ((1.0 - f) + f / REMOTE_DRAM_RATE)
 
 
+def stream_units_per_core_s(bytes_per_elem: float) -> float:
+    """Elements per second one core streams through a pass of `bytes_per_elem` (local)."""
+    return CORE_STREAM_BYTES_PER_S / bytes_per_elem
+
+
+def streaming_pass_s(elems: float, bytes_per_elem: float, cores_per_rank: float,
+                     factor: float, dram_bytes_per_s: float, ranks_on_node: int) -> float:
+    """Seconds of one rank's streaming pass over `elems` elements while every rank of the
+    node runs the same pass and nothing else touches DRAM: the fluid pool's host rate
+    (zfbench.sims.fluid.node_rates), its cores at `factor` or its share of DRAM."""
+    rate = min(cores_per_rank * stream_units_per_core_s(bytes_per_elem) * factor,
+               dram_bytes_per_s / ranks_on_node / bytes_per_elem)
+    return elems / rate
+
+
+def beside_adam_s(elems: float, cores_per_rank: float, factor: float,
+                  dram_bytes_per_s: float, ranks_on_node: int) -> float:
+    """Seconds of DeepSpeed's clip and conversion passes over a rank's partition of
+    `elems` elements (module docstring), every rank at once."""
+    return sum(streaming_pass_s(elems, b, cores_per_rank, factor, dram_bytes_per_s,
+                                ranks_on_node)
+               for b in (CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM))
+
+
 def calibrated_adam_rate(params: float, seconds: float, cores_per_rank: float,
-                         factor: float) -> float:
+                         factor: float, other_s: float = 0.0) -> float:
     """Local CPU-Adam parameters per second per core from one measured optimizer step of
-    `params` parameters per rank in `seconds`, the rank on `cores_per_rank` cores whose
-    `numa_factor` was `factor` (all ranks updating at the same time, each on its cores)."""
-    return params / (seconds * cores_per_rank * factor)
+    `params` parameters per rank in `seconds`, of which `other_s` is host work beside Adam
+    (`beside_adam_s` where the measurement covers the whole host step), the rank on
+    `cores_per_rank` cores whose `numa_factor` was `factor` (all ranks updating at the same
+    time, each on its cores)."""
+    return params / ((seconds - other_s) * cores_per_rank * factor)

@@ -6,8 +6,11 @@ to its lanes with the dependencies the real engine has:
 
 - `device`: forward, backward, gradient all-reduce, device Adam, parameter all-gather.
 - `zero-offload`: each bucket's gradient goes down as soon as backward produced it; after
-  the last, the host runs Adam over the rank's partition chunk by chunk, each chunk's
-  parameters go up as soon as it is done; the next forward waits for all of them.
+  the last, the host runs DeepSpeed's step (simulations from presets,
+  zfbench/sims/host_step.py): unscale/clip, CPU-Adam and the fp32 -> 16-bit conversion over
+  the rank's whole partition, then the partition goes up in one copy and is all-gathered;
+  with a measured profile (zfbench's engine) Adam runs chunk by chunk, each chunk's
+  parameters up as soon as it is done. The next forward waits for all of them.
 - `zero-offload-dpu`: the same ops, but forward t+1 waits only for the update of step
   t-1 (one step stale); the buckets land in one of two alternating host buffers, so none
   waits for the host to consume the previous step's gradient (emulated: the one copy
@@ -56,6 +59,7 @@ import simpy
 from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel
 from zfbench.sims.emulated import device_thread_op, grad_check_s, grad_zero_s
 from zfbench.sims.fluid import FluidPool, Job
+from zfbench.sims.host_step import CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM
 from zfbench.sims.lanes import Lane, all_done, run_compute
 from zfbench.sims.zero_infinity import zero_infinity_step
 from zfbench.core.schedule import is_selection_step, is_warmup
@@ -118,6 +122,9 @@ class RankSim:
             if convert_elems > 0 and convert is not None:  # seconds per element add up
                 units = 1.0 / (1.0 / units + convert_elems / elems / convert)
             job = Job("host", self.rank, elems, ADAM_BYTES_PER_PARAM, units)
+        elif op in ("host_clip", "host_convert"):
+            b = CLIP_BYTES_PER_ELEM if op == "host_clip" else CONVERT_BYTES_PER_ELEM
+            job = Job("host", self.rank, elems, b, c.stream_units_per_core_s(b))
         else:
             job = Job("host", self.rank, elems, ACCUM_BYTES_PER_ELEMENT,
                       c.accum_units_per_core_s)
@@ -184,6 +191,30 @@ class RankSim:
             last = self.gather_when_ready(step, c.buckets[i].numel * c.elem_bytes, up) or up
             deps = ()
         return last, chunks
+
+    def deepspeed_host_update(self, step: int, deps):
+        """DeepSpeed's ZeRO-2 offload step on the host (zfbench.sims.host_step): unscale/clip
+        over the rank's fp32 gradient partition, CPU-Adam over all of it, the fp32 master
+        into the 16-bit pinned buffer, then the partition up in one copy and the
+        all-gather; returns the event of the gather (or upload) and, per bucket, the Adam
+        event (the host is done with the gradient there)."""
+        c = self.costs
+        part = c.share(c.params)
+        clip = self.host_work("host_clip", step, part, deps)
+        adam = self.host_work("host_optim", step, part, [clip])
+        convert = self.host_work("host_convert", step, part, [adam])
+        up = self.transfer(self.h2d, "h2d_param", step, part * c.elem_bytes, [convert])
+        landed = self.gather_when_ready(step, c.model_bytes, up) or up
+        return landed, dict.fromkeys(range(self.nb), adam)
+
+    def offload_update(self, step: int, deps):
+        """ZeRO-Offload's host update and upload: DeepSpeed's whole-partition step on a
+        node from presets, zfbench's engine's chunked one with a measured profile."""
+        c = self.costs
+        if c.deepspeed_host_step:
+            return self.deepspeed_host_update(step, deps)
+        shard = lambda i: c.share(c.buckets[i].numel)  # noqa: E731
+        return self.host_update(step, deps, shard, self._shard_bytes, shard)
 
     # -- strategies -------------------------------------------------------------------
     def run(self, strategy: str, steps: int):
@@ -290,9 +321,7 @@ class RankSim:
         yield from self.compute("forward", t, c.forward_s)
         down = yield from self._grads_down(t, self._shard_bytes, self._final_micro_deps(t))
         yield from self._copy_grads_down(t, self._shard_bytes)
-        shard = lambda i: c.share(c.buckets[i].numel)  # noqa: E731
-        landed, _ = self.host_update(t, list(down.values()), shard, self._shard_bytes,
-                                     shard)
+        landed, _ = self.offload_update(t, list(down.values()))
         yield from all_done(self.env, [landed])
 
     def dpu_step(self, t: int):
@@ -310,9 +339,7 @@ class RankSim:
             yield from self.apply_update(t, stale)
             stale = None
         yield from self._copy_grads_down(t, self._shard_bytes, consumed)
-        shard = lambda i: c.share(c.buckets[i].numel)  # noqa: E731
-        last, chunks = self.host_update(t, list(down.values()), shard, self._shard_bytes,
-                                        shard)
+        last, chunks = self.offload_update(t, list(down.values()))
         st[("chunks", t)], st[("landed", t)] = chunks, last
         # The next forward needs the update of step t-1: the step ends when it has landed.
         yield from self.apply_update(t, stale)

@@ -24,6 +24,9 @@ Metrics, read from steady-state steps (after `SKIP_STEPS`) of rank 0:
   DeepSpeed's `engine.backward()` would return with the gradients on the host;
 - `host_adam_time_s`: from the start of the step's first host Adam chunk to the end of its
   last (`host_optim` spans).
+- `host_step_time_s`: the host's whole optimizer step, from the start of its first
+  unscale/clip, Adam or conversion span to the end of its last (`host_clip`, `host_optim`,
+  `host_convert`; zfbench/sims/host_step.py).
 
 Anchors: a row whose `anchor` names another row (measured on the same machine without
 offload) is simulated with the MFU that makes the anchor row's simulation reproduce the
@@ -66,7 +69,9 @@ REQUIRED = ("id", "source", "metric", "value", "strategy", "hardware", "gpus", "
             "micro_batch", "seq")
 OUTPUT_COLUMNS = ("simulated", "error_pct", "status", "calibration", "mfu",
                   "simulated_no_anchor", "error_pct_no_anchor", "fits")
-METRICS = ("tflops_per_gpu", "step_time_s", "backward_time_s", "host_adam_time_s")
+METRICS = ("tflops_per_gpu", "step_time_s", "backward_time_s", "host_adam_time_s",
+           "host_step_time_s")
+HOST_STEP_OPS = ("host_clip", "host_optim", "host_convert")
 ANCHOR_METRICS = ("tflops_per_gpu", "step_time_s")
 STEPS, SKIP_STEPS = 4, 2  # steps simulated per row and left out of the averages
 ANCHOR_ROUNDS = 5
@@ -201,8 +206,9 @@ def measure(result, metric: str, skip: int) -> float:
         return counted_flops(result.settings, result.costs) / step_s / 1e12
     values = []
     for _, group in spans.groupby("step"):
-        if metric == "host_adam_time_s":
-            host = group[group["op"] == "host_optim"]
+        if metric in ("host_adam_time_s", "host_step_time_s"):
+            ops = ("host_optim",) if metric == "host_adam_time_s" else HOST_STEP_OPS
+            host = group[group["op"].isin(ops)]
             if host.empty:
                 raise Unsupported(f"{result.strategy} runs no host Adam")
             values.append(host["t_end_s"].max() - host["t_start_s"].min())

@@ -13,6 +13,7 @@ import math
 
 from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel, SimSettings
 from zfbench.sims.update_windows import fixed_interval
+from zfbench.sims.host_step import CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM
 
 NEG = float("-inf")
 _TIE = 1e-9  # relative: events closer than this are a tie whose order SimPy decides
@@ -54,6 +55,14 @@ class _Terms:
         cores = c.cores_per_rank
         adam = cores * c.adam_units_per_core_s
         self.chunk = [(0.0, c.share(n) / adam) for n in self.numel]
+        # DeepSpeed's host step from presets (zfbench.sims.host_step): clip, Adam over the
+        # whole partition, conversion, one upload, one all-gather
+        self.deepspeed = c.deepspeed_host_step
+        part = c.share(c.params)
+        self.clip = (0.0, part / (cores * c.stream_units_per_core_s(CLIP_BYTES_PER_ELEM)))
+        self.adam_all = (0.0, part / adam)
+        self.convert = (0.0, part / (cores * c.stream_units_per_core_s(
+            CONVERT_BYTES_PER_ELEM)))
         acc = c.share(sum(self.unsel))
         self.acc = (0.0, acc / (cores * c.accum_units_per_core_s)) if acc > 0 else None
         self.o_sel = c.device_optim_s(c.selected_params)
@@ -92,6 +101,18 @@ class _Terms:
             downs.append(d2h.run(r, max(red, g), self.down(numel[k])))
         return downs
 
+    def deepspeed_update(self, host: _Lane, submit: float, ready: float, h2d: _Lane,
+                         net: _Lane) -> tuple[float, float]:
+        """Clip, Adam, conversion on the host lane, then the partition up and the model
+        all-gathered: (the Adam end, the last event)."""
+        clip = host.run(submit, ready, self.clip)
+        adam = host.run(submit, clip, self.adam_all)
+        conv = host.run(submit, adam, self.convert)
+        last = h2d.run(submit, conv, self._xfer(self.c.params, self.rh))
+        if self.gpus > 1:
+            last = net.run(submit, last, (0.0, self.c.allgather_s(self.c.model_bytes)))
+        return adam, last
+
     def update_up(self, submit, chunk_end, up_numel, h2d: _Lane, net: _Lane) -> float:
         """Each chunk's parameters up then all-gathered; the last event (the step waits)."""
         last = submit
@@ -122,6 +143,10 @@ def _dram_ok(costs: CostModel, strategy: str) -> bool:
     need = cores * costs.adam_units_per_core_s * ADAM_BYTES_PER_PARAM
     if strategy == "zenflow":
         need = max(need, cores * costs.accum_units_per_core_s * ACCUM_BYTES_PER_ELEMENT)
+    if costs.deepspeed_host_step and strategy in ("zero-offload", "zero-offload-dpu",
+                                                  "zenflow"):  # clip, conversion passes
+        need = max(need, cores * costs.stream_units_per_core_s(CLIP_BYTES_PER_ELEM)
+                   * CLIP_BYTES_PER_ELEM)
     return gpus * need <= left
 
 

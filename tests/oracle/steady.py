@@ -76,12 +76,21 @@ def _offload_chunks(T: _Terms, host: _Lane, submit: float, first_ready: float):
             for k, ch in enumerate(T.chunk)]
 
 
+def _offload_update(T: _Terms, host: _Lane, sub: float, ready: float, h2d: _Lane,
+                    net: _Lane):
+    """The host update and upload: (each bucket's host end, the last event)."""
+    if T.deepspeed:  # with copy engines nothing waits for the host's use of a bucket
+        _, landed = T.deepspeed_update(host, sub, ready, h2d, net)
+        return [NEG] * len(T.order), landed
+    ends = _offload_chunks(T, host, sub, ready)
+    return ends, T.update_up(sub, ends, T.numel, h2d, net)
+
+
 def _zero_offload(T: _Terms):
     net, d2h, h2d = _Lane(), _Lane(), _Lane()
     downs = T.grads_down(0.0, net, d2h, T.numel)
     sub = T.F + T.B
-    ends = _offload_chunks(T, _Lane(), sub, max(downs + [sub]))
-    landed = T.update_up(sub, ends, T.numel, h2d, net)
+    _, landed = _offload_update(T, _Lane(), sub, max(downs + [sub]), h2d, net)
     return max(sub, landed), sub, True, "synchronous: every step starts drained", "", 0, 1
 
 
@@ -92,8 +101,7 @@ def _dpu_step(T: _Terms, carry):
     d2h, host, h2d, net = (_Lane(f) for f in carry[1 + nb:])
     downs = T.grads_down(0.0, net, d2h, T.numel, chunk_prev)
     sub = T.F + T.B
-    ends = _offload_chunks(T, host, sub, max(downs + [sub]))
-    landed = T.update_up(sub, ends, T.numel, h2d, net)
+    ends, landed = _offload_update(T, host, sub, max(downs + [sub]), h2d, net)
     end = max(sub, land1)
     new = tuple(v - end for v in (landed, *ends, d2h.free, host.free, h2d.free, net.free))
     return end, new, (h2d.busy, d2h.busy, landed)

@@ -27,6 +27,8 @@ OPS = (
     "h2d_param",
     "host_accum",
     "host_optim",
+    "host_clip",
+    "host_convert",
     "allreduce",
     "allgather",
     "reduce_scatter",
