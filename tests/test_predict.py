@@ -338,3 +338,20 @@ def test_paper_predicts_all_eight_bars(tmp_path, capsys):
     assert (rows["zenflow_step_low_s"] <= rows["zenflow_step_s"]).all()
     assert (rows["zenflow_step_s"] <= rows["zenflow_step_high_s"]).all()
     assert json.loads((out / "paper.json").read_text())["source"].startswith("DeepSpeed ZenFlow")
+
+
+def test_a_slower_inferred_cpu_adam_leaves_the_dram_a_faster_one_raises_it(tmp_path):
+    """Host accumulation streams memory; only a faster fitted CPU-Adam needs more DRAM."""
+    base = SimSettings(model="llama2-7b", gpus=4)
+    from zfbench.core import hardware
+
+    _, _, host, _ = base.parts()
+    preset = hardware.entry_of("hosts", host)["dram_theoretical_bytes_per_s_per_socket"]["value"]
+    how = dict.fromkeys(("mfu", "d2h", "h2d", "host"), "test")
+    _, slow = write_hardware(tmp_path / "slow.json", base, Scales(mfu=0.4, host=0.7), how)
+    _, fast = write_hardware(tmp_path / "fast.json", base, Scales(mfu=0.4, host=1.5), how)
+    dram = lambda e: next(iter(e["hosts"].values()))["dram_theoretical_bytes_per_s_per_socket"]  # noqa: E731
+    assert dram(slow)["value"] == pytest.approx(preset)
+    assert dram(fast)["value"] == pytest.approx(1.5 * preset)
+    adam = next(iter(slow["hosts"].values()))["adam_params_per_s_per_core"]["value"]
+    assert adam == pytest.approx(0.7 * host.adam_params_per_s_per_core)

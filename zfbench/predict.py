@@ -14,7 +14,8 @@ zfbench run measures the split, and then there is no range). A part the simulate
 cannot reach is named with how far off it stays, and the range widens by that miss; only
 contradictory input (compute faster than the GPU's peak) is refused. Rates the ZeRO-Offload
 baseline never exercises (the device-side top-k update, selection) come from the --gpu
-preset. Steps of the host's gradient accumulation follow the inferred host AdamW factor.
+preset. The host's DRAM bandwidth rises with a faster inferred CPU-Adam and stays the
+preset's with a slower one (host accumulation is memory-bound streaming, CPU-Adam is not).
 
 Baselines (one of):
   --from-breakdown compute=S,io=S,stall=S   seconds per ZeRO-Offload step

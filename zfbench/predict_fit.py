@@ -218,9 +218,16 @@ def write_hardware(path: Path, base: SimSettings, scales: Scales, how: dict[str,
     h = hardware.entry_of("hosts", host)
     h["adam_params_per_s_per_core"] = {
         "value": host.adam_params_per_s_per_core * scales.host, "source": how["host"]}
+    # A faster measured CPU-Adam needs the DRAM to carry it, so the bandwidth rises with the
+    # factor; a slower one says nothing about the DRAM (CPU-Adam's rate is its arithmetic
+    # and threads as much as its memory traffic), so the memory-bound streaming work (host
+    # accumulation, the host step's passes) keeps the preset's bandwidth.
+    dram = max(1.0, scales.host)
     h["dram_theoretical_bytes_per_s_per_socket"] = {
-        "value": h["dram_theoretical_bytes_per_s_per_socket"]["value"] * scales.host,
-        "source": f"{host.name}'s, times the inferred host factor {scales.host:.4g}"}
+        "value": h["dram_theoretical_bytes_per_s_per_socket"]["value"] * dram,
+        "source": (f"{host.name}'s, times the inferred host factor {scales.host:.4g}"
+                   if dram > 1.0 else f"{host.name}'s (a slower inferred CPU-Adam, factor "
+                   f"{scales.host:.4g}, leaves the DRAM as it is)")}
     entries = {"gpus": {NAMES["gpus"]: g}, "host_links": {NAMES["host_links"]: ln},
                "hosts": {NAMES["hosts"]: h}}
     text = json.dumps({"description": "inferred by python -m zfbench.predict", **entries},
