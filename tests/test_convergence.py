@@ -128,3 +128,19 @@ def test_ablation_differences_are_paired_by_seed():
     assert u1["final_test_acc_minus_ref_mean"] == pytest.approx(0.1)
     assert u1["final_val_loss_mean"] == pytest.approx(np.mean([0.9, 1.8, 2.7]))
     assert set(table.variant) == {"zenflow-u1", "zenflow"}  # no device runs: no row
+
+
+def test_time_to_quality_scales_steps_by_the_simulated_step_time():
+    from zfbench.analysis import plot_convergence as pc
+    curves = pd.DataFrame([
+        {"task": "lm", "variant": v, "seed": seed, "step": step, "val_loss": loss + seed * 0.1}
+        for v, losses in (("zero-offload", (3.0, 2.5, 2.0)), ("zenflow", (3.0, 2.6, 2.1)))
+        for seed in (0, 1) for step, loss in zip((0, 10, 20), losses)])
+    ttq = pc.time_to_quality(curves, {"zero-offload": 36.0, "zenflow": 9.0}, "lm")
+    zo = ttq[ttq.variant == "zero-offload"].set_index("step")
+    assert zo.loc[20, "hours"] == pytest.approx(20 * 36 / 3600)
+    assert zo.loc[10, "val_loss"] == pytest.approx(2.55)          # mean over the seeds
+    # both first reach 2.16 at step 20: zenflow after 0.05 h, ZeRO-Offload after 0.2 h
+    reach = pc.hours_to_reach(ttq, 2.16)
+    assert reach == pytest.approx({"zenflow": 0.05, "zero-offload": 0.2})
+    assert np.isnan(pc.hours_to_reach(ttq, 1.0)["zenflow"])
