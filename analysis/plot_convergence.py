@@ -149,7 +149,7 @@ def plot(runs: pd.DataFrame, curves: pd.DataFrame, f: dict, where: str) -> Figur
                 ax.axhline(f["level"], color="#777777", linewidth=0.7, linestyle=":")
             ax.set_xscale("log")
             ax.set_xlabel(f"hours on {where}\n(simulated step times x measured steps)")
-            ax.set_ylabel(f"{f['ttq_task']} held-out loss")
+            ax.set_ylabel(f"{f['ttq_task']} held-out loss (nats)")
             ax.set_title("(c) time-to-quality", fontsize=8.5)
             ax.legend(fontsize=6.5, loc="upper right")
     fig.suptitle("Accuracy at convergence, SmolLM2-135M (measured; step times simulated)",
