@@ -5,6 +5,7 @@ interval 4, overlap on, reselection every 16 steps), beside the device baseline.
     python bench/convergence_ablation.py                      # the topic task, seeds 0 1 2
     python bench/convergence_ablation.py --tasks topics lm --seeds 0 1 2 3 4
     python bench/convergence_ablation.py --set update_interval --seeds 0
+    python bench/convergence_ablation.py --pool DIR1 DIR2 ...   # the table from runs pooled
 
 Knob sets (`--set`, default all):
     update_interval   zenflow-u1, zenflow (U=4), zenflow-uauto
@@ -74,7 +75,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", nargs="+", default=["topics"], choices=["topics", "lm"])
     p.add_argument("--seeds", nargs="+", default=["0", "1", "2"])
     p.add_argument("--out", type=Path, default=ROOT / "bench/results/convergence_ablation")
+    p.add_argument("--pool", nargs="+", type=Path, metavar="DIR",
+                   help="run nothing: write --out/ablation.csv from the runs.csv of these "
+                        "directories pooled (a task, variant and seed found twice keeps "
+                        "the first), e.g. this study's seed 0, more seeds run apart with "
+                        "bench/convergence.py, and the study's device and zenflow runs")
     args, rest = p.parse_known_args(argv)
+    if args.pool:
+        runs = pd.concat([pd.read_csv(d / "runs.csv") for d in args.pool], ignore_index=True)
+        runs = runs.drop_duplicates(["task", "variant", "seed"])
+        runs = runs[runs["variant"].isin(variants_for(args.sets))]
+        table = paired(runs, args.sets)
+        table.to_csv(args.out / "ablation.csv", index=False)
+        print(table.to_string(index=False))
+        return 0
     code = convergence.main(["--tasks", *args.tasks, "--seeds", *args.seeds,
                              "--variants", *variants_for(args.sets),
                              "--out", str(args.out), *rest])

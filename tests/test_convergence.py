@@ -144,3 +144,23 @@ def test_time_to_quality_scales_steps_by_the_simulated_step_time():
     reach = pc.hours_to_reach(ttq, 2.16)
     assert reach == pytest.approx({"zenflow": 0.05, "zero-offload": 0.2})
     assert np.isnan(pc.hours_to_reach(ttq, 1.0)["zenflow"])
+
+
+def test_ablation_pool_pairs_runs_from_several_directories(tmp_path):
+    row = lambda v, seed, loss: {"task": "topics", "variant": v, "seed": seed,  # noqa: E731
+                                 "final_val_loss": loss, "final_test_acc": 0.5}
+    first, more, study = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for d, rows in ((first, [row("zenflow", 0, 1.0), row("zenflow-ov0", 0, 0.8)]),
+                    (more, [row("zenflow-ov0", 1, 0.5)]),
+                    (study, [row("zenflow", 0, 9.0), row("zenflow", 1, 0.7),
+                             row("zero-offload", 1, 0.1)])):
+        d.mkdir()
+        pd.DataFrame(rows).to_csv(d / "runs.csv", index=False)
+    assert ab.main(["--pool", str(first), str(more), str(study), "--set", "overlap",
+                    "--out", str(first)]) == 0
+    table = pd.read_csv(first / "ablation.csv")
+    ov0 = table[table.variant == "zenflow-ov0"].iloc[0]
+    # seed 0 pairs with the first directory's zenflow (1.0, not 9.0), seed 1 with 0.7
+    assert ov0["n"] == 2
+    assert ov0["final_val_loss_minus_ref_mean"] == pytest.approx(((0.8 - 1.0) + (0.5 - 0.7)) / 2)
+    assert "zero-offload" not in set(table.variant)
