@@ -290,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     tok = hm.load_tokenizer(args.cache)
     lm = hm.load_pretrained(args.cache)
     trainable = hm.freeze_all_but(lm, args.last_blocks)
+    # every task's runs start from these weights: the tasks share `lm`, and a task's last
+    # run leaves its weights trained (results before 2026-11-25 18:40 lacked this reset:
+    # their LM runs started from the last topic run's weights; docs/results.md says so)
+    pretrained = {n: p.detach().clone() for n, p in lm.named_parameters() if p.requires_grad}
     first = len(hm.decoder_blocks(lm)) - args.last_blocks
     tasks = []
     for name in args.tasks:
@@ -309,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
             "machine": machine(), "torch": torch.__version__,
             "python": platform.python_version(), "load_avg_start": os.getloadavg()}
     for task in tasks:
+        with torch.no_grad():
+            for n, p in lm.named_parameters():
+                if n in pretrained:
+                    p.copy_(pretrained[n])
         if task.name == "topics":
             head["topics"] = {"classes": list(task.task.classes), "counts": task.counts}
         init = {n: p.detach().clone() for n, p in task.module.named_parameters()
