@@ -1,7 +1,7 @@
 """Accuracy at convergence: SmolLM2-135M fine-tuned until its held-out loss plateaus, per
 strategy and seed, on two tasks (issue 28).
 
-    python bench/convergence.py                 # ~40 min on 2 shared cores (see below)
+    python bench/convergence.py                 # topics ~25 min, LM ~60 min on 2 shared cores
     python bench/convergence.py --full          # the hour-plus version
     python bench/convergence.py --tasks topics --variants zenflow zenflow-u1 --seeds 0
 
