@@ -3,7 +3,7 @@ it shows (numbers read from the same data), and the README that lists them all.
 
 Covers: `FigureData` (where the simulated CSVs and the measured files are, plus the few
 settings the sentences quote), `FIGURES` (number, file stem, title, question, inputs and
-drawing function of figures 1-16) and `render_readme`. No simulation happens here:
+drawing function of figures 1-17) and `render_readme`. No simulation happens here:
 `zfbench.figures` makes the simulated CSVs and calls these functions; the measured
 layouts are in `zfbench.analysis.plot_measured`.
 """
@@ -21,6 +21,7 @@ from matplotlib.ticker import EngFormatter
 from zfbench.analysis import plot_measured as pm, plot_sweeps as ps, plot_training as pt, plots as pl
 from zfbench.analysis import plot_run as pr
 from zfbench.analysis import plot_published as pp
+from zfbench.analysis import plot_convergence as pc
 
 MEASURED_COMMANDS = {
     "validate": "`python -m zfbench.validate --out <measured>`",
@@ -271,6 +272,14 @@ def fig_published(c: FigureData):
     return pp.plot_published(df), pp.published_sentence(pp.published_facts(df))
 
 
+def fig_convergence(c: FigureData):
+    runs, curves = pc.load(Path(c.meta["convergence_dir"]))
+    steps = c.table("convergence_steps.csv")
+    step_s = dict(zip(steps["strategy"], steps["step_time_s"]))
+    f = pc.facts(runs, curves, step_s)
+    return pc.plot(runs, curves, f, c.where), pc.sentence(f)
+
+
 # -- the registry and the README ------------------------------------------------------
 @dataclass(frozen=True)
 class FigureSpec:
@@ -342,6 +351,11 @@ FIGURES = (
                "How close does the simulator come to what the ZeRO-Offload and ZeRO-Infinity "
                "papers and DeepSpeed's core-binding blog measured on real GPUs?",
                fig_published, ("published",)),
+    FigureSpec(17, "convergence", "Accuracy at convergence and time-to-quality",
+               "Trained until the held-out loss plateaus, does ZenFlow reach the accuracy of "
+               "device AdamW and ZeRO-Offload (with and without DPU), and how long does each "
+               "need on the GPU node to reach a given loss?", fig_convergence,
+               ("convergence_steps",)),
 )
 
 

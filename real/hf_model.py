@@ -153,14 +153,8 @@ class TailLM(nn.Module):
         self.first = first
 
     def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        base = self.lm.model
-        pos = torch.arange(hidden.shape[1], device=hidden.device)[None]
-        rope = base.rotary_emb(hidden, position_ids=pos)
-        for layer in base.layers[self.first:]:
-            out = layer(hidden, attention_mask=None, position_ids=pos,
-                        position_embeddings=rope)
-            hidden = out[0] if isinstance(out, tuple) else out
-        logits = self.lm.lm_head(base.norm(hidden))
+        hidden = run_blocks(self.lm, hidden, self.first)
+        logits = self.lm.lm_head(self.lm.model.norm(hidden))
         return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(),
                                ignore_index=-100)
 
@@ -169,14 +163,21 @@ class TailLM(nn.Module):
 def prefix_hidden(lm: nn.Module, ids: torch.Tensor, first: int) -> torch.Tensor:
     """The hidden state entering block `first` (0 = the embeddings) for token ids:
     only the embedding and blocks 0..first-1 run."""
+    hidden = run_blocks(lm, lm.model.embed_tokens(ids), 0, first)
+    return hidden.detach().clone()
+
+
+def run_blocks(lm: nn.Module, hidden: torch.Tensor, first: int,
+               last: int | None = None) -> torch.Tensor:
+    """`hidden` (the input of decoder block `first`) through blocks first..last-1
+    (None: to the end), causal attention with rotary positions 0..T-1."""
     base = lm.model
-    hidden = base.embed_tokens(ids)
-    pos = torch.arange(ids.shape[1], device=ids.device)[None]
+    pos = torch.arange(hidden.shape[1], device=hidden.device)[None]
     rope = base.rotary_emb(hidden, position_ids=pos)
-    for layer in base.layers[:first]:
+    for layer in base.layers[first:last]:
         out = layer(hidden, attention_mask=None, position_ids=pos, position_embeddings=rope)
         hidden = out[0] if isinstance(out, tuple) else out
-    return hidden.detach().clone()
+    return hidden
 
 
 def decoder_blocks(lm: nn.Module) -> list[nn.Module]:

@@ -135,6 +135,9 @@ def expected_bytes(s: SimSettings, strategy: str, t: int) -> tuple[int, int]:
         return 0, 0
     if strategy == "zero-infinity":  # every bucket fetched twice (forward, backward), no upload
         return share(full), 2 * share(full)
+    if strategy in ("zero-offload", "zero-offload-dpu"):  # DeepSpeed's host step from
+        # presets: the partition goes up in one copy after the whole update
+        return share(full), int(round(sum(full) / n * b))
     if strategy != "zenflow" or t < W:
         return share(full), share(full)
     boundary = (t + 1 - W) % U == 0 or (S != 0 and (t + 1) % S == 0)

@@ -1,6 +1,6 @@
 """`python -m zfbench.figures`: rebuild every paper figure into paper_figures/ (`make figures`).
 
-Covers: figures 1-9 and 16 from simulations (regenerated when their CSVs under `<out>/data/` are
+Covers: figures 1-9, 16 and 17 (its step times) from simulations (regenerated when their CSVs under `<out>/data/` are
 missing or were made with other settings; `--regenerate` forces it), figures 10-15 from
 measured files (layout below), run small on this machine when missing
 (`zfbench.figures_measure`; `--no-measure` skips that), `--quick` (small models and
@@ -79,6 +79,10 @@ SCALING_INTER_NET = {"a100-8x-gen4": "ib-hdr-200", "h100-8x-gen5": "ib-ndr-400"}
 # Multi-node points of figure 8 run at most this many steps (runtime: a 64-rank run costs
 # 8 x an 8-rank one per step); still above steps_needed (warm-up, 2 skipped windows + 1).
 MULTI_NODE_STEPS = 16
+# Figure 17: the strategies of bench/convergence.py, whose committed results it reads,
+# and the llama2-7b step time each is simulated at for time-to-quality.
+CONVERGENCE_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zenflow")
+CONVERGENCE_RESULTS = Path(__file__).resolve().parents[1] / "bench/results/convergence"
 # Figure 5's bars: the two baselines ZenFlow's claims name (DeepSpeed's ZenFlow blog: "up
 # to 5x over ZeRO-Offload and 6.3x over ZeRO-Infinity") and ZenFlow.
 BREAKDOWN_STRATEGIES = ("zero-infinity", "zero-offload", "zenflow")
@@ -197,6 +201,9 @@ def datasets(plan: Plan) -> dict[str, Dataset]:
     d["published"] = Dataset("published", [], None, lambda: _published_view(plan),
                              {"file": validate_published.BUNDLED,
                               "sha256": _bundled_digest(), "ids": list(plan.published_ids)})
+    d["convergence_steps"] = Dataset("convergence_steps", [
+        ({}, node_settings(TIMELINE_NODE, plan), s) for s in CONVERGENCE_STRATEGIES],
+        _summary_rows("convergence_steps.csv"))
     gpus = hardware.get_node(NODES[0]).gpus
     d["selection_traffic"] = Dataset(
         "selection_traffic", [], None,
@@ -280,6 +287,12 @@ def sources(plan: Plan) -> dict[str, str]:
                         else "every row of ")
                      + f"{validate_published.BUNDLED}, each simulated; like `python -m "
                      f"zfbench.validate --published --out DIR`, docs/published.md)",
+        "convergence_steps": f"`data/convergence_steps.csv` (the step time of "
+                             f"{', '.join(CONVERGENCE_STRATEGIES)} for {plan.model} on "
+                             f"{node_label(TIMELINE_NODE)}, {plan.steps} steps; like "
+                             f"`{simulate_command(base)}`) and the committed measurements "
+                             f"of `python bench/convergence.py` under "
+                             f"bench/results/convergence/ (runs.csv, curves.csv)",
         "selection_traffic": f"`data/selection_traffic.csv` (computed from the shapes in "
                              f"zfbench/core/models.py of {', '.join(FULL.models)}, "
                              f"{hardware.get_node(NODES[0]).gpus} GPUs; no simulation)",
@@ -293,7 +306,8 @@ def meta(plan: Plan) -> dict:
             "where": f"{model} on {node_label(TIMELINE_NODE)}",
             "update_interval": tl.update_interval, "topk_ratio": tl.topk_ratio,
             "timeline_steps": tl.steps, "window_s": plan.window_s, "util_bin_s": plan.util_bin_s,
-            "gpus": list(plan.gpus), "model": model}
+            "gpus": list(plan.gpus), "model": model,
+            "convergence_dir": CONVERGENCE_RESULTS}
 
 
 def header(plan: Plan, measured: str) -> str:
