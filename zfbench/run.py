@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -77,6 +76,8 @@ from zfbench.core.trace import write_json_atomic
 from zfbench.sims.settings import STRATEGIES as SIM_STRATEGIES
 
 from zfbench.run_defaults import DEFAULT_SEQ, gpu_sized
+from zfbench.run_proxy import measure_proxy, print_projection
+from zfbench.run_expect import print_expectation
 
 # Strategies the simulator has and the engine does not (zero-infinity: no ZeRO-3 path in
 # real/); asking the engine for one is a one-line error pointing to the simulator.
@@ -308,36 +309,6 @@ def memory_topk(spec: RunSpec, strategies: list[str], world: int) -> dict:
     return {"topk_ratio": spec.engine_config("zenflow", world).zenflow.topk_ratio}
 
 
-def measure_proxy(args, argv, spec, strategies, elem, use_cuda, world, bucketed, err,
-                  given, topk: dict):
-    """The named model does not fit: (the RunSpec, shape and argv of the proxy that
-    `zfbench.run_proxy.choose_proxy` picks instead)."""
-    from zfbench.real.distributed import rank_threads
-    from zfbench.real.engine import default_thread_split
-    from zfbench.real.memory import MemoryCheck
-    from zfbench.real.scenario_probe import host_adam_params_per_s
-    from zfbench.run_proxy import PROXY_HOST_ADAM_S, choose_proxy, proxy_record
-
-    named = spec.shape()
-    threads = spec.host_threads or (rank_threads(world)[1] if world > 1
-                                    else default_thread_split()[1])
-    rate = host_adam_params_per_s(named.total_params, threads)
-    budget = PROXY_HOST_ADAM_S * rate
-    check = MemoryCheck(strategies, spec.batch, spec.seq, elem, use_cuda, ranks=world,
-                        bucketed=bucketed, **topk)
-    proxy, bound = choose_proxy(named, check.suggestable, budget)
-    if "--steps" not in given:
-        windows = [measurement_window(spec.engine_config(s, world)) for s in strategies]
-        skip = max(w[0] for w in windows)
-        spec.steps = skip + 2 * max(w[1] - w[0] for w in windows)
-    spec.model, spec.layers = proxy.name, None
-    why = str(err).split(": ", 1)[1].split(". ")[0]  # needed vs available
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
-    args.proxy = proxy_record(named, proxy, bound, {"budget_adam_params_per_s": rate,
-                              "threads": threads}, budget, why, world, cores, spec.steps,
-                              spec.batch * spec.grad_accum, spec.seq)
-    return spec, proxy, argv + ["--model", proxy.name, "--steps", str(spec.steps)]
 
 
 def run_rank(args, spec, shape, strategies, elem, use_cuda) -> int:
@@ -464,52 +435,8 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
     return 0
 
 
-def print_expectation(spec, configs: dict, strategies: list[str], measured: list[dict],
-                      profile_path: Path, profiles: dict) -> list[dict]:
-    """The simulator's expectation for this machine beside each measured strategy
-    (zfbench.run_expect), what the lanes are, and whether ZenFlow reached its target."""
-    from zfbench.run_expect import (describe_lanes, expect_here, format_expectation,
-                                    side_by_side, verdict)
-
-    pairs = side_by_side(measured, expect_here(spec, configs, strategies, profiles))
-    print(f"\nSIMULATED FOR THIS MACHINE (the profiles measured around the run, "
-          f"{profile_path.parent / 'profiles'}), beside the measured run:")
-    print(format_expectation(pairs))
-    print("  " + describe_lanes(json.loads(Path(profile_path).read_text())))
-    said = verdict(pairs)
-    if said:
-        print("  " + said)
-    return pairs
 
 
-def print_projection(proxy: dict, configs: dict, strategies: list[str], ranks: int,
-                     measured: list[dict]) -> list[dict]:
-    """The named model whole on the default GPU node, simulated (zfbench.run_proxy), with
-    what carried over from this run; its rows, for summary.csv."""
-    from zfbench.run_proxy import project_to_node, regime, what_bounds
-
-    rows, node = project_to_node(proxy, configs, strategies, ranks)
-    proxy["projection"] = node
-    print(f"\nPROJECTED (simulated, not measured): {proxy['model']} whole "
-          f"({proxy['of_params'] / 1e9:.2f}B parameters) on {node['gpus']} x {node['gpu']}, "
-          f"PCIe {node['pcie']}, host {node['host']}, batch {node['micro_batch']} x seq "
-          f"{node['seq']}, {node['precision']}; GPU, link and host rates from the presets "
-          f"(zfbench/data/hardware.json, each with its source)")
-    print(f"  from this run: host accumulation {node['host_accum_per_core'] / 1e9:.2f} G "
-          f"elements/s per core, measured here with the engine's kernel on "
-          f"{proxy['threads']} thread(s) (the preset would assume "
-          f"{node['preset_host_accum_per_core'] / 1e9:.2f}); the node's DRAM still caps it")
-    here = {r["strategy"]: r for r in measured}
-    there = {r["strategy"]: r for r in rows}
-    if "zero-offload" in here and "zero-offload" in there:
-        proxy["regime_measured"] = regime(here["zero-offload"], proxy["params"])
-        proxy["regime_projected"] = regime(there["zero-offload"], proxy["of_params"])
-        print(f"  regime: host AdamW / forward+backward per ZeRO-Offload step "
-              f"{proxy['regime_measured']:.2f}x measured on the proxy, "
-              f"{proxy['regime_projected']:.2f}x simulated on the node")
-        print(what_bounds(here["zero-offload"], there["zero-offload"]))
-    print(format_table(rows))
-    return rows
 
 
 def engine_on_cuda(spec: RunSpec) -> bool:

@@ -82,6 +82,7 @@ def expect_here(spec, configs: dict, strategies: list[str], profiles: dict) -> l
     """Simulate each strategy with its profile (`profiles[strategy]`, a path) at the
     run's shape, steps and ZenFlow knobs: one row per strategy
     (zfbench.simulate_report.summary_row)."""
+    from zfbench.run_report import zenflow_knobs
     from zfbench.sims.costs import SimSettings
     from zfbench.sims.simulator import simulate, steps_needed
     from zfbench.simulate_report import summary_row
@@ -90,13 +91,7 @@ def expect_here(spec, configs: dict, strategies: list[str], profiles: dict) -> l
     for strategy in strategies:
         profile_path = profiles[strategy]
         cfg = configs[strategy]
-        zf = cfg.zenflow
-        knobs = {}
-        if zf is not None:
-            knobs = {"topk_ratio": zf.topk_ratio, "update_interval": zf.update_interval,
-                     "overlap_step": zf.overlap_step}
-            if isinstance(zf.select_interval, int):
-                knobs["select_interval"] = zf.select_interval
+        knobs = zenflow_knobs(cfg.zenflow)
         settings = SimSettings(model=spec.model, layers=spec.layers, gpus=1,
                                micro_batch=spec.batch, seq=spec.seq,
                                precision=cfg.precision, transfers="full",
@@ -184,3 +179,20 @@ def verdict(pairs: list[dict], target: float = 0.8) -> str | None:
     return (f"ZenFlow's step is {measured:.2f}x ZeRO-Offload's here, but the simulator "
             f"expects {simulated:.2f}x for this machine's lanes: the run is slower than its "
             f"model says; compare the parts above (and python -m zfbench.validate)")
+
+
+def print_expectation(spec, configs: dict, strategies: list[str], measured: list[dict],
+                      profile_path: Path, profiles: dict) -> list[dict]:
+    """The simulator's expectation for this machine beside each measured strategy
+    (zfbench.run_expect), what the lanes are, and whether ZenFlow reached its target."""
+    import json
+
+    pairs = side_by_side(measured, expect_here(spec, configs, strategies, profiles))
+    print(f"\nSIMULATED FOR THIS MACHINE (the profiles measured around the run, "
+          f"{profile_path.parent / 'profiles'}), beside the measured run:")
+    print(format_expectation(pairs))
+    print("  " + describe_lanes(json.loads(Path(profile_path).read_text())))
+    said = verdict(pairs)
+    if said:
+        print("  " + said)
+    return pairs

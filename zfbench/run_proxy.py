@@ -44,6 +44,8 @@ Part of the command `python -m zfbench.run`: like the command, it imports real/,
 """
 from __future__ import annotations
 
+import os
+
 from zfbench.core.models import ModelShape
 
 PROXY_HOST_ADAM_S = 0.1  # seconds of host AdamW per step the proxy may need (judgment)
@@ -161,16 +163,13 @@ def project_to_node(record: dict, configs: dict, strategies: list[str],
     ZenFlow knobs, host accumulation at the measured rate ratio: (one row per strategy,
     the settings and what carried over)."""
     from zfbench.report import add_speedups
+    from zfbench.run_report import zenflow_knobs
     from zfbench.sims.costs import CostModel, SimSettings
     from zfbench.sims.simulator import simulate, steps_needed
     from zfbench.simulate_report import summary_row
 
     per_core = record["host_accum_elems_per_s"] / record["threads"]
-    zf = configs["zenflow"].zenflow if "zenflow" in configs else None
-    knobs = {} if zf is None else {"topk_ratio": zf.topk_ratio, "update_interval":
-                                   zf.update_interval, "overlap_step": zf.overlap_step}
-    if zf is not None and isinstance(zf.select_interval, int):
-        knobs["select_interval"] = zf.select_interval  # "auto": the simulator's default
+    knobs = zenflow_knobs(configs["zenflow"].zenflow if "zenflow" in configs else None)
     settings = SimSettings(model=record["model"], gpus=ranks, host_accum_per_core=per_core,
                            **knobs)
     settings = settings.with_(steps=max(settings.steps, steps_needed(settings)))
@@ -204,3 +203,66 @@ def what_bounds(here: dict, there: dict) -> str:
     return (f"  what bounds ZenFlow's gain: here ZeRO-Offload's {parts(here)}, so the "
             f"measured gain is bounded by {lead}; on the node its {parts(there)}, mostly "
             f"{side}")
+
+
+def measure_proxy(args, argv, spec, strategies, elem, use_cuda, world, bucketed, err,
+                  given, topk: dict):
+    """The named model does not fit: (the RunSpec, shape and argv of the proxy that
+    `zfbench.run_proxy.choose_proxy` picks instead)."""
+    from zfbench.real.distributed import rank_threads
+    from zfbench.real.engine import default_thread_split
+    from zfbench.real.memory import MemoryCheck
+    from zfbench.real.scenario_probe import host_adam_params_per_s
+
+    from zfbench.run_report import measurement_window
+
+    named = spec.shape()
+    threads = spec.host_threads or (rank_threads(world)[1] if world > 1
+                                    else default_thread_split()[1])
+    rate = host_adam_params_per_s(named.total_params, threads)
+    budget = PROXY_HOST_ADAM_S * rate
+    check = MemoryCheck(strategies, spec.batch, spec.seq, elem, use_cuda, ranks=world,
+                        bucketed=bucketed, **topk)
+    proxy, bound = choose_proxy(named, check.suggestable, budget)
+    if "--steps" not in given:
+        windows = [measurement_window(spec.engine_config(s, world)) for s in strategies]
+        skip = max(w[0] for w in windows)
+        spec.steps = skip + 2 * max(w[1] - w[0] for w in windows)
+    spec.model, spec.layers = proxy.name, None
+    why = str(err).split(": ", 1)[1].split(". ")[0]  # needed vs available
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    args.proxy = proxy_record(named, proxy, bound, {"budget_adam_params_per_s": rate,
+                              "threads": threads}, budget, why, world, cores, spec.steps,
+                              spec.batch * spec.grad_accum, spec.seq)
+    return spec, proxy, argv + ["--model", proxy.name, "--steps", str(spec.steps)]
+
+
+def print_projection(proxy: dict, configs: dict, strategies: list[str], ranks: int,
+                     measured: list[dict]) -> list[dict]:
+    """The named model whole on the default GPU node, simulated (zfbench.run_proxy), with
+    what carried over from this run; its rows, for summary.csv."""
+    from zfbench.report import format_table
+
+    rows, node = project_to_node(proxy, configs, strategies, ranks)
+    proxy["projection"] = node
+    print(f"\nPROJECTED (simulated, not measured): {proxy['model']} whole "
+          f"({proxy['of_params'] / 1e9:.2f}B parameters) on {node['gpus']} x {node['gpu']}, "
+          f"PCIe {node['pcie']}, host {node['host']}, batch {node['micro_batch']} x seq "
+          f"{node['seq']}, {node['precision']}; GPU, link and host rates from the presets "
+          f"(zfbench/data/hardware.json, each with its source)")
+    print(f"  from this run: host accumulation {node['host_accum_per_core'] / 1e9:.2f} G "
+          f"elements/s per core, measured here with the engine's kernel on "
+          f"{proxy['threads']} thread(s) (the preset would assume "
+          f"{node['preset_host_accum_per_core'] / 1e9:.2f}); the node's DRAM still caps it")
+    here = {r["strategy"]: r for r in measured}
+    there = {r["strategy"]: r for r in rows}
+    if "zero-offload" in here and "zero-offload" in there:
+        proxy["regime_measured"] = regime(here["zero-offload"], proxy["params"])
+        proxy["regime_projected"] = regime(there["zero-offload"], proxy["of_params"])
+        print(f"  regime: host AdamW / forward+backward per ZeRO-Offload step "
+              f"{proxy['regime_measured']:.2f}x measured on the proxy, "
+              f"{proxy['regime_projected']:.2f}x simulated on the node")
+        print(what_bounds(here["zero-offload"], there["zero-offload"]))
+    print(format_table(rows))
+    return rows

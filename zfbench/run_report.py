@@ -215,6 +215,18 @@ def write_outputs(out: Path, rows: list[dict], results: dict, meta: dict) -> Non
         land(staging, out)
 
 
+def zenflow_knobs(zf) -> dict:
+    """The simulator's ZenFlow knobs (SimSettings fields) from an engine config's ZenFlow
+    section (None: none); a select interval of "auto" keeps the simulator's default."""
+    if zf is None:
+        return {}
+    knobs = {"topk_ratio": zf.topk_ratio, "update_interval": zf.update_interval,
+             "overlap_step": zf.overlap_step}
+    if isinstance(zf.select_interval, int):
+        knobs["select_interval"] = zf.select_interval
+    return knobs
+
+
 def project(spec, shape, strategies: list[str], profile_path: Path) -> list[dict]:
     """Simulate the full-depth model with the slice's profile: one row per strategy, the
     simulator's summary columns (zfbench.simulate_report.summary_row)."""
