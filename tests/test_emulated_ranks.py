@@ -117,3 +117,35 @@ def test_measured_collectives_hold_for_their_world_size_only(tmp_path):
     assert CostModel(settings(shared, 4)).measured_collective_s("allgather", 1e6) == \
         pytest.approx(0.006 + 7e-3)
     assert CostModel(settings(shared, 2)).measured_collective_s("allgather", 1e6) is None
+
+
+@pytest.mark.parametrize("zenflow", [
+    dict(select_strategy="auto", select_interval="auto", update_interval=4),
+    dict(select_strategy="step", select_interval=8, update_interval=2),
+    dict(select_strategy="epoch", select_interval=1, update_interval="auto"),
+    dict(topk_ratio=0.2, overlap_step=False, full_warm_up_rounds=2, update_interval=3),
+])
+def test_the_simulator_reads_a_zenflow_config_as_the_engine_runs_it(zenflow):
+    """One rule from an engine config to simulator settings (sims/settings.for_engine_run):
+    the engine's own resolution of the select interval, every knob it reads."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from engine_helpers import BiasMLP, config, make_engine
+    from zfbench.core.config import load_config
+    from zfbench.sims.settings import for_engine_run
+
+    raw = config("zenflow", **zenflow)
+    engine = make_engine(BiasMLP(), raw)
+    try:
+        zf_engine = engine.strategy
+        settings = for_engine_run(load_config(raw), model="tinyllama-1.1b", layers=1,
+                                  profile=str(PROFILE))
+        assert settings.select_interval == zf_engine.S
+        assert settings.update_interval == engine.config.zenflow.update_interval
+        assert settings.topk_ratio == engine.config.zenflow.topk_ratio
+        assert settings.overlap_step == engine.config.zenflow.overlap_step
+        assert settings.full_warm_up_rounds == engine.config.zenflow.full_warm_up_rounds
+        assert settings.precision == engine.config.precision and settings.transfers == "full"
+    finally:
+        engine.close()

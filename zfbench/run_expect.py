@@ -141,20 +141,15 @@ def expect_here(spec, configs: dict, strategies: list[str], profiles: dict,
     """Simulate each strategy with its profile (`profiles[strategy]`, a path) at the
     run's shape, steps, ranks and ZenFlow knobs: one row per strategy
     (zfbench.simulate_report.summary_row)."""
-    from zfbench.run_report import zenflow_knobs
-    from zfbench.sims.costs import SimSettings
+    from zfbench.sims.settings import for_engine_run
     from zfbench.sims.simulator import simulate, steps_needed
     from zfbench.simulate_report import summary_row
 
     rows = []
     for strategy in strategies:
-        profile_path = profiles[strategy]
-        cfg = configs[strategy]
-        knobs = zenflow_knobs(cfg.zenflow)
-        settings = SimSettings(model=spec.model, layers=spec.layers, gpus=ranks,
-                               micro_batch=spec.batch, seq=spec.seq,
-                               precision=cfg.precision, transfers="full",
-                               profile=str(profile_path), steps=spec.steps, **knobs)
+        settings = for_engine_run(configs[strategy], model=spec.model, layers=spec.layers,
+                                  gpus=ranks, micro_batch=spec.batch, seq=spec.seq,
+                                  profile=str(profiles[strategy]), steps=spec.steps)
         settings = settings.with_(steps=max(settings.steps, steps_needed(settings)))
         rows.append(summary_row(simulate(settings, strategy)))
     return rows
