@@ -65,7 +65,9 @@ from zfbench.cli_checks import (CliError, OneLineParser, check_input_file, check
                                 fail, positive_int)
 from zfbench.core.config import STRATEGIES, ConfigError
 from zfbench.core.memory_model import element_bytes
-from zfbench.core.strategies import buckets_on
+# SIMULATED_ONLY: strategies the simulator has and the engine does not (zero-infinity: no
+# ZeRO-3 path in real/); asking the engine for one is a one-line error naming the simulator
+from zfbench.core.strategies import SIMULATED_ONLY, buckets_on
 from zfbench.core.models import UnknownModelError
 from zfbench.core.provenance import provenance
 from zfbench.run_probe import (SHAPE_FLAGS, decide_precision, describe_scenario,
@@ -75,15 +77,10 @@ from zfbench.run_report import (MEMORY_NOTE, StepWork, describe_config, measurem
                                 memory_columns, memory_room, peak_flops, project,
                                 summary_row, write_outputs)
 from zfbench.core.trace import write_json_atomic
-from zfbench.sims.settings import STRATEGIES as SIM_STRATEGIES
 
 from zfbench.run_defaults import DEFAULT_SEQ, gpu_sized
 from zfbench.run_proxy import measure_proxy, print_projection
 from zfbench.run_expect import print_expectation
-
-# Strategies the simulator has and the engine does not (zero-infinity: no ZeRO-3 path in
-# real/); asking the engine for one is a one-line error pointing to the simulator.
-SIMULATED_ONLY = tuple(s for s in SIM_STRATEGIES if s not in STRATEGIES)
 
 
 def build_parser() -> argparse.ArgumentParser:
