@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 
 from zfbench.core.config_zenflow import SCENARIO_ZENFLOW
+from zfbench.core import memory_model
 from zfbench.core.memory_model import host_bytes_per_param
 from zfbench.core.models import ModelShape
 from zfbench.core.schedule import topk_count
@@ -44,10 +45,9 @@ class MemoryEstimate:
 
 
 def activation_bytes(shape: ModelShape, batch: int, seq: int, elem_bytes: int) -> float:
-    h, a = shape.hidden, shape.heads
-    per_layer = seq * batch * h * (34 + 5 * a * seq / h) * (elem_bytes / 2)
-    logits = batch * seq * shape.vocab * 4 * 3  # fp32 logits, their softmax and grad
-    return shape.layers * per_layer + logits
+    """The engine's activations: no recomputation, the loss on fp32 logits
+    (zfbench.core.memory_model.activation_bytes)."""
+    return memory_model.activation_bytes(shape, batch, seq, elem_bytes, logits=True)
 
 
 def estimate(shape: ModelShape, strategy: str, batch: int, seq: int, elem_bytes: int = 4,

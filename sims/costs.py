@@ -15,15 +15,14 @@ from zfbench.sims import collectives, device_memory, host_step, zero3
 from zfbench.sims.settings import (OFFLOAD_PARAMS, PRECISIONS, STRATEGIES, TRANSFER_MODES,
                            SimSettings, SimSettingsError, load_calibration)
 from zfbench.core import hardware, models
-from zfbench.core.memory_model import element_bytes, host_bytes_per_param
+from zfbench.core.memory_model import activation_bytes, element_bytes, host_bytes_per_param
 from zfbench.core.strategies import buckets_on
 from zfbench.core.schedule import topk_count
 
 __all__ = ["STRATEGIES", "TRANSFER_MODES", "PRECISIONS", "OFFLOAD_PARAMS", "SimSettings",
            "SimSettingsError", "load_calibration", "Bucket", "CostModel",
            "ADAM_BYTES_PER_PARAM", "ACCUM_BYTES_PER_ELEMENT",
-           "DEVICE_OPTIM_HBM_EFFICIENCY",
-           "ACTIVATION_BYTES_PER_TOKEN_HIDDEN"]
+           "DEVICE_OPTIM_HBM_EFFICIENCY"]
 
 # Bytes per parameter of a memory-bound Adam step with fp32 master weights and moments:
 # read+write master, m, v (24 B), read a 16-bit gradient (2 B), write a 16-bit copy (2 B).
@@ -37,10 +36,6 @@ ACCUM_BYTES_PER_ELEMENT = 10.0
 # Fraction of peak HBM bandwidth a fused device Adam achieves (judgment; multi-tensor
 # apply kernels typically reach 70-90 % of STREAM-like bandwidth).
 DEVICE_OPTIM_HBM_EFFICIENCY = 0.8
-# Activation bytes per layer per token without recomputation, bf16: s*b*h*(34 + 5*a*s/h)
-# (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-# Models", eq. 1); with full recomputation 2*s*b*h per layer is kept (the layer input).
-ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34.0
 
 
 @dataclass(frozen=True)
@@ -309,13 +304,10 @@ class CostModel:
 
     # -- memory per rank --------------------------------------------------------------
     def activation_bytes(self) -> float:
-        s, h = self.settings, self.shape.hidden
-        tokens = s.seq * s.micro_batch
-        per_layer_full = tokens * h * (ACTIVATION_BYTES_PER_TOKEN_HIDDEN
-                                       + 5 * self.shape.heads * s.seq / h)
-        if s.activation_checkpointing:
-            return self.shape.layers * 2 * tokens * h + per_layer_full
-        return self.shape.layers * per_layer_full
+        """A micro-batch's activations on the device (zfbench.core.memory_model's count)."""
+        s = self.settings
+        return activation_bytes(self.shape, s.micro_batch, s.seq, self.elem_bytes,
+                                checkpointing=s.activation_checkpointing)
 
     def per_node(self, total: float) -> float:
         """One node's part of host bytes that all ranks together hold (exactly `total`

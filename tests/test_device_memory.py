@@ -24,3 +24,23 @@ def test_paper_10b_gpt2_fits_a_32gb_v100_with_zero_offload():
     assert fit["device_bytes_per_rank"] == pytest.approx(expected)
     assert 28e9 < fit["device_bytes_per_rank"] < 30e9 and fit["fits"]
     assert c.fits("zero-offload-dpu")["device_bytes_per_rank"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("precision, elem", [("bf16", 2), ("fp16", 2)])
+def test_activations_are_one_count_for_the_engine_and_the_simulator(precision, elem):
+    """Korthikanti et al.'s per-layer count (34 sbh + 5 a s^2 b, 16-bit): the simulator
+    with recomputation keeps each layer's input and one layer's set; the engine keeps
+    every layer's set and the fp32 logits, softmax and gradient."""
+    from zfbench.core.models import get_model
+    from zfbench.real.memory import activation_bytes as engine_activations
+
+    shape = get_model("llama2-7b")
+    b, s, h, a, L = 2, 512, shape.hidden, shape.heads, shape.layers
+    whole = s * b * h * 34 + 5 * a * s * s * b
+    c = CostModel(SimSettings(model="llama2-7b", micro_batch=b, seq=s, precision=precision))
+    assert c.activation_bytes() == pytest.approx((L * 2 * s * b * h + whole) * elem / 2)
+    c = CostModel(SimSettings(model="llama2-7b", micro_batch=b, seq=s, precision=precision,
+                              activation_checkpointing=False))
+    assert c.activation_bytes() == pytest.approx(L * whole * elem / 2)
+    assert engine_activations(shape, b, s, 4) == pytest.approx(
+        L * whole * 2 + b * s * shape.vocab * 12)

@@ -18,6 +18,10 @@ simulator's memory fit check (sims/costs.py) must agree on:
   as themselves, converted on the host); and for ZeRO-Offload with DPU whose gradients go
   down in buckets during backward, a second landing buffer (step t's gradients land
   while the host update of step t-1 still reads step t-1's).
+- `activation_bytes(shape, micro_batch, seq, elem_bytes, checkpointing, logits)`: the
+  activations a micro-batch keeps for backward, one formula for both: the engine's (no
+  recomputation, fp32 logits) and the simulator's GPU node (full recomputation, as
+  DeepSpeed's examples run).
 """
 from __future__ import annotations
 
@@ -57,3 +61,31 @@ def host_bytes_per_param(strategy: str, elem_bytes: int = FP32_BYTES,
     wires = 2 * elem_bytes if elem_bytes != FP32_BYTES else 0
     second_landing = elem_bytes if bucketed and strategy == "zero-offload-dpu" else 0
     return HOST_OPTIMIZER_STATE_BYTES + buffers * FP32_BYTES + wires + second_landing
+
+
+# Activation bytes per layer per token without recomputation, 16-bit: s*b*h*(34 + 5*a*s/h)
+# (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+# Models", eq. 1); with full recomputation 2*s*b*h per layer is kept (the layer input).
+ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34.0
+# The loss on fp32 logits keeps the logits, their softmax and their gradient: 3 x 4 bytes
+# per vocabulary entry per token (torch's cross-entropy over an fp32 upcast; judgement
+# from the ops the engine's models run, zfbench.real.model).
+LOGITS_BYTES_PER_TOKEN_VOCAB = 3 * FP32_BYTES
+
+
+def activation_bytes(shape, micro_batch: int, seq: int, elem_bytes: int = 2,
+                     checkpointing: bool = False, logits: bool = False) -> float:
+    """Bytes of activations one micro-batch of `micro_batch` x `seq` tokens keeps for
+    backward on a model `shape` (zfbench.core.models.ModelShape), in `elem_bytes`
+    elements: every layer's whole set (Korthikanti et al.'s count, scaled from 16-bit),
+    or with `checkpointing` each layer's input plus one layer's whole set (recomputed
+    in backward); `logits`: plus the fp32 logits, softmax and gradient."""
+    h, tokens = shape.hidden, micro_batch * seq
+    scale = elem_bytes / 2  # the count is for 16-bit activations
+    whole = tokens * h * (ACTIVATION_BYTES_PER_TOKEN_HIDDEN + 5 * shape.heads * seq / h)
+    if checkpointing:
+        kept = shape.layers * 2 * tokens * h + whole
+    else:
+        kept = shape.layers * whole
+    extra = tokens * shape.vocab * LOGITS_BYTES_PER_TOKEN_VOCAB if logits else 0.0
+    return kept * scale + extra
