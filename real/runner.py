@@ -60,6 +60,9 @@ class RunSpec:
     config: dict | str | None = None  # DeepSpeed-style config (dict or JSON path)
     precision: str | None = None  # "fp32" | "bf16" | "fp16"; None: the config's (fp32)
     overrides: dict = field(default_factory=dict)
+    # ZenFlow knobs (zero_optimization.zenflow keys) for the zenflow strategy only, over
+    # the config's section or, without one, over zfbench's scenario (SCENARIO_ZENFLOW)
+    zenflow: dict = field(default_factory=dict)
     grad_accum: int | None = None
     world: int = 1  # ranks: the batch rule train = micro x accum x world needs it
 
@@ -90,6 +93,8 @@ class RunSpec:
             not any(k in over for k in SCENARIO_ZENFLOW)
         if scenario:
             over.update(SCENARIO_ZENFLOW)
+        if strategy == "zenflow":
+            over.update(self.zenflow)
         auto = AutoValues(micro_batch=self.batch or 1, grad_accum=self.grad_accum or 1,
                           precision=self.precision or "fp32")
         cfg = load_config(raw, world_size=world, auto=auto, **over)

@@ -1,4 +1,6 @@
-"""Command-line edges shared by `zfbench.simulate` and `zfbench.validate`.
+"""Command-line edges shared by the commands (`zfbench.simulate`, `zfbench.validate`,
+`zfbench.run`, ...), and the ZenFlow flags they all spell the same way
+(`add_zenflow_flags`: `--zenflow.topk-ratio`, `--zenflow.update-interval`, ...).
 
 Every error is one line `error: ...` on stderr with exit code 2, raised before any work
 starts: `OneLineParser` turns argparse's usage-plus-message into a `CliError`, and the
@@ -102,3 +104,56 @@ def positive_int(name: str, value, minimum: int = 1) -> int:
         raise CliError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return value
 
+
+
+# -- the ZenFlow knobs, spelled the same by every command ----------------------------
+# `--zenflow.<knob>` (the config's zero_optimization.zenflow.<knob>, dashes for
+# underscores); the older `--<knob>` spelling is kept as an alias. Values are read here
+# and checked where they are used (zfbench.core.config_zenflow / SimSettings), so one
+# rule says what a valid value is.
+ZENFLOW_KNOBS = ("topk_ratio", "update_interval", "select_interval", "overlap_step",
+                 "full_warm_up_rounds")
+
+
+def zenflow_flags(knob: str) -> tuple[str, str]:
+    """(`--zenflow.<knob>`, its older alias `--<knob>`), dashes for underscores."""
+    dashed = knob.replace("_", "-")
+    return f"--zenflow.{dashed}", f"--{dashed}"
+
+
+def read_zenflow_value(knob: str, text: str):
+    """A ZenFlow flag's text as the config's type: a float (topk_ratio), an integer or
+    "auto" (the intervals), an integer (warm-up rounds), a boolean (overlap_step)."""
+    word = text.strip().lower()
+    try:
+        if knob == "topk_ratio":
+            return float(word)
+        if knob == "overlap_step":
+            if word in ("1", "true", "yes", "on"):
+                return True
+            if word in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if knob in ("update_interval", "select_interval") and word == "auto":
+            return "auto"
+        return int(word)
+    except ValueError:
+        kind = {"topk_ratio": "a number", "overlap_step": "true or false",
+                "full_warm_up_rounds": "an integer"}.get(knob, "an integer or auto")
+        raise CliError(f"{zenflow_flags(knob)[0]}: cannot read {text!r} as {kind}") from None
+
+
+def add_zenflow_flags(p: argparse.ArgumentParser, knobs=ZENFLOW_KNOBS) -> None:
+    """The ZenFlow flags (`--zenflow.topk-ratio` ...) on parser `p`, dest the knob's name,
+    default None (not given); `zenflow_given(args)` reads them."""
+    group = p.add_argument_group("ZenFlow", "the zenflow strategy's knobs (they override "
+                                 "a config's zero_optimization.zenflow keys)")
+    for knob in knobs:
+        group.add_argument(*zenflow_flags(knob), dest=knob, default=None, metavar="V",
+                           help=f"zero_optimization.zenflow.{knob}")
+
+
+def zenflow_given(args, knobs=ZENFLOW_KNOBS) -> dict:
+    """{knob: value} of the ZenFlow flags given on the command line."""
+    return {k: read_zenflow_value(k, getattr(args, k)) for k in knobs
+            if getattr(args, k, None) is not None}

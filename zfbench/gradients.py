@@ -56,6 +56,7 @@ import numpy as np
 import pandas as pd
 
 from zfbench.analysis import gradstats as gs
+from zfbench.cli_checks import zenflow_flags
 
 
 def write_table(frame: pd.DataFrame, path: Path) -> Path:
@@ -178,7 +179,7 @@ def figure_blocks(layers: list[str], n: int) -> list[str]:
     return [name for name in layers if any(f"layers.{b}." in name for b in pick)]
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m zfbench.gradients", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", choices=["smollm2-135m", "tiny"])
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--last-blocks", type=int, default=4,
                    help="train (and record) only the last N blocks' matrices; 0 = all "
                         "(smollm2-135m; tiny always records everything)")
-    p.add_argument("--topk-ratio", type=float, default=0.1)
+    p.add_argument(*zenflow_flags("topk_ratio"), dest="topk_ratio", type=float, default=0.1)
     p.add_argument("--max-d", type=int, default=16)
     p.add_argument("--detail-every", type=int, default=10)
     p.add_argument("--figure-blocks", type=int, default=3)
@@ -200,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2)))
     p.add_argument("--cache", default=None, help="model cache dir (default ~/.cache/zfbench)")
     p.add_argument("--out", default="runs")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.steps < 2:
         p.error("--steps must be at least 2")

@@ -61,8 +61,9 @@ from pathlib import Path
 from zfbench.real.memory import InsufficientMemoryError, check_fits
 from zfbench.real.distributed import env_world
 from zfbench.real.runner import RunSpec, train
-from zfbench.cli_checks import (CliError, OneLineParser, check_input_file, check_out_dir,
-                                fail, positive_int)
+from zfbench.cli_checks import (CliError, OneLineParser, add_zenflow_flags, check_input_file,
+                                check_out_dir, fail, positive_int, zenflow_flags,
+                                zenflow_given)
 from zfbench.core.config import STRATEGIES, ConfigError
 from zfbench.core.memory_model import element_bytes
 # SIMULATED_ONLY: strategies the simulator has and the engine does not (zero-infinity: no
@@ -139,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "hazard checker: every cross-lane buffer access must follow a "
                         "wait (prints accesses checked and hazards; exit 1 on a hazard)")
     p.add_argument("--quiet", action="store_true")
+    add_zenflow_flags(p)  # --zenflow.topk-ratio ... (zfbench.cli_checks)
     # the launcher's choice of a proxy (zfbench.run_proxy), handed to the ranks it starts
     p.add_argument("--proxy-record", help=argparse.SUPPRESS)
     return p
@@ -188,13 +190,15 @@ def spec_from_args(args, world: int = 1, strategies=STRATEGIES) -> RunSpec:
                    steps=args.steps, seed=args.seed, device=args.device,
                    device_threads=args.device_threads, host_threads=args.host_threads,
                    text=args.text, config=config, grad_accum=args.grad_accum, world=world,
-                   precision=args.precision)  # None: the file's, else measured
+                   precision=args.precision,  # None: the file's, else measured
+                   zenflow=zenflow_given(args))
     for strategy in strategies:  # every strategy's config is valid before anything runs
         try:
             spec.engine_config(strategy)
         except ConfigError as err:
             given = [f for f, v in (("--batch", args.batch), ("--grad-accum",
                                     args.grad_accum), ("--gpus", args.gpus)) if v]
+            given += [zenflow_flags(k)[0] for k in spec.zenflow]
             hint = f" ({' and '.join(given)} given on the command line)" if given else ""
             raise ConfigError(err.key, str(err).split(": ", 1)[1] + hint) from None
     return spec

@@ -64,7 +64,8 @@ from pathlib import Path
 from zfbench.sims.costs import STRATEGIES, SimSettings, SimSettingsError
 from zfbench.sims.simulator import steps_needed
 from zfbench.sims.strategies import GRAD_ACCUM_STRATEGIES
-from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, check_profile, fail
+from zfbench.cli_checks import (ZENFLOW_KNOBS, CliError, OneLineParser, check_out_dir,
+                                check_profile, fail, zenflow_flags)
 from zfbench.core.provenance import machine
 from zfbench.report import format_table, staging_dir
 from zfbench.simulate_report import (TRACE_STEPS_DEFAULT, FilePlan, TraceRule, case_label,
@@ -143,7 +144,10 @@ def build_parser() -> OneLineParser:
                  "auto_windows": " (with update_interval auto: N, N1,N2,... or a "
                                  "windows.csv; default: an assumed constant 4-step window)",
                  "precision": " (with --profile: the profile's)"}.get(name, "")
-        p.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+        # the ZenFlow knobs as every command spells them, the older spelling an alias
+        flags = (zenflow_flags(name) if name in ZENFLOW_KNOBS
+                 else ("--" + name.replace("_", "-"),))
+        p.add_argument(*flags, dest=name, default=None,
                        metavar=type(default).__name__.upper() if default is not None else "V",
                        help=f"default: {default}{extra}")
     p.add_argument("--batch", dest="micro_batch", help="alias of --micro-batch")
