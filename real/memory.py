@@ -55,19 +55,12 @@ def estimate(shape: ModelShape, strategy: str, batch: int, seq: int, elem_bytes:
     """The engine's buffers for `strategy` (`bucketed`: the run sends gradients in
     buckets, zfbench.core.strategies.buckets_on), with HEADROOM."""
     p = shape.total_params
-    device = 2 * p * elem_bytes + activation_bytes(shape, batch, seq, elem_bytes)
-    if strategy == "device":  # m, v, scratch; fp32 master and gradient copies if not fp32
-        device += 12 * p + (8 * p if elem_bytes != 4 else 0)
-    elif strategy == "zero-offload-dpu":
-        device += p * elem_bytes  # upload buffer
-    elif strategy == "zenflow":
+    selected = 0.0
+    if strategy == "zenflow":
         selected = sum(m.rows * topk_count(m.cols, topk_ratio) for m in shape.matrices())
         selected += sum(v.numel for v in shape.vectors())
-        # upload buffer; per selected element fp32 values, gradient, scratch, m, v and a
-        # low-precision staging copy
-        device += p * elem_bytes + (20 + elem_bytes) * selected
-    elif strategy != "zero-offload":
-        raise ValueError(f"unknown strategy {strategy!r}")
+    device = memory_model.engine_device_bytes(strategy, p, elem_bytes, selected,
+                                              activation_bytes(shape, batch, seq, elem_bytes))
     # fp32 master, m, v and the strategy's gradient buffers (zfbench.core.memory_model)
     host = float(host_bytes_per_param(strategy, elem_bytes, bucketed) * p)
     return MemoryEstimate(device * HEADROOM, host * HEADROOM)

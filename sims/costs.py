@@ -15,7 +15,8 @@ from zfbench.sims import collectives, device_memory, host_step, zero3
 from zfbench.sims.settings import (OFFLOAD_PARAMS, PRECISIONS, STRATEGIES, TRANSFER_MODES,
                            SimSettings, SimSettingsError, load_calibration)
 from zfbench.core import hardware, models
-from zfbench.core.memory_model import activation_bytes, element_bytes, host_bytes_per_param
+from zfbench.core.memory_model import (activation_bytes, element_bytes, engine_device_bytes,
+                                       host_bytes_per_param)
 from zfbench.core.strategies import buckets_on
 from zfbench.core.schedule import topk_count
 
@@ -304,8 +305,13 @@ class CostModel:
 
     # -- memory per rank --------------------------------------------------------------
     def activation_bytes(self) -> float:
-        """A micro-batch's activations on the device (zfbench.core.memory_model's count)."""
+        """A micro-batch's activations on the device (zfbench.core.memory_model's count):
+        with a measured profile the engine's (no recomputation, fp32 logits), from
+        presets with the settings' recomputation."""
         s = self.settings
+        if self.calibration is not None:
+            return activation_bytes(self.shape, s.micro_batch, s.seq, self.elem_bytes,
+                                    logits=True)
         return activation_bytes(self.shape, s.micro_batch, s.seq, self.elem_bytes,
                                 checkpointing=s.activation_checkpointing)
 
@@ -322,13 +328,13 @@ class CostModel:
         p, b = self.params, self.elem_bytes
         part = self.share(p)
         act = self.activation_bytes()
-        if strategy == "device":  # ZeRO-2: 16-bit params, partitioned grads and fp32 state
+        if self.calibration is not None:  # zfbench's engine, as it allocates
+            device = engine_device_bytes(strategy, p, b, self.selected_params, act)
+        elif strategy == "device":  # ZeRO-2: 16-bit params, partitioned grads and fp32 state
             device = p * b + part * b + part * 12 + act
         elif strategy in ("zero-offload", "zero-offload-dpu"):
-            if self.calibration is None:  # DeepSpeed's: params + two gradient buckets
-                device = device_memory.zero_offload_device_bytes(p, b, act)
-            else:  # zfbench's engine: params + a full gradient buffer
-                device = p * b + p * b + act
+            # DeepSpeed's: params + two gradient buckets
+            device = device_memory.zero_offload_device_bytes(p, b, act)
         else:  # zenflow: device Adam state for the selected slice
             sel = self.selected_params
             device = p * b + p * b + sel * 12 + act

@@ -44,3 +44,21 @@ def test_activations_are_one_count_for_the_engine_and_the_simulator(precision, e
     assert c.activation_bytes() == pytest.approx(L * whole * elem / 2)
     assert engine_activations(shape, b, s, 4) == pytest.approx(
         L * whole * 2 + b * s * shape.vocab * 12)
+
+
+@pytest.mark.parametrize("strategy", ["device", "zero-offload", "zero-offload-dpu", "zenflow"])
+def test_a_measured_profile_is_simulated_with_the_engines_own_device_buffers(strategy):
+    """One rule for the engine's device bytes (zfbench.core.memory_model): the memory
+    check before a run and the simulator with a profile of that run agree."""
+    from pathlib import Path
+
+    from zfbench.core.models import get_model
+    from zfbench.real.memory import HEADROOM, estimate
+
+    profile = Path(__file__).resolve().parents[1] / "bench/results/noflag_run_expect/profile.json"
+    s = SimSettings(model="tinyllama-1.1b", layers=1, micro_batch=1, seq=4,
+                    precision="bf16", profile=str(profile))
+    simulated = CostModel(s).memory_per_rank(strategy)["device_bytes_per_rank"]
+    engine = estimate(get_model("tinyllama-1.1b").with_layers(1), strategy, 1, 4, 2,
+                      topk_ratio=s.topk_ratio).device_bytes / HEADROOM
+    assert simulated == pytest.approx(engine)

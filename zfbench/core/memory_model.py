@@ -18,6 +18,9 @@ simulator's memory fit check (sims/costs.py) must agree on:
   as themselves, converted on the host); and for ZeRO-Offload with DPU whose gradients go
   down in buckets during backward, a second landing buffer (step t's gradients land
   while the host update of step t-1 still reads step t-1's).
+- `engine_device_bytes(strategy, params, elem_bytes, selected, activations)`: the device
+  buffers zfbench's engine allocates per strategy (the simulator uses it for a measured
+  profile; its GPU-node presets follow DeepSpeed's layouts instead, sims/device_memory.py);
 - `activation_bytes(shape, micro_batch, seq, elem_bytes, checkpointing, logits)`: the
   activations a micro-batch keeps for backward, one formula for both: the engine's (no
   recomputation, fp32 logits) and the simulator's GPU node (full recomputation, as
@@ -89,3 +92,24 @@ def activation_bytes(shape, micro_batch: int, seq: int, elem_bytes: int = 2,
         kept = shape.layers * whole
     extra = tokens * shape.vocab * LOGITS_BYTES_PER_TOKEN_VOCAB if logits else 0.0
     return kept * scale + extra
+
+
+def engine_device_bytes(strategy: str, params: float, elem_bytes: int, selected: float,
+                        activations: float) -> float:
+    """Bytes zfbench's engine holds on its device for `strategy`: the flat parameters and
+    gradients in the device's dtype and the `activations`, plus the device strategy's
+    fp32 m, v and scratch (and, with 16-bit weights, an fp32 master and gradient copy);
+    DPU's upload buffer; ZenFlow's upload buffer and, per `selected` element (the top-k
+    columns of every matrix plus every vector), fp32 values, gradient, scratch, m and v
+    and a staging copy in the device's dtype (real/strategies.py, real/zenflow.py)."""
+    device = 2 * params * elem_bytes + activations
+    if strategy == "device":
+        device += 3 * FP32_BYTES * params + (2 * FP32_BYTES * params
+                                              if elem_bytes != FP32_BYTES else 0)
+    elif strategy == "zero-offload-dpu":
+        device += params * elem_bytes
+    elif strategy == "zenflow":
+        device += params * elem_bytes + (5 * FP32_BYTES + elem_bytes) * selected
+    elif strategy != "zero-offload":
+        raise ValueError(f"unknown strategy {strategy!r}")
+    return device
