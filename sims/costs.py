@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zfbench.sims import collectives, device_memory, host_step, zero3
+from zfbench.sims import collectives, device_memory, device_step, host_step, zero3
 from zfbench.sims.settings import (OFFLOAD_PARAMS, PRECISIONS, STRATEGIES, TRANSFER_MODES,
                            SimSettings, SimSettingsError, load_calibration)
 from zfbench.core import hardware, models
@@ -160,6 +160,17 @@ class CostModel:
         hbm = self.node.gpu.hbm_bytes_per_s * DEVICE_OPTIM_HBM_EFFICIENCY
         return numel * ADAM_BYTES_PER_PARAM / hbm
 
+    def device_step_s(self, numel: float) -> float:
+        """The `device` strategy's whole optimizer step over `numel` elements: the fused
+        Adam, the measured master copies (a profile), and from presets DeepSpeed's passes
+        beside Adam (zfbench.sims.device_step: norm, flatten, fp32 conversion, clip, copy
+        back into the 16-bit weights)."""
+        s = self.device_optim_s(numel) + self.master_copy_s(numel)
+        if self.calibration is None:
+            hbm = self.node.gpu.hbm_bytes_per_s * DEVICE_OPTIM_HBM_EFFICIENCY
+            s += device_step.beside_adam_s(numel, hbm, self.settings.precision)
+        return s
+
     @property
     def lane_contention(self) -> tuple[float, float]:
         """Rate factors (compute while host work runs, host work while compute runs) on a
@@ -258,6 +269,16 @@ class CostModel:
         upload); False with a measured profile (zfbench's own engine: Adam chunk by chunk,
         each chunk up after it, conversions as the profile measured them)."""
         return self.calibration is None
+
+    @property
+    def grad_wire_bytes(self) -> float:
+        """Bytes per element of a ZeRO-Offload gradient on its way down: from presets
+        DeepSpeed converts each gradient slice to fp32 on the device before the copy
+        (zfbench.sims.host_step.GRAD_WIRE_BYTES); zfbench's engine (a measured profile)
+        sends the 16-bit gradient."""
+        if self.deepspeed_host_step:
+            return host_step.GRAD_WIRE_BYTES
+        return self.elem_bytes
 
     def stream_units_per_core_s(self, bytes_per_elem: float) -> float:
         """Elements/s per core of a host streaming pass beside Adam (clip, conversion)."""

@@ -47,7 +47,9 @@ to the device, and the all-gather after every group. The conversion therefore bl
 after Adam and does not overlap it, and nothing goes up before the whole partition is
 updated. Gradient dtype conversion on arrival costs the host nothing there: the copy into
 the fp32 gradient partition (`async_inplace_copy_grad_to_fp32_buffer_from_gpu`) converts
-on the device (`src_tensor.float()`) before the copy. The clip and the conversion are
+on the device (`src_tensor.float()`) before the copy, so each gradient crosses PCIe as
+fp32: `GRAD_WIRE_BYTES` per element, twice the 16-bit gradient's bytes, for ZeRO-Offload
+and its delayed update alike (they share `copy_grads_in_partition`). The clip and the conversion are
 memory-bound streaming passes (`CLIP_BYTES_PER_ELEM`, `CONVERT_BYTES_PER_ELEM`), at the
 per-core streaming rate of host accumulation, capped by DRAM like every host job.
 
@@ -77,6 +79,11 @@ ACCUM_ELEMS_PER_CORE_S = 30.0 * 29.5e6
 # fp32 master and writes the 16-bit copy.
 CLIP_BYTES_PER_ELEM = 8.0
 CONVERT_BYTES_PER_ELEM = 6.0
+# Bytes per element of a ZeRO-Offload gradient on the link (module docstring): fp32, as
+# `async_inplace_copy_grad_to_fp32_buffer_from_gpu` in DeepSpeed's stage_1_and_2.py sends
+# it (`src_tensor.float()` on the device, then `dest_tensor.copy_(src_tensor)` into the
+# host's fp32 gradient partition), unless fp16_master_weights_and_gradients is set.
+GRAD_WIRE_BYTES = 4.0
 # One core's streaming rate in bytes/s, the judgment behind ACCUM_ELEMS_PER_CORE_S (~10 B
 # per accumulated element): a pass of b bytes per element runs at this / b elements/s.
 CORE_STREAM_BYTES_PER_S = ACCUM_ELEMS_PER_CORE_S * 10.0

@@ -4,8 +4,11 @@ Each rank's process is its compute stream: it runs forward, backward (bucket by 
 reverse) and device optimizer ops itself and submits transfers, host work and collectives
 to its lanes with the dependencies the real engine has:
 
-- `device`: forward, backward, gradient all-reduce, device Adam, parameter all-gather.
-- `zero-offload`: each bucket's gradient goes down as soon as backward produced it; after
+- `device`: forward, backward, gradient all-reduce, the device step (Adam and, from
+  presets, DeepSpeed's passes beside it: `sims/device_step.py`), parameter all-gather.
+- `zero-offload`: each bucket's gradient goes down as soon as backward produced it (from
+  presets as fp32, DeepSpeed's `.float()` before the copy: `CostModel.grad_wire_bytes`;
+  the accumulation micro-steps' copies stay 16-bit); after
   the last, the host runs DeepSpeed's step (simulations from presets,
   zfbench/sims/host_step.py): unscale/clip, CPU-Adam and the fp32 -> 16-bit conversion over
   the rank's whole partition, then the partition goes up in one copy and is all-gathered;
@@ -295,11 +298,9 @@ class RankSim:
             "allreduce", t, c.buckets[i].numel * c.elem_bytes, [])))
         yield from all_done(self.env, reduced)
         if self.emulated:  # the engine's device strategy updates every parameter, no gather
-            yield from self.compute("device_optim", t, c.device_optim_s(c.params)
-                                    + c.master_copy_s(c.params))
+            yield from self.compute("device_optim", t, c.device_step_s(c.params))
             return
-        yield from self.compute("device_optim", t, c.device_optim_s(c.share(c.params))
-                                + c.master_copy_s(c.share(c.params)))
+        yield from self.compute("device_optim", t, c.device_step_s(c.share(c.params)))
         gathered = self.collective("allgather", t, c.model_bytes, [])
         yield from all_done(self.env, [gathered])
 
@@ -307,6 +308,12 @@ class RankSim:
         """Bytes of this rank's share of bucket i's gradient or parameters."""
         c = self.costs
         return c.share(c.buckets[i].numel) * c.elem_bytes
+
+    def _grad_wire_bytes(self, i: int) -> float:
+        """Bytes of this rank's share of bucket i's gradient as ZeRO-Offload sends it down
+        at the step's end (`CostModel.grad_wire_bytes`: fp32 from presets)."""
+        c = self.costs
+        return c.share(c.buckets[i].numel) * c.grad_wire_bytes
 
     def _grads_down(self, t: int, bytes_of, extra_deps_of=lambda i: (), reduce=True):
         """Backward with each bucket's gradient reduced, then sent down (`bytes_of(i)`)
@@ -337,8 +344,8 @@ class RankSim:
     def offload_step(self, t: int):
         c = self.costs
         yield from self.compute("forward", t, c.forward_s)
-        down = yield from self._grads_down(t, self._shard_bytes, self._final_micro_deps(t))
-        yield from self._copy_grads_down(t, self._shard_bytes)
+        down = yield from self._grads_down(t, self._grad_wire_bytes, self._final_micro_deps(t))
+        yield from self._copy_grads_down(t, self._grad_wire_bytes)
         landed, _ = self.offload_update(t, list(down.values()))
         yield from all_done(self.env, [landed])
 
@@ -352,11 +359,11 @@ class RankSim:
             return [prev_chunks.get(i)]
         # with copy engines the buckets land in the other of two alternating buffers
         # (real/strategies.py), free since the update of step t-2 was applied
-        down = yield from self._grads_down(t, self._shard_bytes, self._final_micro_deps(t))
+        down = yield from self._grads_down(t, self._grad_wire_bytes, self._final_micro_deps(t))
         if self.emulated:  # the device thread applies it before its gradients go down
             yield from self.apply_update(t, stale)
             stale = None
-        yield from self._copy_grads_down(t, self._shard_bytes, consumed)
+        yield from self._copy_grads_down(t, self._grad_wire_bytes, consumed)
         last, chunks = self.offload_update(t, list(down.values()))
         st[("chunks", t)], st[("landed", t)] = chunks, last
         # The next forward needs the update of step t-1: the step ends when it has landed.

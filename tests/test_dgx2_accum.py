@@ -6,13 +6,14 @@ import pytest
 
 from zfbench.core import hardware as hw
 from zfbench.sims.costs import ADAM_BYTES_PER_PARAM, CostModel, SimSettings, SimSettingsError
+from zfbench.sims.device_step import BESIDE_ADAM_BYTES_PER_ELEM
 from zfbench.sims.settings import node_knobs
 from zfbench.sims.simulator import simulate
 
 
 def test_dgx2_node_numbers_and_sources():
     node = hw.get_node("dgx2-v100")
-    assert (node.gpus, node.host.cores, node.nvme_drives, node.gpus_per_switch) == (16, 48, 8, 2)
+    assert (node.gpus, node.host.cores, node.nvme_drives, node.gpus_per_switch) == (16, 48, 8, 4)
     assert node.gpu.fp16_flops_per_s == 125e12 and node.gpu.bf16_flops_per_s is None
     assert node.gpu.memory_bytes == 32e9 and node.host.memory_bytes == 1.5e12
     assert node.link.h2d_bytes_per_s == node.link.d2h_bytes_per_s == 12e9
@@ -62,26 +63,28 @@ def steady_step_s(result) -> float:
 
 
 def test_device_step_with_accumulation_by_hand():
-    """One GPU, device: A x (forward + backward with recompute) + one device Adam."""
+    """One GPU, device: A x (forward + backward with recompute) + one device step (the
+    fused Adam and DeepSpeed's passes beside it, zfbench.sims.device_step)."""
     for accum in (1, 3):
         result = simulate(one_gpu(accum), "device")
         c = result.costs
         fwd = sum(b.forward_s for b in c.buckets)
-        adam = c.params * ADAM_BYTES_PER_PARAM / (900e9 * 0.8)
+        adam = c.params * (ADAM_BYTES_PER_PARAM + BESIDE_ADAM_BYTES_PER_ELEM) / (900e9 * 0.8)
         assert steady_step_s(result) == pytest.approx(accum * 4 * fwd + adam, rel=1e-9)
         assert result.flops_per_step() == pytest.approx(
             accum * 3 * c.shape.forward_flops_per_token(256) * 2 * 256)
 
 
 def test_offload_accumulation_moves_the_share_through_the_host_buffer():
-    """Per step: A copies of the gradient down; A - 1 accumulations up and the parameters
-    up once (16-bit: 2 B per parameter each)."""
+    """Per step: A copies of the gradient down (A - 1 of the 16-bit accumulation buffer,
+    2 B per parameter; the last as DeepSpeed's fp32 gradient, 4 B); A - 1 accumulations
+    up and the parameters up once (16-bit: 2 B per parameter each)."""
     accum = 4
     result = simulate(one_gpu(accum), "zero-offload")
     spans = result.timeline.spans_frame()
     last = spans[spans.step == 3]
     p2 = result.costs.params * 2
-    assert last[last.lane == "d2h"].bytes.sum() == pytest.approx(accum * p2, abs=64)
+    assert last[last.lane == "d2h"].bytes.sum() == pytest.approx((accum + 1) * p2, abs=64)
     assert last[last.lane == "h2d"].bytes.sum() == pytest.approx(accum * p2, abs=64)
     assert (last.op == "forward").sum() == accum
     host = last[last.op == "host_optim"]

@@ -114,3 +114,20 @@ def test_deepspeed_host_step_is_serial_after_adam():
                                                                        rel=1e-6)
     # the whole host step is the blog's 4.6 s (the calibration row's own setting)
     assert measure(res, "host_step_time_s", 1) == pytest.approx(4.6, rel=1e-6)
+
+
+def test_zero_offload_gradients_go_down_as_fp32_from_presets():
+    """DeepSpeed converts each gradient slice to fp32 on the device before the copy
+    (GRAD_WIRE_BYTES = 4); zfbench's engine (a measured profile) sends it as 16-bit."""
+    s = SimSettings(**node_knobs("dgx2-v100", 4), model="tiny", precision="fp16", steps=3)
+    c = CostModel(s)
+    assert c.grad_wire_bytes == hs.GRAD_WIRE_BYTES == 4
+    for strategy in ("zero-offload", "zero-offload-dpu"):
+        spans = simulate(s, strategy).timeline.spans_frame()
+        down = spans[(spans["rank"] == 0) & (spans.step == 2) & (spans.op == "d2h_grad")]
+        assert down.bytes.sum() == pytest.approx(c.params / 4 * 4, abs=len(c.buckets))
+
+    class Fake:  # only what grad_wire_bytes reads
+        deepspeed_host_step = False
+        elem_bytes = 2
+    assert CostModel.grad_wire_bytes.fget(Fake()) == 2

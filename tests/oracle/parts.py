@@ -58,6 +58,7 @@ class _Terms:
         # DeepSpeed's host step from presets (zfbench.sims.host_step): clip, Adam over the
         # whole partition, conversion, one upload, one all-gather
         self.deepspeed = c.deepspeed_host_step
+        self.wire = c.grad_wire_bytes  # ZeRO-Offload's gradient bytes on the link (fp32)
         part = c.share(c.params)
         self.clip = (0.0, part / (cores * c.stream_units_per_core_s(CLIP_BYTES_PER_ELEM)))
         self.adam_all = (0.0, part / adam)
@@ -68,12 +69,12 @@ class _Terms:
         self.o_sel = c.device_optim_s(c.selected_params)
         self.P_zen = self.F + self.B + self.o_sel
 
-    def _xfer(self, numel: float, rate: float):  # this rank's share of 16-bit elements
-        n = int(round(self.c.share(numel) * 2))
+    def _xfer(self, numel: float, rate: float, wire: float = 2):  # this rank's share of
+        n = int(round(self.c.share(numel) * wire))  # elements of `wire` bytes (16-bit)
         return None if n <= 0 else (self.lat, n / rate)
 
-    def down(self, numel: float):
-        return self._xfer(numel, self.rd)
+    def down(self, numel: float, wire: float = 2):
+        return self._xfer(numel, self.rd, wire)
 
     def up(self, numel: float):
         return self._xfer(numel, self.rh)
@@ -91,14 +92,14 @@ class _Terms:
             out.append(out[-1] + b)
         return out[1:]
 
-    def grads_down(self, t0, net: _Lane, d2h: _Lane, numel, gate=None):
+    def grads_down(self, t0, net: _Lane, d2h: _Lane, numel, gate=None, wire: float = 2):
         """Backward from t0: each bucket all-reduced (net) then sent down after
-        `gate[k]`; the end times."""
+        `gate[k]`, `wire` bytes per element; the end times."""
         downs = []
         for k, r in enumerate(self.releases(t0)):
             red = net.run(r, r, self.ar(k)) if self.gpus > 1 else NEG
             g = NEG if gate is None else gate[k]
-            downs.append(d2h.run(r, max(red, g), self.down(numel[k])))
+            downs.append(d2h.run(r, max(red, g), self.down(numel[k], wire)))
         return downs
 
     def deepspeed_update(self, host: _Lane, submit: float, ready: float, h2d: _Lane,

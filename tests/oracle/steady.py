@@ -64,7 +64,7 @@ class OracleResult:
 def _device(T: _Terms):
     net = _Lane()
     x = max([T.F + T.B] + [net.run(r, r, T.ar(k)) for k, r in enumerate(T.releases(0.0))])
-    o = T.c.device_optim_s(T.c.share(T.c.params))
+    o = T.c.device_step_s(T.c.share(T.c.params))
     y = x + o
     if T.gpus > 1:
         y = net.run(y, y, (0.0, T.c.allgather_s(T.c.model_bytes)))
@@ -88,7 +88,7 @@ def _offload_update(T: _Terms, host: _Lane, sub: float, ready: float, h2d: _Lane
 
 def _zero_offload(T: _Terms):
     net, d2h, h2d = _Lane(), _Lane(), _Lane()
-    downs = T.grads_down(0.0, net, d2h, T.numel)
+    downs = T.grads_down(0.0, net, d2h, T.numel, wire=T.wire)
     sub = T.F + T.B
     _, landed = _offload_update(T, _Lane(), sub, max(downs + [sub]), h2d, net)
     return max(sub, landed), sub, True, "synchronous: every step starts drained", "", 0, 1
@@ -99,7 +99,7 @@ def _dpu_step(T: _Terms, carry):
     nb = len(T.order)
     land1, chunk_prev = carry[0], carry[1:1 + nb]
     d2h, host, h2d, net = (_Lane(f) for f in carry[1 + nb:])
-    downs = T.grads_down(0.0, net, d2h, T.numel, chunk_prev)
+    downs = T.grads_down(0.0, net, d2h, T.numel, chunk_prev, T.wire)
     sub = T.F + T.B
     ends, landed = _offload_update(T, host, sub, max(downs + [sub]), h2d, net)
     end = max(sub, land1)
