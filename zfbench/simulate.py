@@ -70,7 +70,7 @@ from zfbench.report import format_table, staging_dir
 from zfbench.simulate_report import (TRACE_STEPS_DEFAULT, FilePlan, TraceRule, case_label,
                                      summary_row, too_short_warning, write_outputs)
 from zfbench.simulate_runs import auto_jobs, run
-from zfbench.core.trace_files import columnar_format
+from zfbench.core.trace import columnar_format
 
 __all__ = ["main", "run", "summary_row", "format_table", "parse_value", "parse_sweep"]
 

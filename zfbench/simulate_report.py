@@ -27,8 +27,8 @@ import pandas as pd
 from zfbench.analysis.breakdown import step_breakdown, summarize
 from zfbench.sims.costs import SimSettings
 from zfbench.sims.simulator import SimResult, steps_needed
-from zfbench.core.trace import Timeline, TraceSteps
-from zfbench.core.trace_files import columnar_format, write_chrome_trace, write_timeline
+from zfbench.core.trace import (Timeline, TraceSteps, columnar_format, write_chrome_trace,
+                                write_timeline)
 from zfbench.report import (complete_row, land, staging_dir, steps_rows, write_steps,
                             write_summary)
 
