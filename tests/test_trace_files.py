@@ -17,7 +17,7 @@ import zfbench.core.trace as trace_module
 from zfbench.sims.costs import STRATEGIES, SimSettings
 from zfbench.sims.simulator import default_skip_steps, simulate
 from zfbench.simulate import main
-from zfbench.simulate_report import TraceRule
+from zfbench.simulation import TraceRule
 from zfbench.core.trace import (LANES, OPS, Timeline, TraceSteps, columnar_format,
                                 merge_chrome_traces, write_chrome_trace)
 

@@ -85,7 +85,7 @@ def expect_here(spec, configs: dict, strategies: list[str], profiles: dict) -> l
     from zfbench.run_report import zenflow_knobs
     from zfbench.sims.costs import SimSettings
     from zfbench.sims.simulator import simulate, steps_needed
-    from zfbench.simulate_report import summary_row
+    from zfbench.simulation import summary_row
 
     rows = []
     for strategy in strategies:
