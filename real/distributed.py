@@ -243,9 +243,15 @@ def rank_threads(world: int, cores: int | None = None, reserved: float = 0.5
     then each rank's share split between its device lane (a `reserved` share: ZenFlow's
     pt_reserved_cores_perc) and host lane, at least 1 each."""
     if cores is None:
-        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                 else os.cpu_count() or 2)
+        cores = available_cores()
     return default_thread_split(max(2, cores // max(1, world)), reserved)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity), else the machine's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 2
 
 
 def bind_cores(rank: int, world: int) -> list[int] | None:

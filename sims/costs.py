@@ -212,7 +212,21 @@ class CostModel:
     # -- host work --------------------------------------------------------------------
     @property
     def cores_per_rank(self) -> float:
-        return self.node.host.cores / self.gpus_per_node  # one host per node
+        """A rank's host cores: its share of the node's on a GPU node (one host per node);
+        on the CPU-emulated lanes the host lane's own threads (the profile's cores), the
+        ranks' sharing of the machine being `shared_cores`'s."""
+        if self.emulated:
+            return self.node.host.cores
+        return self.node.host.cores / self.gpus_per_node
+
+    @property
+    def shared_cores(self) -> tuple[tuple[int, int], float | None]:
+        """((device threads, host threads) of a rank's lanes, the machine's cores that
+        several ranks on the CPU-emulated lanes share: zfbench.sims.emulated.cpu_share);
+        cores None for one rank, whose lanes' contention the profile measured itself."""
+        cal = self.calibration or {}
+        threads = (cal.get("device_threads", 1), cal.get("host_threads", 1))
+        return threads, (cal.get("cpu_cores") if self.gpus > 1 else None)
 
     @property
     def numa_factor(self) -> float:
@@ -263,17 +277,33 @@ class CostModel:
         return per_core * self.numa_factor
 
     # -- net lane (ring collectives; NCCL busbw convention) ---------------------------
+    def measured_collective_s(self, op: str, nbytes: float) -> float | None:
+        """Seconds of `op` ("allreduce", "allgather") of `nbytes` per rank as the profile
+        measured it among this run's ranks (zfbench.real.collective_probe: a fixed part
+        and a part per byte); None where the profile did not measure it."""
+        cal = self.calibration or {}
+        per_byte = cal.get(f"{op}_s_per_byte")
+        if per_byte is None or cal.get("collective_ranks") != self.gpus:
+            return None
+        return cal[f"{op}_s_fixed"] + per_byte * nbytes
+
     def allreduce_s(self, nbytes: float) -> float:
         """Ring all-reduce of `nbytes` per rank. One node of G: 2(G-1)/G B/bw + 2(G-1)lat.
         N > 1 nodes, two levels (zfbench.sims.collectives.hierarchical_allreduce_s): reduce-scatter
         in the node, all-reduce of B/G across nodes over each GPU's NIC, all-gather in
-        the node."""
+        the node. Measured among the ranks where the profile did (`measured_collective_s`)."""
+        measured = self.measured_collective_s("allreduce", nbytes)
+        if measured is not None:
+            return measured
         return collectives.allreduce_s(self.node.net, self.inter_net, self.gpus_per_node,
                                        self.nodes, nbytes)
 
     def allgather_s(self, nbytes: float) -> float:
         """Ring all-gather (and reduce-scatter) assembling `nbytes`: one node
         (G-1)/G B/bw + (G-1)lat; N > 1 nodes: across nodes on B/G, then in the node."""
+        measured = self.measured_collective_s("allgather", nbytes)
+        if measured is not None:
+            return measured
         return collectives.allgather_s(self.node.net, self.inter_net, self.gpus_per_node,
                                        self.nodes, nbytes)
 

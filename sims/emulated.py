@@ -11,7 +11,15 @@ This module owns only what is genuinely different:
 
 - the rate model: the device and host lanes are cores over one DRAM, so while a compute
   span and host-lane work (host AdamW, accumulation, uploads) of one rank run at once,
-  each goes at the rate factor the profile measured for it (`emulated_rates`);
+  each goes at the rate factor the profile measured for it (`emulated_rates`); and where
+  several ranks share the machine's cores (`python -m zfbench.run --gpus 4` on 2 cores),
+  the busy lanes' threads share them: every lane's work goes at cores / busy threads of
+  its rate alone when the busy lanes want more threads than there are cores (the
+  scheduler's time slicing; `cpu_share`);
+- the collectives: gloo on the CPU, measured by the run (zfbench.real.collective_probe,
+  the engine's own all-reduce and all-gather, all ranks at once) as a fixed part and a
+  part per byte (`CostModel.allreduce_s`), run by the device thread after backward over
+  the whole gradient buffer, as the engine's `reduce_grads` does;
 - how the device thread runs an op: as work on the node's fluid pool, so that rate model
   applies to it (`device_thread_op`: compute spans and the gradient copy down);
 - the engine's per-step passes over every gradient the profile measured (`grad_check_s`
@@ -25,20 +33,59 @@ from zfbench.sims.fluid import Job, RateFn
 
 
 _HOST_SIDE = ("host", "h2d")  # kinds of pool work the host worker does on a CPU lane
+_FIXED_RATE = ("compute", "net")  # amounts in seconds at rate 1 alone, not the node's
 
 
-def emulated_rates(base: RateFn, compute_factor: float, host_factor: float) -> RateFn:
-    """`base` (the node's rates) for transfers and host work, plus compute jobs (amount in
-    seconds, rate 1 alone); while a rank's compute and its host-side work overlap, the
-    compute goes at `compute_factor` and the host-side work at `host_factor` of its rate."""
+def cpu_share(active: list[Job], device_threads: int, host_threads: int,
+              cores: float | None) -> float:
+    """The share of its rate alone that every busy lane gets: cores / the threads of the
+    busy lanes (a rank's device lane, `device_threads`, while it computes or copies down;
+    its host lane, `host_threads`, while it runs host work or uploads), at most 1; 1 where
+    the machine's `cores` are not known (profiles before the multi-rank expectation)."""
+    if not cores:
+        return 1.0
+    busy = {(j.rank, j.kind in _HOST_SIDE) for j in active}
+    threads = sum(host_threads if host else device_threads for _, host in busy)
+    return min(1.0, cores / threads) if threads else 1.0
+
+
+def collective_share(ranks: int, device_threads: int, cores: float | None) -> float:
+    """`cpu_share` while every rank is in a collective and nothing else runs: how the
+    collectives were measured (zfbench.real.collective_probe), so their measured time is
+    their time at this share."""
+    if not cores:
+        return 1.0
+    return min(1.0, cores / (ranks * device_threads))
+
+
+def emulated_rates(base: RateFn, compute_factor: float, host_factor: float,
+                   threads: tuple[int, int] = (1, 1), cores: float | None = None,
+                   ranks: int = 1) -> RateFn:
+    """`base` (the node's rates) for transfers and host work, plus compute and measured
+    collective jobs (kind "net"; amount in seconds, rate 1 alone); while a rank's compute
+    and its host-side work overlap, the compute goes at `compute_factor` and the host-side
+    work at `host_factor` of its rate; every rate is then scaled by `cpu_share`
+    (`threads`: a rank's device and host lane threads; `cores`: the machine's cores the
+    `ranks` share), a collective's relative to `collective_share`, the share at which it
+    was measured (a collective occupies its rank's device thread)."""
+    measured_at = collective_share(ranks, threads[0], cores)
 
     def rates(active: list[Job]) -> list[float]:
-        others = [j for j in active if j.kind != "compute"]
+        share = cpu_share(active, *threads, cores)
+        # a collective no faster than measured: it cannot end before its peers' part
+        return [r * (min(1.0, share / measured_at) if job.kind == "net" else share)
+                for r, job in zip(lane_rates(active), active)]
+
+    def lane_rates(active: list[Job]) -> list[float]:
+        others = [j for j in active if j.kind not in _FIXED_RATE]
         base_rates = iter(base(others) if others else ())
         host_busy = {j.rank for j in others if j.kind in _HOST_SIDE}
         computing = {j.rank for j in active if j.kind == "compute"}
         out = []
         for job in active:
+            if job.kind == "net":
+                out.append(1.0)
+                continue
             if job.kind == "compute":
                 out.append(compute_factor if job.rank in host_busy else 1.0)
                 continue

@@ -222,6 +222,30 @@ class SimSettings:
         return asdict(self)
 
 
+def zenflow_knobs(zf: ZenFlowConfig | None, steps_per_epoch: int | None = None) -> dict:
+    """The SimSettings fields an engine config's ZenFlow section fixes (None: none), as the
+    engine runs them: the select interval resolved as real/zenflow.py resolves it
+    (`ZenFlowConfig.select_interval_steps`; an unsized stream, None, selects once on
+    "auto"). The one home of this rule: the run's expectation, its projections and
+    zfbench.validate build their settings through it (`for_engine_run`)."""
+    if zf is None:
+        return {}
+    return {"topk_ratio": zf.topk_ratio, "update_interval": zf.update_interval,
+            "overlap_step": zf.overlap_step,
+            "select_interval": zf.select_interval_steps(steps_per_epoch),
+            "full_warm_up_rounds": zf.full_warm_up_rounds}
+
+
+def for_engine_run(config, steps_per_epoch: int | None = None, **fields) -> SimSettings:
+    """Settings that simulate a run of zfbench's engine with `config`
+    (zfbench.core.config.EngineConfig) on a measured profile: its precision, every
+    gradient down and parameter up as the engine's lanes move them (`transfers` "full"),
+    its ZenFlow knobs (`zenflow_knobs`); `fields` (model, layers, gpus, micro_batch, seq,
+    profile, steps, ...) give the rest."""
+    return SimSettings(**{"precision": config.precision, "transfers": "full",
+                          **zenflow_knobs(config.zenflow, steps_per_epoch), **fields})
+
+
 def node_knobs(name: str, gpus: int | None = None) -> dict:
     """The knobs that put a run on the node preset `name` (hardware.json "nodes"): its GPU,
     link, host, GPU-to-GPU network, switch pairing and drives; with `gpus` (the run's total)

@@ -107,7 +107,8 @@ def simulate(settings: SimSettings, strategy: str) -> SimResult:
     def node_pool(index: int) -> FluidPool:
         rate_fn = node_rates(capacities(costs, index))
         if costs.emulated:
-            rate_fn = emulated_rates(rate_fn, *costs.lane_contention)
+            rate_fn = emulated_rates(rate_fn, *costs.lane_contention,
+                                     *costs.shared_cores, ranks=costs.gpus_per_node)
         return FluidPool(env, rate_fn)
     # One host per node: each node's ranks share its own pool (PCIe switches, cores, DRAM);
     # ranks of different nodes share nothing but the collectives' fixed durations.

@@ -135,15 +135,25 @@ class RankSim:
         if c.gpus == 1:
             return None
         seconds = c.allreduce_s(nbytes) if op == "allreduce" else c.allgather_s(nbytes)
+        if self.emulated and c.measured_collective_s(op, nbytes) is not None:
+            # gloo on the CPU: its rank's device thread does it, so it shares the cores
+            return self.net.submit(op, step, deps, job=Job("net", self.rank, seconds),
+                                   nbytes=int(round(nbytes)))
         return self.net.submit(op, step, deps, seconds=seconds, nbytes=int(round(nbytes)))
 
-    def backward(self, step: int, after_bucket):
-        """Backward bucket by bucket (last block first); `after_bucket(i)` runs after each;
-        emulated, then the engine's non-finite check over every gradient."""
+    def backward(self, step: int, after_bucket, reduce: bool = True):
+        """Backward bucket by bucket (last block first); `after_bucket(i)` runs after each
+        (with copy engines). Emulated, as the engine there: with several ranks the device
+        thread all-reduces the whole gradient buffer (`reduce`: at the accumulation
+        boundary), then checks every gradient for non-finite values."""
         for i in reversed(range(self.nb)):
             yield from self.compute("backward", step, self.costs.buckets[i].backward_s)
-            after_bucket(i)
+            if not self.emulated:
+                after_bucket(i)
         if self.emulated:
+            if reduce:
+                yield from all_done(self.env, [self.collective(
+                    "allreduce", step, self.costs.model_bytes, [])])
             yield from self.compute("device_optim", step, grad_check_s(self.costs))
 
     def apply_update(self, step: int, landed, keep_columns: bool = False):
@@ -188,8 +198,12 @@ class RankSim:
             chunks[i] = self.host_work("host_optim", step, elems_of(i), deps,
                                        convert_of(i) if convert_of else 0.0)
             up = self.transfer(self.h2d, "h2d_param", step, up_bytes_of(i), [chunks[i]])
-            last = self.gather_when_ready(step, c.buckets[i].numel * c.elem_bytes, up) or up
+            # emulated, the engine gathers the whole buffer once every chunk is up
+            last = (up if self.emulated else
+                    self.gather_when_ready(step, c.buckets[i].numel * c.elem_bytes, up) or up)
             deps = ()
+        if self.emulated:
+            last = self.gather_when_ready(step, c.model_bytes, last) or last
         return last, chunks
 
     def deepspeed_host_update(self, step: int, deps):
@@ -245,11 +259,11 @@ class RankSim:
         if strategy == "device":
             reduced = []
             yield from self.backward(t, lambda i: reduced.append(self.collective(
-                "allreduce", t, c.buckets[i].numel * c.elem_bytes, [])))
+                "allreduce", t, c.buckets[i].numel * c.elem_bytes, [])), reduce=False)
             yield from all_done(self.env, reduced)
             return
         deps_of = self._accumulated_up(t, micro)
-        down = yield from self._grads_down(t, self._shard_bytes, deps_of)
+        down = yield from self._grads_down(t, self._shard_bytes, deps_of, reduce=False)
         yield from self._copy_grads_down(t, self._shard_bytes)
         st["accum_down"] = down
         yield from all_done(self.env, self.reduced)
@@ -280,6 +294,10 @@ class RankSim:
         yield from self.backward(t, lambda i: reduced.append(self.collective(
             "allreduce", t, c.buckets[i].numel * c.elem_bytes, [])))
         yield from all_done(self.env, reduced)
+        if self.emulated:  # the engine's device strategy updates every parameter, no gather
+            yield from self.compute("device_optim", t, c.device_optim_s(c.params)
+                                    + c.master_copy_s(c.params))
+            return
         yield from self.compute("device_optim", t, c.device_optim_s(c.share(c.params))
                                 + c.master_copy_s(c.share(c.params)))
         gathered = self.collective("allgather", t, c.model_bytes, [])
@@ -290,7 +308,7 @@ class RankSim:
         c = self.costs
         return c.share(c.buckets[i].numel) * c.elem_bytes
 
-    def _grads_down(self, t: int, bytes_of, extra_deps_of=lambda i: ()):
+    def _grads_down(self, t: int, bytes_of, extra_deps_of=lambda i: (), reduce=True):
         """Backward with each bucket's gradient reduced, then sent down (`bytes_of(i)`)
         once `extra_deps_of(i)` have fired too; returns each bucket's event. Emulated:
         backward only (returns none); `_copy_grads_down` sends them."""
@@ -303,7 +321,7 @@ class RankSim:
             self.reduced.append(red)
             down[i] = self.transfer(self.d2h, "d2h_grad", t, bytes_of(i),
                                     [red, *extra_deps_of(i)])
-        yield from self.backward(t, (lambda i: None) if self.emulated else after)
+        yield from self.backward(t, (lambda i: None) if self.emulated else after, reduce)
         return down
 
     def _copy_grads_down(self, t: int, bytes_of, extra_deps_of=lambda i: ()):

@@ -249,6 +249,36 @@ def test_cli_two_ranks_through_the_launcher(tmp_path):
     assert {"allreduce", "allgather"} <= set(net["op"]) and (net["bytes"] > 0).all()
 
 
+@pytest.mark.slow
+def test_ranks_sharing_this_cpu_are_simulated_beside_the_measured_run(tmp_path):
+    """--profile with 2 ranks on the CPU: rank 0 measures the lanes, every rank the
+    collectives, and the simulator's expectation for the 2 ranks sharing the cores is
+    printed and kept in summary.json."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("WORLD_SIZE", None)
+    env.pop("RANK", None)
+    cmd = [sys.executable, "-m", "zfbench.run", "--gpus", "2", "--model", "tiny",
+           "--steps", "10", "--seq", "16", "--quiet", "--device", "cpu", "--profile",
+           "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SIMULATED FOR THIS MACHINE" in proc.stdout, proc.stdout
+    assert "2 ranks' " in proc.stdout and "gloo all-reduce" in proc.stdout
+    import json
+    import math
+
+    cal = json.loads((tmp_path / "profile.json").read_text())["calibration"]
+    assert cal["collective_ranks"] == 2 and cal["cpu_cores"] >= 1
+    assert cal["allreduce_s_per_byte"] >= 0 and cal["allgather_s_fixed"] >= 0
+    here = json.loads((tmp_path / "summary.json").read_text())["simulated_here"]
+    assert [r["strategy"] for r in here] == list(STRATEGIES)
+    for row in here:
+        assert math.isfinite(row["step_error_pct"]) and row["simulated_step_time_s"] > 0
+    for strategy in STRATEGIES:
+        assert (tmp_path / "profiles" / f"{strategy}.json").exists()
+
+
 def test_gpus_beyond_the_cuda_devices_is_an_error(monkeypatch, capsys):
     from zfbench import run
 

@@ -29,8 +29,10 @@ measured. Then the breakdown table is printed, the same table `python -m zfbench
 prints (zfbench.report): step time, speedup, stall, exposed I/O, host wait, achieved link
 GB/s, host Adam G parameters/s, PCIe bytes over model bytes, achieved TFLOP/s, MFU (empty
 on the CPU lane: no datasheet peak), whether it fits; then the loss. Then (the no-flag
-run, or any one-rank run with --profile) this machine's profile is measured before and
-after the strategies, its host and link rates around each (as zfbench.validate does), and
+run, a proxy's run, or --profile; on the CPU any number of ranks, with CUDA one) this
+machine's profile is measured before and after the strategies, its host and link rates
+around each (as zfbench.validate does; with several ranks also the gloo collectives, and
+the ranks are simulated sharing this machine's cores), and
 the simulator's expectation for it is printed beside each measured strategy: step, stall,
 exposed I/O and host wait, measured | simulated, the lanes' threads and rates, and
 whether ZenFlow's step reached 0.8x ZeRO-Offload's or why not (zfbench.run_expect; kept
@@ -63,7 +65,9 @@ from zfbench.cli_checks import (CliError, OneLineParser, check_input_file, check
                                 fail, positive_int)
 from zfbench.core.config import STRATEGIES, ConfigError
 from zfbench.core.memory_model import element_bytes
-from zfbench.core.strategies import buckets_on
+# SIMULATED_ONLY: strategies the simulator has and the engine does not (zero-infinity: no
+# ZeRO-3 path in real/); asking the engine for one is a one-line error naming the simulator
+from zfbench.core.strategies import SIMULATED_ONLY, buckets_on
 from zfbench.core.models import UnknownModelError
 from zfbench.core.provenance import provenance
 from zfbench.run_probe import (SHAPE_FLAGS, decide_precision, describe_scenario,
@@ -73,15 +77,10 @@ from zfbench.run_report import (MEMORY_NOTE, StepWork, describe_config, measurem
                                 memory_columns, memory_room, peak_flops, project,
                                 summary_row, write_outputs)
 from zfbench.core.trace import write_json_atomic
-from zfbench.sims.settings import STRATEGIES as SIM_STRATEGIES
 
 from zfbench.run_defaults import DEFAULT_SEQ, gpu_sized
 from zfbench.run_proxy import measure_proxy, print_projection
 from zfbench.run_expect import print_expectation
-
-# Strategies the simulator has and the engine does not (zero-infinity: no ZeRO-3 path in
-# real/); asking the engine for one is a one-line error pointing to the simulator.
-SIMULATED_ONLY = tuple(s for s in SIM_STRATEGIES if s not in STRATEGIES)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure this machine's costs (per-block forward/backward, device "
                         "optimizer, selection, d2h/h2d alone and together, host Adam and "
                         "accumulation), write OUT/profile.json for "
-                        "python -m zfbench.simulate --profile and, on one rank, print the "
-                        "simulator's expectation with it beside the measured rows")
+                        "python -m zfbench.simulate --profile, and print the simulator's "
+                        "expectation with it beside the measured rows (several ranks on "
+                        "the CPU: they share its cores, the collectives measured too)")
     p.add_argument("--project", action="store_true",
                    help="run the --layers slice, calibrate, and report beside it the "
                         "simulated full-depth step time and stall of each strategy "
@@ -239,9 +239,11 @@ def main(argv: list[str] | None = None) -> int:
 
         use_cuda = resolve_device(spec.device).type == "cuda"
         check_gpu_count(world, use_cuda)
-        if world > 1 and (args.profile or args.project):
-            raise ValueError("--profile / --project measure one rank; run them without "
-                             "--gpus")
+        if world > 1 and (args.project or (args.profile and use_cuda)):
+            raise ValueError("--project (and --profile with CUDA) measure one rank; run "
+                             "them without --gpus" if args.project else
+                             "--profile with CUDA measures one rank (a GPU of its own); "
+                             "run it without --gpus")
         first = spec.engine_config(strategies[0])
         elem = element_bytes(first.precision)
         bucketed = buckets_on(first.precision, first.overlap_comm)
@@ -371,12 +373,18 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
     peak, mfu_note = peak_flops(use_cuda, precision) if lead else (None, "")
     work = StepWork(shape.total_params * elem, shape.total_params, flops, tokens, peak)
     room = memory_room(use_cuda) if lead else None  # before any strategy allocates
-    expect = ranks == 1 and (getattr(args, "scenario", None) is not None or args.profile)
+    # this machine's profile around the strategies (zfbench.run_expect): the no-flag run,
+    # --profile, and a proxy's ranks sharing this CPU
+    expect = (getattr(args, "scenario", None) is not None or args.profile or
+              proxy is not None) and (ranks == 1 or not use_cuda)
     calibration = None
-    if expect:  # this machine's profile around the strategies (zfbench.run_expect)
+    if expect:
         from zfbench.run_expect import Calibration
 
-        calibration = Calibration(spec)
+        from zfbench.real.distributed import available_cores
+
+        calibration = Calibration(spec, ctx, None if getattr(args, "bind_cores", False)
+                                  else available_cores())
         calibration.begin()
     for strategy in strategies:
         with calibration.around(strategy) if calibration else nullcontext():
@@ -394,6 +402,8 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
                    host_threads=result.engine.host_threads)
         rows.append(row)
     if not lead:
+        if calibration is not None:  # the collectives are timed on every rank
+            calibration.finish(args.out or Path("runs/profile"))
         return 0
     add_speedups(rows)
     print(format_table(rows, loss=True))
@@ -406,7 +416,7 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
             profile_path = write_profile(spec, args.out)
         if expect:
             rows_here = print_expectation(spec, configs, strategies, rows, profile_path,
-                                          calibration.paths)
+                                          calibration.paths, ranks)
             if args.out:
                 args.expectation = rows_here
         if args.project:
@@ -415,10 +425,6 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
                   f"{projected[0]['model']} at full depth")
             print(format_table(projected))
             rows.extend({**r, "projected": True} for r in projected)
-    if ranks > 1 and not engine_on_cuda(spec):
-        print(f"\nsimulated for this machine: not shown for {ranks} ranks that share this "
-              f"CPU (the simulator gives every rank lanes of its own); a one-rank run "
-              f"(--gpus 1) prints it beside the measured table")
     if proxy is not None:
         rows.extend(print_projection(proxy, configs, strategies, ranks, rows))
     if args.out:

@@ -14,9 +14,15 @@ kernels reach alone. The profiles are written beside the run's files (OUT/profil
 the mean; OUT/profiles/<strategy>.json, with that strategy's rates) so
 `python -m zfbench.simulate --profile` can replay them.
 
-Several ranks that share this CPU are not simulated here: the simulator's emulated lanes
-give every rank cores of its own, which 4 ranks on 2 cores do not have, so the run says
-so instead of printing a comparison that would mislead.
+Several ranks on this CPU (`--gpus 4` without a GPU, every rank a replica sharing the
+machine's cores) are simulated as they run: rank 0 measures the profile and the rates
+alone while the other ranks wait at a barrier (a rank's lanes with the threads the engine
+gives each rank, `zfbench.real.distributed.rank_threads`), every rank then times the
+engine's own all-reduce and all-gather together (zfbench.real.collective_probe), and the
+simulator runs the ranks on the machine's cores (zfbench.sims.emulated.cpu_share: busy
+lanes' threads share the cores) with the gloo collectives measured. With CUDA the ranks
+have GPUs of their own and the expectation is not printed (zfbench.validate covers one
+GPU).
 
 Part of the command `python -m zfbench.run`: like the command, it imports real/ and sims/
 (docs/design.md's arrows).
@@ -34,12 +40,46 @@ PROBE_REPEATS = 3  # host and link rates around each strategy: median of this ma
 class Calibration:
     """This machine's profile for one run, measured around it: `begin()` before the first
     strategy, `around(strategy)` (a context) around each, `finish(out)` after the last;
-    then `paths[strategy]` is the profile each strategy is simulated with."""
+    then `paths[strategy]` is the profile each strategy is simulated with. With several
+    ranks (`ctx`, a launched run) every rank calls each of them; rank 0 measures (module
+    docstring) and alone gets the paths."""
 
-    def __init__(self, spec) -> None:
+    def __init__(self, spec, ctx=None, cores: int | None = None) -> None:
         self.spec = spec
+        self.ctx = ctx if ctx is not None and ctx.active else None
+        self.lead = self.ctx is None or self.ctx.rank == 0
+        self.cores = cores  # the machine's cores the ranks share (None: bound apart)
         self.rates: dict[str, dict] = {}
         self.paths: dict[str, Path] = {}
+        self.collectives: list[dict] = []
+
+    def _rank_spec(self):
+        """The spec with each lane's threads as the engine gives them on one of the ranks."""
+        from dataclasses import replace
+
+        from zfbench.real.distributed import rank_threads
+
+        if self.ctx is None:
+            return self.spec
+        device, host = rank_threads(self.ctx.world)
+        return replace(self.spec, device_threads=self.spec.device_threads or device,
+                       host_threads=self.spec.host_threads or host)
+
+    def _sync(self, op: str) -> None:
+        if self.ctx is not None:
+            from zfbench.real.distributed import barrier
+
+            barrier(self.ctx, op)
+
+    def _time_collectives(self) -> None:
+        if self.ctx is None:
+            return
+        from zfbench.real.collective_probe import measure_collectives
+        from zfbench.real.flat import device_dtype
+
+        cfg = self.spec.engine_config("device", self.ctx.world)
+        self.collectives.append(measure_collectives(
+            self.ctx, self.spec.shape().total_params, device_dtype(cfg.precision)))
 
     def begin(self) -> None:
         from zfbench.real.engine import resolve_device
@@ -47,29 +87,47 @@ class Calibration:
         from zfbench.real.profile import measure_profile
         from zfbench.real.rate_probe import RateProbe
 
-        self.before = measure_profile(self.spec)
-        cal = self.before["calibration"]
-        self.probe = RateProbe(self.spec.shape().total_params,
-                               device_dtype(cal["precision"]), cal["host_threads"],
-                               device=resolve_device(self.spec.device))
+        if self.lead:
+            self.before = measure_profile(self._rank_spec())
+            cal = self.before["calibration"]
+            self.probe = RateProbe(self.spec.shape().total_params,
+                                   device_dtype(cal["precision"]), cal["host_threads"],
+                                   device=resolve_device(self.spec.device))
+        self._sync("calibration_begin")
+        self._time_collectives()
+
+    def _probe_alone(self) -> dict | None:
+        """Rank 0's host and link rates while the other ranks wait."""
+        self._sync("rate_probe")
+        rates = self.probe.measure(PROBE_REPEATS) if self.lead else None
+        self._sync("rate_probe_done")
+        return rates
 
     @contextmanager
     def around(self, strategy: str):
         from zfbench.real.profile import mean_profile
 
-        ahead = self.probe.measure(PROBE_REPEATS)
+        ahead = self._probe_alone()
         yield
-        self.rates[strategy] = mean_profile([ahead, self.probe.measure(PROBE_REPEATS)])
+        after = self._probe_alone()
+        if self.lead:
+            self.rates[strategy] = mean_profile([ahead, after])
 
-    def finish(self, out: Path) -> Path:
+    def finish(self, out: Path) -> Path | None:
         """Write OUT/profile.json (the mean of before and after) and one profile per
-        strategy; return the mean's path."""
+        strategy; return the mean's path (None on ranks other than 0)."""
         from zfbench.core.trace import write_json_atomic
         from zfbench.real.profile import mean_profile, measure_profile, with_rates
 
+        self._time_collectives()
+        if not self.lead:
+            return None
         self.probe.close()
         del self.probe
-        profile = mean_profile([self.before, measure_profile(self.spec)])
+        profile = mean_profile([self.before, measure_profile(self._rank_spec())])
+        if self.ctx is not None:  # the ranks' collectives and the cores they share
+            profile = with_rates(profile, {**mean_profile(self.collectives),
+                                           "cpu_cores": self.cores})
         path = out / "profile.json"
         write_json_atomic(path, profile)
         for strategy, rates in self.rates.items():
@@ -78,24 +136,20 @@ class Calibration:
         return path
 
 
-def expect_here(spec, configs: dict, strategies: list[str], profiles: dict) -> list[dict]:
+def expect_here(spec, configs: dict, strategies: list[str], profiles: dict,
+                ranks: int = 1) -> list[dict]:
     """Simulate each strategy with its profile (`profiles[strategy]`, a path) at the
-    run's shape, steps and ZenFlow knobs: one row per strategy
+    run's shape, steps, ranks and ZenFlow knobs: one row per strategy
     (zfbench.simulate_report.summary_row)."""
-    from zfbench.run_report import zenflow_knobs
-    from zfbench.sims.costs import SimSettings
+    from zfbench.sims.settings import for_engine_run
     from zfbench.sims.simulator import simulate, steps_needed
     from zfbench.simulation import summary_row
 
     rows = []
     for strategy in strategies:
-        profile_path = profiles[strategy]
-        cfg = configs[strategy]
-        knobs = zenflow_knobs(cfg.zenflow)
-        settings = SimSettings(model=spec.model, layers=spec.layers, gpus=1,
-                               micro_batch=spec.batch, seq=spec.seq,
-                               precision=cfg.precision, transfers="full",
-                               profile=str(profile_path), steps=spec.steps, **knobs)
+        settings = for_engine_run(configs[strategy], model=spec.model, layers=spec.layers,
+                                  gpus=ranks, micro_batch=spec.batch, seq=spec.seq,
+                                  profile=str(profiles[strategy]), steps=spec.steps)
         settings = settings.with_(steps=max(settings.steps, steps_needed(settings)))
         rows.append(summary_row(simulate(settings, strategy)))
     return rows
@@ -159,7 +213,22 @@ def describe_lanes(profile: dict) -> str:
     if None not in factors:
         parts.append(f"while both lanes run, compute goes at {factors[0]:.2f}x and host "
                      f"work at {factors[1]:.2f}x of their rates alone")
+    ranks = cal.get("collective_ranks")
+    if ranks:
+        cores = cal.get("cpu_cores")
+        threads = ranks * (cal["device_threads"] + cal["host_threads"])
+        parts.append((f"{ranks} ranks' {threads} lane threads share {cores} core(s)"
+                      if cores else f"{ranks} ranks, each bound to cores of its own") +
+                     f"; gloo all-reduce {_gb_per_s(cal['allreduce_s_per_byte'])} and "
+                     f"all-gather {_gb_per_s(cal['allgather_s_per_byte'])} of the "
+                     f"buffer (+{1e3 * cal['allreduce_s_fixed']:.1f} and "
+                     f"+{1e3 * cal['allgather_s_fixed']:.1f} ms each), measured with every "
+                     f"rank in them")
     return "; ".join(parts)
+
+
+def _gb_per_s(seconds_per_byte: float) -> str:
+    return f"{1e-9 / seconds_per_byte:.2f} GB/s" if seconds_per_byte > 0 else "no per-byte cost"
 
 
 def verdict(pairs: list[dict], target: float = 0.8) -> str | None:
@@ -182,12 +251,12 @@ def verdict(pairs: list[dict], target: float = 0.8) -> str | None:
 
 
 def print_expectation(spec, configs: dict, strategies: list[str], measured: list[dict],
-                      profile_path: Path, profiles: dict) -> list[dict]:
+                      profile_path: Path, profiles: dict, ranks: int = 1) -> list[dict]:
     """The simulator's expectation for this machine beside each measured strategy
     (zfbench.run_expect), what the lanes are, and whether ZenFlow reached its target."""
     import json
 
-    pairs = side_by_side(measured, expect_here(spec, configs, strategies, profiles))
+    pairs = side_by_side(measured, expect_here(spec, configs, strategies, profiles, ranks))
     print(f"\nSIMULATED FOR THIS MACHINE (the profiles measured around the run, "
           f"{profile_path.parent / 'profiles'}), beside the measured run:")
     print(format_expectation(pairs))

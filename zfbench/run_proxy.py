@@ -163,8 +163,8 @@ def project_to_node(record: dict, configs: dict, strategies: list[str],
     ZenFlow knobs, host accumulation at the measured rate ratio: (one row per strategy,
     the settings and what carried over)."""
     from zfbench.report import add_speedups
-    from zfbench.run_report import zenflow_knobs
     from zfbench.sims.costs import CostModel, SimSettings
+    from zfbench.sims.settings import zenflow_knobs
     from zfbench.sims.simulator import simulate, steps_needed
     from zfbench.simulation import summary_row
 

@@ -215,33 +215,17 @@ def write_outputs(out: Path, rows: list[dict], results: dict, meta: dict) -> Non
         land(staging, out)
 
 
-def zenflow_knobs(zf) -> dict:
-    """The simulator's ZenFlow knobs (SimSettings fields) from an engine config's ZenFlow
-    section (None: none); a select interval of "auto" keeps the simulator's default."""
-    if zf is None:
-        return {}
-    knobs = {"topk_ratio": zf.topk_ratio, "update_interval": zf.update_interval,
-             "overlap_step": zf.overlap_step}
-    if isinstance(zf.select_interval, int):
-        knobs["select_interval"] = zf.select_interval
-    return knobs
-
-
 def project(spec, shape, strategies: list[str], profile_path: Path) -> list[dict]:
     """Simulate the full-depth model with the slice's profile: one row per strategy, the
     simulator's summary columns (zfbench.simulation.summary_row)."""
-    from zfbench.sims.costs import SimSettings
+    from zfbench.sims.settings import for_engine_run
     from zfbench.sims.simulator import simulate, steps_needed
     from zfbench.simulation import summary_row as simulated_row
 
     full = shape.name.split("[")[0]
-    config = spec.engine_config("zenflow")
-    zf = config.zenflow
-    settings = SimSettings(model=full, layers=None, gpus=1, micro_batch=spec.batch,
-                           seq=spec.seq, precision=config.precision, transfers="full",
-                           profile=str(profile_path), steps=max(spec.steps, 24),
-                           topk_ratio=zf.topk_ratio, update_interval=zf.update_interval,
-                           overlap_step=zf.overlap_step, select_interval=0)
+    settings = for_engine_run(spec.engine_config("zenflow"), model=full, layers=None,
+                              gpus=1, micro_batch=spec.batch, seq=spec.seq,
+                              profile=str(profile_path), steps=max(spec.steps, 24))
     need = steps_needed(settings)
     rows = [{**simulated_row(simulate(settings, strategy)), "model": full,
              "steps_needed": need, "too_short": settings.steps < need}

@@ -57,7 +57,7 @@ from zfbench.real.flat import device_dtype
 from zfbench.real.profile import mean_profile, measure_profile, with_rates
 from zfbench.real.rate_probe import RateProbe
 from zfbench.real.runner import RunSpec, train
-from zfbench.sims.costs import SimSettings
+from zfbench.sims.settings import for_engine_run
 from zfbench.sims.simulator import simulate
 from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, fail, positive_int
 from zfbench.core.config import SCENARIO_ZENFLOW, STRATEGIES
@@ -84,13 +84,12 @@ def measure_cell(spec: RunSpec, strategy: str, pair, progress: bool):
 def simulate_cell(spec: RunSpec, strategy: str, pair, profile_path: Path, skip: int, tl):
     """Simulate one cell with the shape's profile; compare it with the measured timeline."""
     measured = summarize(tl.spans_frame(), tl.steps_frame(), skip)
-    settings = SimSettings(model=spec.model, layers=spec.layers, gpus=1,
-                           micro_batch=spec.batch, seq=spec.seq,
-                           precision=spec.engine_config(strategy).precision,
-                           transfers="full", profile=str(profile_path), steps=spec.steps,
-                           topk_ratio=pair[0], update_interval=pair[1],
-                           overlap_step=SCENARIO_ZENFLOW["overlap_step"],
-                           select_interval=SCENARIO_ZENFLOW["select_interval"])
+    config = replace(spec, overrides=zenflow_overrides(*pair)).engine_config("zenflow")
+    # every strategy with the pair's ZenFlow knobs, as before (only zenflow reads them)
+    settings = for_engine_run(config, model=spec.model, layers=spec.layers, gpus=1,
+                              micro_batch=spec.batch, seq=spec.seq,
+                              profile=str(profile_path), steps=spec.steps,
+                              precision=spec.engine_config(strategy).precision)
     sim = simulate(settings, strategy).timeline
     simulated = summarize(sim.spans_frame(), sim.steps_frame(), skip)
     diffs = signature_diff(schedule_signature(tl.spans_frame(), skip, spec.steps - 1),
