@@ -81,7 +81,8 @@ real-model: real-model-setup
 # real size, a profile and a prediction, all under bench/results/gpu/<gpu-name>/
 # (bench/gpu_check.sh says what each file is). It uses the python that already holds a
 # CUDA torch (GPU_PY, default python3) and needs no venv; pure-Python dependencies it lacks
-# come from ./wheels when there (`make wheels`), else from the package index.
+# come from ./wheels when there (`make wheels`), else from the package index, and it
+# installs this checkout into that python in editable mode, without dependencies.
 gpu-check:
 	bash bench/gpu_check.sh
 
@@ -91,4 +92,4 @@ wheels:
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --platform any \
 	  --python-version 3.10 --implementation py -d wheels \
 	  'simpy>=4.1,<5' 'tqdm>=4.60' 'hypothesis>=6.80' sortedcontainers attrs \
-	  'pytest>=7' iniconfig pluggy packaging pygments
+	  'pytest>=7' iniconfig pluggy packaging pygments 'setuptools>=64' wheel

@@ -35,6 +35,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from zfbench.core.config_zenflow import DEFAULT_TOPK_RATIO
 from zfbench.core.schedule import topk_count
 
 FRACTIONS = (0.01, 0.05, 0.10)
@@ -170,8 +171,8 @@ def overlap_pairs(colnorms: pd.DataFrame, fraction: float, score: str = "sq_norm
         "random": np.repeat([p[6] for p in parts], n)})
 
 
-def locality_table(colnorms: pd.DataFrame, fraction: float = 0.1, max_d: int = 64,
-                   score: str = "sq_norm") -> pd.DataFrame:
+def locality_table(colnorms: pd.DataFrame, fraction: float = DEFAULT_TOPK_RATIO,
+                   max_d: int = 64, score: str = "sq_norm") -> pd.DataFrame:
     """kind, d, overlap, jaccard, pairs, random_overlap: mean over matrices of that kind
     and start steps t of |A_t & A_t+d| / k and |A & B| / |A | B|, for d = 1..max_d
     (recorded steps must be consecutive for d to be in steps). Also kind "all"."""
@@ -195,7 +196,7 @@ def locality_table(colnorms: pd.DataFrame, fraction: float = 0.1, max_d: int = 6
     return agg[["kind", "d", "overlap", "jaccard", "pairs", "random_overlap"]]
 
 
-def reselection_table(colnorms: pd.DataFrame, fraction: float = 0.1,
+def reselection_table(colnorms: pd.DataFrame, fraction: float = DEFAULT_TOPK_RATIO,
                       intervals=(1, 2, 4, 8, 16, 32, 64), score: str = "l1_norm") -> pd.DataFrame:
     """kind, select_interval, reselections, changed_fraction, changed_columns: selecting
     at steps 0, S, 2S, ... (by `score`, L1 as ZenFlow does), the mean share of the k
@@ -220,7 +221,7 @@ def reselection_table(colnorms: pd.DataFrame, fraction: float = 0.1,
 
 
 # -- spatial locality and heatmaps ---------------------------------------------------
-def spatial_share(sq_grad, fraction: float = 0.1) -> float:
+def spatial_share(sq_grad, fraction: float = DEFAULT_TOPK_RATIO) -> float:
     """Of the energy (g^2) held by the top `fraction` of a matrix's elements, the share
     that lies in its top `fraction` of columns (by column squared norm)."""
     g = np.asarray(sq_grad, dtype=np.float64)

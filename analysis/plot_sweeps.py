@@ -5,7 +5,7 @@ the update interval and the top-k ratio (6), selection traffic of per-column sco
 against a full-gradient all-gather (7), multi-GPU scaling (8) and step-time sensitivity
 to the top-k ratio and the update interval (9).
 
-Inputs are DataFrames with the columns of `zfbench.simulate.summary_row` (`step_time_s`,
+Inputs are DataFrames with the columns of `zfbench.simulation.summary_row` (`step_time_s`,
 `compute_s`, `exposed_io_s`, `host_wait_s`, `stall_s`, `pcie_bytes_per_step_over_model_bytes`,
 `fits` ...) plus the labels that say which case a row is (`node`, `model`, `series`,
 `gpus`, the swept knob). Each figure has a `*_facts` function returning the numbers its

@@ -171,14 +171,16 @@ def parse_shapes(text: str) -> list[tuple]:
 
 
 def main(argv=None) -> int:
+    from zfbench.core.config_zenflow import SCENARIO_ZENFLOW
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=DEFAULT_SHAPES,
                     help="comma list of NAME:BATCH:SEQ (NAME from zfbench.core.models)")
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
-    ap.add_argument("--topk-ratio", type=float, default=0.1)
-    ap.add_argument("--update-interval", type=int, default=4)
-    ap.add_argument("--select-interval", type=int, default=0)
+    ap.add_argument("--topk-ratio", type=float, default=SCENARIO_ZENFLOW["topk_ratio"])
+    ap.add_argument("--update-interval", type=int, default=SCENARIO_ZENFLOW["update_interval"])
+    ap.add_argument("--select-interval", type=int, default=SCENARIO_ZENFLOW["select_interval"])
     ap.add_argument("--warmup-windows", type=int, default=2)
     ap.add_argument("--windows", type=int, default=6, help="steady windows of U steps")
     ap.add_argument("--lr", type=float, default=1e-4)

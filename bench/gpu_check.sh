@@ -3,9 +3,11 @@
 # fresh clone (issue 14, item 5). Uses the python that already holds a CUDA torch
 # (GPU_PY, default python3; no venv, nothing of torch installed), the pure-Python
 # dependencies it lacks from ./wheels (`make wheels` on a machine with a package index)
-# or else from the index, and the sources of this checkout, not installed: a link tree in
-# .gpu-site/src/zfbench maps real/, sims/ and analysis/ to zfbench.real, .sims, .analysis
-# as pyproject's package-dir does for an install (PYTHONPATH, no setuptools needed).
+# or else from the index (into .gpu-site, on PYTHONPATH), and this checkout installed
+# into that python in editable mode without dependencies (`pip install --no-deps -e .`,
+# as `make setup` does in .venv): pyproject's package-dir maps real/, sims/ and analysis/
+# to zfbench.real, .sims and .analysis, so the commands and the tests import this
+# checkout's sources (any Python 3.10+).
 # Writes bench/results/gpu/<gpu-name>/: machine.txt (nvidia-smi, torch, CPU), and per
 # step its log and files:
 #   cuda_tests.log             tests/test_cuda.py (CUDA against the CPU engine, resume,
@@ -55,17 +57,32 @@ if [ -n "$missing" ]; then
       echo "gpu-check: no package index here: run 'make wheels' on a machine with one and copy ./wheels" >&2; exit 2; }
   fi
 fi
-SRC="$PWD/.gpu-site/src"
-rm -rf "$SRC" && mkdir -p "$SRC/zfbench"
-for entry in "$PWD"/zfbench/*; do ln -s "$entry" "$SRC/zfbench/"; done
-for part in real sims analysis; do ln -s "$PWD/$part" "$SRC/zfbench/$part"; done
-export PYTHONPATH="$SRC${SITE:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}"
-# `python -m` puts the working directory first on sys.path, where ./zfbench (the commands
-# alone, without real/ sims/ analysis/) would hide the link tree: keep it off (3.11+)
-export PYTHONSAFEPATH=1
-if ! $PY -c "import zfbench.real, zfbench.sims, zfbench.analysis" 2>/dev/null; then
-  echo "gpu-check: $PY cannot import zfbench.real from the link tree ($SRC); needs Python 3.11+" >&2
-  exit 2
+[ -z "$SITE" ] || export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+this_checkout() {  # zfbench, zfbench.real, .sims and .analysis resolve to this checkout
+  $PY - "$PWD" <<'PYEOF'
+import importlib.util, pathlib, sys
+root = pathlib.Path(sys.argv[1]).resolve()
+want = {"zfbench": "zfbench", "zfbench.real": "real", "zfbench.sims": "sims",
+        "zfbench.analysis": "analysis"}
+def origin(name):
+    try:
+        spec = importlib.util.find_spec(name)
+    except ImportError:
+        return None
+    return pathlib.Path(spec.origin).resolve() if spec and spec.origin else None
+sys.exit(0 if all(origin(n) == root / f / "__init__.py" for n, f in want.items()) else 1)
+PYEOF
+}
+if ! this_checkout; then
+  echo "gpu-check: installing this checkout into $PY (pip install --no-deps -e .)"
+  FROM=()
+  [ -d wheels ] && FROM=(--no-index --find-links wheels)
+  # the python's own setuptools (>= 64) builds it; else pip fetches one (./wheels or index)
+  $PY -m pip install -q ${FROM[@]+"${FROM[@]}"} --no-deps --no-build-isolation -e . 2>/dev/null ||
+    $PY -m pip install -q ${FROM[@]+"${FROM[@]}"} --no-deps -e . || {
+      echo "gpu-check: could not install this checkout into $PY (it needs setuptools >= 64: 'make wheels' carries it)" >&2; exit 2; }
+  this_checkout || {
+    echo "gpu-check: $PY does not import zfbench.real from this checkout after the install" >&2; exit 2; }
 fi
 export PYTHONUNBUFFERED=1
 NAME=$($PY -c "import torch, re; print(re.sub(r'[^A-Za-z0-9._-]+', '-', torch.cuda.get_device_name()))")

@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from zfbench.core.config_zenflow import DEFAULT_TOPK_RATIO  # noqa: E402
 from zfbench.core.provenance import provenance  # noqa: E402
 from zfbench.core.schedule import topk_count  # noqa: E402
 from zfbench.core.trace import write_csv_atomic, write_json_atomic  # noqa: E402
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--elems", default="16M", help="elements of each flat buffer")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", default="1,2")
-    p.add_argument("--topk-ratio", type=float, default=0.1)
+    p.add_argument("--topk-ratio", type=float, default=DEFAULT_TOPK_RATIO)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = p.parse_args(argv)
     n = parse_size(args.elems)

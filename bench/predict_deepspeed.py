@@ -40,7 +40,7 @@ import pandas as pd  # noqa: E402
 from zfbench.sims.costs import SimSettings, SimSettingsError  # noqa: E402
 from zfbench.predict_fit import infer, on_hardware_file  # noqa: E402
 from zfbench.predict_inputs import read_deepspeed_log  # noqa: E402
-from zfbench.simulate import run  # noqa: E402
+from zfbench.simulation import run  # noqa: E402
 
 MODES = {"zenflow_seq": False, "zenflow_overlap": True}
 

@@ -325,15 +325,17 @@ def print_table(result: dict) -> None:
 
 
 def main(argv=None) -> int:
+    from zfbench.core.config_zenflow import SCENARIO_ZENFLOW
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="opt-350m")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--modes", default="overlap,sequential")
-    ap.add_argument("--topk-ratio", type=float, default=0.1)
-    ap.add_argument("--update-interval", type=int, default=4)
-    ap.add_argument("--select-interval", type=int, default=0)
+    ap.add_argument("--topk-ratio", type=float, default=SCENARIO_ZENFLOW["topk_ratio"])
+    ap.add_argument("--update-interval", type=int, default=SCENARIO_ZENFLOW["update_interval"])
+    ap.add_argument("--select-interval", type=int, default=SCENARIO_ZENFLOW["select_interval"])
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--clip", type=float, default=0.0, help="gradient_clipping (both)")
     ap.add_argument("--rounds", type=int, default=8)

@@ -42,6 +42,7 @@ from zfbench.real.inplace_grads import InplaceGrads
 from zfbench.real.model import build_model
 from zfbench.real.rate_probe import Clock, RateProbe, lane_contention, median_time
 from zfbench.real.runner import RunSpec, batches
+from zfbench.core.config_zenflow import DEFAULT_TOPK_RATIO
 from zfbench.core.models import get_model
 from zfbench.core.provenance import machine
 from zfbench.core.schedule import topk_count
@@ -143,7 +144,8 @@ def _master_copy_s(flat_params, flat_grads, repeats: int, device=None) -> float:
     return median_time(copies, repeats, device)
 
 
-def measure_profile(spec: RunSpec, repeats: int = 5, topk_ratio: float = 0.1) -> dict:
+def measure_profile(spec: RunSpec, repeats: int = 5,
+                    topk_ratio: float = DEFAULT_TOPK_RATIO) -> dict:
     from zfbench.real.engine import default_thread_split, resolve_device
 
     shape = spec.shape()

@@ -28,7 +28,7 @@ has its own NIC), so the cost is a fixed duration on each rank's net lane.
 
 from __future__ import annotations
 
-from zfbench.core.hardware_types import NetLink
+from zfbench.core.hardware import NetLink
 
 
 def _ring(link: NetLink, ranks: int, nbytes: float, passes: int) -> float:

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from zfbench.simulate import main
-from zfbench.core.trace_files import columnar_format
+from zfbench.core.trace import columnar_format
 
 GOLDEN = Path(__file__).parent / "golden" / "simulate_default.csv"
 GOLDEN_COLUMNS = ["strategy", "step_time_s", "compute_s", "exposed_io_s", "host_wait_s",

@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 import zfbench.simulate as simulate_cmd
-import zfbench.core.trace_files as trace_files
+import zfbench.core.trace as trace_module
 from zfbench.sims.costs import STRATEGIES, SimSettings
 from zfbench.sims.simulator import default_skip_steps, simulate
 from zfbench.simulate import main
-from zfbench.simulate_report import TraceRule
-from zfbench.core.trace import LANES, OPS, Timeline, TraceSteps, merge_chrome_traces
-from zfbench.core.trace_files import columnar_format, write_chrome_trace
+from zfbench.simulation import TraceRule
+from zfbench.core.trace import (LANES, OPS, Timeline, TraceSteps, columnar_format,
+                                merge_chrome_traces, write_chrome_trace)
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--model", "qwen2.5-1.5b", "--layers", "2", "--quiet"]
@@ -159,7 +159,7 @@ def test_trace_steps_keep_the_first_and_the_last_of_each_rank():
 
 @pytest.mark.parametrize("steps", [None, TraceSteps(2, 3), TraceSteps(0, 1)])
 def test_streamed_trace_is_the_merged_trace(tmp_path, monkeypatch, steps):
-    monkeypatch.setattr(trace_files, "EVENTS_PER_CHUNK", 7)  # many chunks
+    monkeypatch.setattr(trace_module, "EVENTS_PER_CHUNK", 7)  # many chunks
     named = {"a": hand_timeline(), "b": simulate(SETTINGS.with_(steps=6), "zenflow").timeline}
     path = write_chrome_trace(tmp_path / "t.json", named, steps)
     assert json.loads(path.read_text()) == json.loads(json.dumps(merge_chrome_traces(named, steps)))

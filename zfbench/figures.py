@@ -14,7 +14,7 @@ and the index; a second run re-plots from the CSVs in seconds.
 Simulated data (`<out>/data/`, each with a `<name>.spec.json` holding the exact settings):
 `timeline_<strategy>.spans.csv` / `.steps.csv` (rank 0 of llama2-7b on a100-4x-gen4),
 `breakdown.csv`, `sweep_update_interval.csv`, `sweep_topk_ratio.csv`, `scaling.csv`
-(rows of `zfbench.simulate.summary_row` plus labels), `selection_traffic.csv` and
+(rows of `zfbench.simulation.summary_row` plus labels), `selection_traffic.csv` and
 `paper_predict.csv` (ZenFlow predicted from the paper's ZeRO-Offload bars, figure 5).
 Measured data (`--measured DIR`, default `<out>/data/measured/`; any .csv may be a
 .parquet; columns in detail in `analysis/plot_measured.py`, repeated in the README):
@@ -67,7 +67,7 @@ from zfbench.core import hardware
 from zfbench.core.strategies import SIM_STRATEGIES as STRATEGIES
 from zfbench.figures_data import TIMELINE_STRATEGIES, Dataset, generate, is_fresh
 from zfbench.figures_measure import measure_jobs, run_missing
-from zfbench.simulate import summary_row
+from zfbench.simulation import summary_row
 from zfbench.core.trace import SPAN_COLUMNS, STEP_COLUMNS
 
 NODES = ("a100-4x-gen4", "h100-4x-gen5")

@@ -57,6 +57,7 @@ import pandas as pd
 
 from zfbench.analysis import gradstats as gs
 from zfbench.cli_checks import zenflow_flags
+from zfbench.core.config_zenflow import DEFAULT_TOPK_RATIO
 
 
 def write_table(frame: pd.DataFrame, path: Path) -> Path:
@@ -71,7 +72,7 @@ def write_table(frame: pd.DataFrame, path: Path) -> Path:
         return csv
 
 
-def detail_rows(fraction: float = 0.1):
+def detail_rows(fraction: float = DEFAULT_TOPK_RATIO):
     def fn(step, name, kind, g2):
         rows = []
         for unit, values in (("column", g2.sum(0)), ("row", g2.sum(1)), ("element", g2)):
@@ -192,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--last-blocks", type=int, default=4,
                    help="train (and record) only the last N blocks' matrices; 0 = all "
                         "(smollm2-135m; tiny always records everything)")
-    p.add_argument(*zenflow_flags("topk_ratio"), dest="topk_ratio", type=float, default=0.1)
+    p.add_argument(*zenflow_flags("topk_ratio"), dest="topk_ratio", type=float,
+                   default=DEFAULT_TOPK_RATIO)
     p.add_argument("--max-d", type=int, default=16)
     p.add_argument("--detail-every", type=int, default=10)
     p.add_argument("--figure-blocks", type=int, default=3)

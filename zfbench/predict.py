@@ -46,9 +46,8 @@ from zfbench.predict_fit import Breakdown, Fit, infer, on_hardware_file
 from zfbench.sims.simulator import steps_needed
 from zfbench import predict_inputs
 from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, fail
-from zfbench.simulate import KNOBS, build_cases, parse_value, run
 from zfbench.report import fits_cell, json_ready, render, times
-from zfbench.simulate_report import write_outputs
+from zfbench.simulation import KNOBS, parse_value, run, write_outputs
 from zfbench.core.trace import write_csv_atomic, write_json_atomic
 
 PROG = "python -m zfbench.predict"
@@ -270,7 +269,7 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
         given = given_knobs(args)
         measured_zenflow = None
         if args.paper:
-            build_cases(given, [])  # the flags' values checked before any work
+            SimSettings(**given)  # the flags' values checked before any work
         else:
             if args.from_run is not None:
                 measured, settings, measured_zenflow = predict_inputs.read_run(args.from_run)

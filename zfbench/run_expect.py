@@ -140,10 +140,10 @@ def expect_here(spec, configs: dict, strategies: list[str], profiles: dict,
                 ranks: int = 1) -> list[dict]:
     """Simulate each strategy with its profile (`profiles[strategy]`, a path) at the
     run's shape, steps, ranks and ZenFlow knobs: one row per strategy
-    (zfbench.simulate_report.summary_row)."""
+    (zfbench.simulation.summary_row)."""
     from zfbench.sims.settings import for_engine_run
     from zfbench.sims.simulator import simulate, steps_needed
-    from zfbench.simulate_report import summary_row
+    from zfbench.simulation import summary_row
 
     rows = []
     for strategy in strategies:

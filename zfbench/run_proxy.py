@@ -149,7 +149,7 @@ def node_regime(model: str = "llama2-7b", ranks: int = 4) -> float:
     from zfbench.core.models import get_model
     from zfbench.sims.costs import SimSettings
     from zfbench.sims.simulator import simulate, steps_needed
-    from zfbench.simulate_report import summary_row
+    from zfbench.simulation import summary_row
 
     settings = SimSettings(model=model, gpus=ranks)
     settings = settings.with_(steps=max(steps_needed(settings), 8))
@@ -166,7 +166,7 @@ def project_to_node(record: dict, configs: dict, strategies: list[str],
     from zfbench.sims.costs import CostModel, SimSettings
     from zfbench.sims.settings import zenflow_knobs
     from zfbench.sims.simulator import simulate, steps_needed
-    from zfbench.simulate_report import summary_row
+    from zfbench.simulation import summary_row
 
     per_core = record["host_accum_elems_per_s"] / record["threads"]
     knobs = zenflow_knobs(configs["zenflow"].zenflow if "zenflow" in configs else None)

@@ -217,10 +217,10 @@ def write_outputs(out: Path, rows: list[dict], results: dict, meta: dict) -> Non
 
 def project(spec, shape, strategies: list[str], profile_path: Path) -> list[dict]:
     """Simulate the full-depth model with the slice's profile: one row per strategy, the
-    simulator's summary columns (zfbench.simulate_report.summary_row)."""
+    simulator's summary columns (zfbench.simulation.summary_row)."""
     from zfbench.sims.settings import for_engine_run
     from zfbench.sims.simulator import simulate, steps_needed
-    from zfbench.simulate_report import summary_row as simulated_row
+    from zfbench.simulation import summary_row as simulated_row
 
     full = shape.name.split("[")[0]
     settings = for_engine_run(spec.engine_config("zenflow"), model=full, layers=None,

@@ -55,9 +55,7 @@ memory.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
-import math
 import sys
 from pathlib import Path
 
@@ -68,45 +66,15 @@ from zfbench.cli_checks import (ZENFLOW_KNOBS, CliError, OneLineParser, check_ou
                                 check_profile, fail, zenflow_flags)
 from zfbench.core.provenance import machine
 from zfbench.report import format_table, staging_dir
-from zfbench.simulate_report import (TRACE_STEPS_DEFAULT, FilePlan, TraceRule, case_label,
-                                     summary_row, too_short_warning, write_outputs)
-from zfbench.simulate_runs import auto_jobs, run
-from zfbench.core.trace_files import columnar_format
+from zfbench.simulation import (DEFAULTS, KNOBS, TRACE_STEPS_DEFAULT, FilePlan, TraceRule,
+                                auto_jobs, case_label, parse_value, run, too_short_warning,
+                                write_outputs)
+from zfbench.core.trace import columnar_format
 
-__all__ = ["main", "run", "summary_row", "format_table", "parse_value", "parse_sweep"]
+__all__ = ["main", "parse_sweep"]
 
-DEFAULTS = SimSettings()
-KNOBS = {f.name: f.type for f in dataclasses.fields(SimSettings)}
 PROG = "python -m zfbench.simulate"
 ALIASES = {"batch": "micro_batch", "cores": "host_cores"}
-
-
-def parse_value(knob: str, text: str):
-    """Turn a flag or sweep value into the knob's type, with an error naming the knob."""
-    default = getattr(DEFAULTS, knob)
-    kind = str(KNOBS[knob])
-    try:
-        if "bool" in kind:
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if "int" in kind and "str" in kind:  # an integer or a word ("auto")
-            try:
-                return int(text)
-            except ValueError:
-                return text.strip()
-        if "int" in kind and "float" not in kind:
-            return None if text.lower() == "none" else int(text)
-        if "float" in kind:
-            value = None if text.lower() == "none" else float(text)
-            if value is not None and not math.isfinite(value):
-                raise ValueError
-            return value
-        return text if default is not None or text.lower() != "none" else None
-    except ValueError:
-        raise SimSettingsError(f"{knob}: cannot read {text!r} as {kind}") from None
 
 
 def parse_sweep(text: str) -> tuple[str, list]:

@@ -67,7 +67,8 @@ from zfbench import validate_published
 from zfbench.validate_shapes import (REGIMES, SIZING_SEQ, compute_s, fitting, host_adam_s,
                                      sized_shapes)
 
-PAIRS = ((0.1, 4), (0.25, 2))
+PAIRS = ((SCENARIO_ZENFLOW["topk_ratio"], SCENARIO_ZENFLOW["update_interval"]),  # the scenario
+         (0.25, 2))
 PROBE_REPEATS = 3  # host and link rates measured before and after each cell
 def zenflow_overrides(topk: float, interval: int) -> dict:
     """zfbench's ZenFlow scenario with one (topk_ratio, update_interval) pair."""

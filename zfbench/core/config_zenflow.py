@@ -3,7 +3,9 @@
 Keys, defaults and validation follow docs/zenflow.md ("The knobs"); `zfbench.core.config`
 parses the rest of the DeepSpeed config and re-exports everything here. Also owns
 `SCENARIO_ZENFLOW`, zfbench's own ZenFlow scenario (why it differs from these defaults:
-its comment).
+its comment), and `DEFAULT_TOPK_RATIO`, the one home of the default top-k ratio: the
+config's, the scenario's and every other default top-k ratio (commands, probes, gradient
+statistics) import it.
 """
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from zfbench.core.config_fields import (ConfigError, _bool, _check_keys, _choice
 
 # ---------------------------------------------------------------- ZenFlow section
 ZENFLOW_PREFIX = "zero_optimization.zenflow"
+# The share of each matrix's columns ZenFlow updates on the device at once, by default:
+# DeepSpeed's default `topk_ratio` and the ZenFlow paper's setting. Written here only.
+DEFAULT_TOPK_RATIO = 0.1
 
 
 def _check_zenflow_values(v: dict, prefix: str) -> None:
@@ -50,7 +55,7 @@ def _check_interval_order(s_steps: int, ui, prefix: str) -> None:
 @dataclass(frozen=True)
 class ZenFlowConfig:
     """`zero_optimization.zenflow`; constructing one validates it."""
-    topk_ratio: float = 0.1
+    topk_ratio: float = DEFAULT_TOPK_RATIO
     select_strategy: str = "auto"
     select_interval: int | str = "auto"
     update_interval: int | str = "auto"
@@ -110,7 +115,7 @@ def default_zenflow_config() -> ZenFlowConfig:
 # window, columns selected once (select_strategy "step", select_interval 0) - so that
 # simulated and measured runs follow the same steps whatever the gradients. Every knob not named here
 # (full_warm_up_rounds, auto_ratio, ...) keeps its ZenFlowConfig default.
-SCENARIO_ZENFLOW = {"topk_ratio": 0.1, "update_interval": 4, "overlap_step": True,
+SCENARIO_ZENFLOW = {"topk_ratio": DEFAULT_TOPK_RATIO, "update_interval": 4, "overlap_step": True,
                     "select_strategy": "step", "select_interval": 0}
 
 
