@@ -222,6 +222,16 @@ class SimSettings:
         return asdict(self)
 
 
+def fixed_interval(settings) -> int:
+    """The window length of `settings` (a SimSettings) in steps; "auto" only when it
+    resolves to one constant window (varying windows have no single period)."""
+    constant = settings.window_plan().constant
+    if constant is None:
+        raise SimSettingsError(f"one window length is needed; update_interval auto with "
+                               f"varying windows ({settings.auto_windows}) has none")
+    return constant
+
+
 def zenflow_knobs(zf: ZenFlowConfig | None, steps_per_epoch: int | None = None) -> dict:
     """The SimSettings fields an engine config's ZenFlow section fixes (None: none), as the
     engine runs them: the select interval resolved as real/zenflow.py resolves it

@@ -98,18 +98,6 @@ class WindowPlan:
                 "mean_window_steps": self.mean_window_steps(steps, W, S)}
 
 
-def fixed_interval(settings) -> int:
-    """The window length of `settings` (a SimSettings) in steps; "auto" only when it
-    resolves to one constant window (varying windows have no single period)."""
-    from zfbench.sims.costs import SimSettingsError  # costs imports this module
-
-    constant = settings.window_plan().constant
-    if constant is None:
-        raise SimSettingsError(f"one window length is needed; update_interval auto with "
-                         f"varying windows ({settings.auto_windows}) has none")
-    return constant
-
-
 def _positive_ints(values, where: str) -> tuple[int, ...]:
     out = []
     for v in values:

@@ -160,12 +160,7 @@ def test_every_module_imports_under_its_zfbench_name(package, folder):
 # Import circles still to be removed, each the exact set of modules of one circle, with
 # the issue that removes it. The checker fails on any other circle, on a listed one that
 # grew, and on a listed one that is gone (take it off this list).
-PENDING_CIRCLES = {
-    frozenset({"zfbench.sims.costs", "zfbench.sims.settings", "zfbench.sims.update_windows"}):
-        "issue 27, pending while issue 25 changes sims/costs.py: SimSettingsError lives "
-        "in costs, which imports settings, which imports update_windows, which raises "
-        "SimSettingsError",
-}
+PENDING_CIRCLES: dict = {}  # none left (issue 27 removed the last, sims/settings)
 
 
 def arrows(path: Path, package: str, known: set[str]) -> set[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel, SimSettings
-from zfbench.sims.update_windows import fixed_interval
+from zfbench.sims.settings import fixed_interval
 from zfbench.sims.host_step import CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM
 
 NEG = float("-inf")

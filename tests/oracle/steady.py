@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass
 
 from zfbench.sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
-from zfbench.sims.update_windows import fixed_interval
+from zfbench.sims.settings import fixed_interval
 
 from .parts import (_CONVERGED, _MAX_PERIODS, _TIE, NEG, _cycle_intervals, _dram_ok,
                     _fixed_point, _groups, _interferes, _Lane, _Terms)
