@@ -37,6 +37,7 @@ import torch
 
 from zfbench.real import kernels
 from zfbench.real.backend import CpuLanes, CudaBackend
+from zfbench.real.engine_protocol import StrategyForEngine
 from zfbench.real.flat import LOW_PRECISION, FlatLayout
 from zfbench.core.strategies import gradient_buckets_apply
 from zfbench.real.grad_buckets import GradBuckets
@@ -128,7 +129,7 @@ class Engine:
         # scaled)
         self.bucketed = gradient_buckets_apply(config.strategy, config.precision,
                                                config.overlap_comm)
-        self.strategy = STRATEGY_CLASSES[config.strategy](self)
+        self.strategy: StrategyForEngine = STRATEGY_CLASSES[config.strategy](self)
         self.buckets = None
         self.sent_down = None  # (host buffer, d2h event) of this step's bucketed d2h
         if self.bucketed:

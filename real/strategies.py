@@ -15,6 +15,9 @@ and bring parameters back up from the host worker (the h2d lane):
 With several ranks (ZeRO-2) the host state covers only the rank's shard of the flat
 buffer, the gradient clipping norm is summed over ranks on the host lane's own group, and
 each rank's updated shard is all-gathered into the device buffer before it is applied.
+
+What a strategy reads from and hands to the engine is the protocol of
+real/engine_protocol.py (`EngineForStrategy`, `StrategyForEngine`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 
 from zfbench.real import kernels
 from zfbench.real.distributed import allreduce_sum_
+from zfbench.real.engine_protocol import EngineForStrategy
 
 
 class Strategy:
@@ -35,8 +39,8 @@ class Strategy:
 
     name = "base"
 
-    def __init__(self, engine) -> None:
-        self.e = engine
+    def __init__(self, engine: EngineForStrategy) -> None:
+        self.e = engine  # the engine, as real/engine_protocol.py declares it
         self.B = engine.backend
         self.named = engine.named_params
         self.params = [p for _, p in self.named]
