@@ -250,9 +250,12 @@ def for_engine_run(config, steps_per_epoch: int | None = None, **fields) -> SimS
     """Settings that simulate a run of zfbench's engine with `config`
     (zfbench.core.config.EngineConfig) on a measured profile: its precision, every
     gradient down and parameter up as the engine's lanes move them (`transfers` "full"),
-    its ZenFlow knobs (`zenflow_knobs`); `fields` (model, layers, gpus, micro_batch, seq,
-    profile, steps, ...) give the rest."""
+    its ZenFlow knobs (`zenflow_knobs`), one rank per "switch" (on the CPU lanes a rank's
+    copies are its own threads' memory copies, as a profile's node says, not a link
+    shared with another rank); `fields` (model, layers, gpus, micro_batch, seq, profile,
+    steps, ...) give the rest."""
     return SimSettings(**{"precision": config.precision, "transfers": "full",
+                          "gpus_per_switch": 1,
                           **zenflow_knobs(config.zenflow, steps_per_epoch), **fields})
 
 
