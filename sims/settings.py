@@ -3,7 +3,9 @@
 This module owns every knob of a simulation (model, node, batch, precision, ZenFlow
 parameters, offload placement, steps) and the names a knob may take (transfer modes, where
 offloaded parameters live; the strategies and precisions are zfbench.core's, re-exported
-here, and the ZenFlow defaults are zfbench.core's scenario). `zfbench.sims.costs` turns
+here, and the defaults are zfbench.core's scenario: `SimSettings.scenario` is the run's
+model, batch, precision and ZenFlow knobs as one `zfbench.core.scenario.Scenario`, whose
+`GPU_NODE` gives their defaults). `zfbench.sims.costs` turns
 settings into costs and re-exports all of this (split out of costs.py for size). It also reads a
 measured profile's calibration (`load_calibration`), which both the checks here and the
 cost model need.
