@@ -37,6 +37,8 @@ from zfbench.core.config_build import build_config
 # config has no zero_optimization.zenflow section (announced in the config's notes)
 from zfbench.core.config_zenflow import SCENARIO_ZENFLOW
 from zfbench.core.models import ModelShape, get_model
+# the run's model, batch, precision and ZenFlow knobs; CPU_LANES: the default run's
+from zfbench.core.scenario import CPU_LANES, Scenario, zenflow_scenario
 
 # The config of a run given none: the strategy is set per run (a load_config override).
 DEFAULT_LR = 1e-4
@@ -46,11 +48,13 @@ DEFAULT_WEIGHT_DECAY = 0.01
 @dataclass
 class RunSpec:
     """What one measured run trains. `batch` and `grad_accum` None: the config's (1 when
-    there is no config); a value given here overrides the config's, as a CLI flag does."""
-    model: str = "tinyllama-1.1b"
-    layers: int | None = 1
+    there is no config); a value given here overrides the config's, as a CLI flag does.
+    Its model, batch, precision and ZenFlow knobs are a `zfbench.core.scenario.Scenario`
+    (`scenario`, `from_scenario`), by default the CPU lanes' (`CPU_LANES`)."""
+    model: str = CPU_LANES.model
+    layers: int | None = CPU_LANES.layers
     batch: int | None = None
-    seq: int = 8
+    seq: int = CPU_LANES.seq
     steps: int = 30  # optimizer steps (each of grad_accum micro-steps)
     seed: int = 0
     device: str = "auto"
@@ -58,7 +62,9 @@ class RunSpec:
     host_threads: int | None = None
     text: str | None = None  # a path, or "builtin" for the standard library's text
     config: dict | str | None = None  # DeepSpeed-style config (dict or JSON path)
-    precision: str | None = None  # "fp32" | "bf16" | "fp16"; None: the config's (fp32)
+    # "fp32" | "bf16" | "fp16"; None: the config's (fp32; python -m zfbench.run measures
+    # it when there is no config)
+    precision: str | None = CPU_LANES.precision
     overrides: dict = field(default_factory=dict)
     # ZenFlow knobs (zero_optimization.zenflow keys) for the zenflow strategy only, over
     # the config's section or, without one, over zfbench's scenario (SCENARIO_ZENFLOW)
@@ -72,6 +78,27 @@ class RunSpec:
             self.batch = cfg.micro_batch if self.batch is None else self.batch
             self.grad_accum = cfg.grad_accum if self.grad_accum is None else \
                 self.grad_accum
+
+    @classmethod
+    def from_scenario(cls, scenario: Scenario, **rest) -> "RunSpec":
+        """The RunSpec that trains `scenario` (its ZenFlow knobs over the config's section,
+        the select interval in steps); `rest` gives the other fields (steps, device,
+        config, ...; `zenflow` keys further knobs)."""
+        zenflow = {**dataclasses.asdict(scenario.zenflow), "select_strategy": "step",
+                   **rest.pop("zenflow", {})}
+        return cls(model=scenario.model, layers=scenario.layers, batch=scenario.micro_batch,
+                   seq=scenario.seq, grad_accum=scenario.grad_accum,
+                   precision=scenario.precision, zenflow=zenflow, **rest)
+
+    @property
+    def scenario(self) -> Scenario:
+        """The run's Scenario: model, layers, batch, seq and accumulation (the config's
+        where not given), the precision as given (None: the config's, or measured by the
+        run), and the ZenFlow knobs the zenflow strategy runs (`engine_config`)."""
+        zf = zenflow_scenario(self.engine_config("zenflow").zenflow)
+        return Scenario(model=self.model, layers=self.layers, micro_batch=self.batch,
+                        seq=self.seq, grad_accum=self.grad_accum, precision=self.precision,
+                        zenflow=zf)
 
     def shape(self) -> ModelShape:
         shape = get_model(self.model)
@@ -159,9 +186,12 @@ def batches(spec: RunSpec, vocab: int, rank: int = 0, world: int = 1):
 
 def train(spec: RunSpec, strategy: str, model: torch.nn.Module | None = None,
           progress: bool = True, dist: DistContext | None = None,
-          hazard_check: bool = False) -> RunResult:
+          hazard_check: bool = False, config: EngineConfig | None = None) -> RunResult:
+    """Train `strategy` on `spec`; `config`: its engine config where the caller has
+    resolved it already (`spec.engine_config(strategy, world)`)."""
     shape = spec.shape()
-    config = spec.engine_config(strategy, world=dist.world if dist is not None else 1)
+    if config is None:
+        config = spec.engine_config(strategy, world=dist.world if dist is not None else 1)
     torch.manual_seed(spec.seed)
     if model is None:
         model = build_model(shape, dtype=device_dtype(config.precision), seed=spec.seed)

@@ -3,7 +3,9 @@
 This module owns every knob of a simulation (model, node, batch, precision, ZenFlow
 parameters, offload placement, steps) and the names a knob may take (transfer modes, where
 offloaded parameters live; the strategies and precisions are zfbench.core's, re-exported
-here, and the ZenFlow defaults are zfbench.core's scenario). `zfbench.sims.costs` turns
+here, and the defaults are zfbench.core's scenario: `SimSettings.scenario` is the run's
+model, batch, precision and ZenFlow knobs as one `zfbench.core.scenario.Scenario`, whose
+`GPU_NODE` gives their defaults). `zfbench.sims.costs` turns
 settings into costs and re-exports all of this (split out of costs.py for size). It also reads a
 measured profile's calibration (`load_calibration`), which both the checks here and the
 cost model need.
@@ -15,8 +17,10 @@ from dataclasses import asdict, dataclass, replace
 
 from zfbench.sims.update_windows import WindowPlan, window_plan
 from zfbench.core import hardware, models
-from zfbench.core.config import SCENARIO_ZENFLOW, ConfigError, ZenFlowConfig, zenflow_from_dict
+from zfbench.core.config import ConfigError, ZenFlowConfig, zenflow_from_dict
 from zfbench.core.memory_model import PRECISIONS
+# the run's model, batch, precision and ZenFlow knobs, and the default scenario's values
+from zfbench.core.scenario import GPU_NODE, Scenario, zenflow_scenario
 # Every strategy; zero-infinity is simulated only (the real engine has no ZeRO-3 path).
 from zfbench.core.strategies import SIM_STRATEGIES as STRATEGIES  # noqa: F401
 # design: the paper's data path (unselected share down, unselected parameters up);
@@ -35,10 +39,17 @@ class SimSettingsError(ValueError):
     """A knob has an invalid value; the message names the knob and the valid values."""
 
 
+_ZF = GPU_NODE.zenflow
+
+
 @dataclass(frozen=True)
 class SimSettings:
-    model: str = "llama2-7b"
-    layers: int | None = None
+    """Every knob of one simulation. The run's own part (model, layers, micro_batch, seq,
+    grad_accum, precision and the ZenFlow knobs) is a `zfbench.core.scenario.Scenario`:
+    `scenario` reads it, `from_scenario` builds settings from one, and its defaults are
+    the GPU node's scenario (`GPU_NODE`); the flat fields keep their names."""
+    model: str = GPU_NODE.model
+    layers: int | None = GPU_NODE.layers
     # Ranks: `gpus` is the rank count of one node (nodes 1, gpus_per_node unset: today's
     # meaning). Several nodes: `nodes` N and `gpus_per_node` G give N x G ranks, and
     # `gpus` is then ignored unless it contradicts them (it must be left at its default
@@ -63,24 +74,24 @@ class SimSettings:
     bind_cores: bool = False
     net: str = "nvlink3"
     gpus_per_switch: int = 2
-    micro_batch: int = 1
-    seq: int = 1024
+    micro_batch: int = GPU_NODE.micro_batch
+    seq: int = GPU_NODE.seq
     # Micro-steps per optimizer step (DeepSpeed's gradient_accumulation_steps): each runs
     # forward and backward, and the offloading strategies send its gradients down and
     # accumulate them on the host; the last one ends with the strategy's update.
-    grad_accum: int = 1
-    precision: str = "bf16"
+    grad_accum: int = GPU_NODE.grad_accum
+    precision: str = GPU_NODE.precision
     mfu: float | None = None
     activation_checkpointing: bool = True
     # ZenFlow: zfbench's scenario (zfbench.core.config_zenflow.SCENARIO_ZENFLOW, which
     # says why it is not DeepSpeed's config defaults); warm-up rounds are DeepSpeed's.
-    topk_ratio: float = SCENARIO_ZENFLOW["topk_ratio"]
+    topk_ratio: float = _ZF.topk_ratio
     # steps, or "auto" (resolved by zfbench.sims.update_windows)
-    update_interval: int | str = SCENARIO_ZENFLOW["update_interval"]
+    update_interval: int | str = _ZF.update_interval
     auto_windows: str | None = None  # what "auto" resolves to: N, N1,N2,... or a windows.csv
-    select_interval: int = SCENARIO_ZENFLOW["select_interval"]  # steps
-    overlap_step: bool = SCENARIO_ZENFLOW["overlap_step"]
-    full_warm_up_rounds: int = ZenFlowConfig.full_warm_up_rounds
+    select_interval: int = _ZF.select_interval  # steps
+    overlap_step: bool = _ZF.overlap_step
+    full_warm_up_rounds: int = _ZF.full_warm_up_rounds
     steps: int = 40
     transfers: str = "design"
     bandwidth_scale: float = 1.0
@@ -211,6 +222,20 @@ class SimSettings:
         """The host windows: every `update_interval` steps, or what "auto" resolves to."""
         return window_plan(self.update_interval, self.auto_windows)
 
+    @property
+    def scenario(self) -> Scenario:
+        """The run's model, batch, precision and ZenFlow knobs, as one Scenario."""
+        return Scenario.from_flat(asdict(self), GPU_NODE)
+
+    @classmethod
+    def from_scenario(cls, scenario: Scenario, **rest) -> "SimSettings":
+        """Settings that simulate `scenario`; `rest` gives the other knobs (node, ranks,
+        steps, profile, ...), none of the scenario's."""
+        clash = sorted(set(rest) & set(scenario.flat()))
+        if clash:
+            raise SimSettingsError(f"{clash} belong to the scenario; give them there")
+        return cls(**scenario.flat(), **rest)
+
     def with_(self, **changes) -> "SimSettings":
         unknown = sorted(set(changes) - set(asdict(self)))
         if unknown:
@@ -240,10 +265,7 @@ def zenflow_knobs(zf: ZenFlowConfig | None, steps_per_epoch: int | None = None) 
     zfbench.validate build their settings through it (`for_engine_run`)."""
     if zf is None:
         return {}
-    return {"topk_ratio": zf.topk_ratio, "update_interval": zf.update_interval,
-            "overlap_step": zf.overlap_step,
-            "select_interval": zf.select_interval_steps(steps_per_epoch),
-            "full_warm_up_rounds": zf.full_warm_up_rounds}
+    return asdict(zenflow_scenario(zf, steps_per_epoch))
 
 
 def for_engine_run(config, steps_per_epoch: int | None = None, **fields) -> SimSettings:
@@ -253,10 +275,13 @@ def for_engine_run(config, steps_per_epoch: int | None = None, **fields) -> SimS
     its ZenFlow knobs (`zenflow_knobs`), one rank per "switch" (on the CPU lanes a rank's
     copies are its own threads' memory copies, as a profile's node says, not a link
     shared with another rank); `fields` (model, layers, gpus, micro_batch, seq, profile,
-    steps, ...) give the rest."""
-    return SimSettings(**{"precision": config.precision, "transfers": "full",
-                          "gpus_per_switch": 1,
-                          **zenflow_knobs(config.zenflow, steps_per_epoch), **fields})
+    steps, ...) give the rest. Built through the Scenario: the config's precision and
+    ZenFlow knobs, then the scenario's fields in `fields`, over the GPU node's."""
+    knobs = {"precision": config.precision, "transfers": "full", "gpus_per_switch": 1,
+             **zenflow_knobs(config.zenflow, steps_per_epoch), **fields}
+    scenario = Scenario.from_flat(knobs, GPU_NODE)
+    rest = {k: v for k, v in knobs.items() if k not in scenario.flat()}
+    return SimSettings.from_scenario(scenario, **rest)
 
 
 def node_knobs(name: str, gpus: int | None = None) -> dict:

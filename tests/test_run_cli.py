@@ -166,15 +166,16 @@ def test_hazard_check_runs_the_cpu_and_the_gpu_schedules(tmp_path, capsys):
 def test_the_memory_check_counts_zenflow_with_the_configs_top_k_ratio(tmp_path):
     """The refusal and the `fits` column use the same top-k ratio: the config's."""
     from zfbench.real.memory import estimate
-    from zfbench.run import build_parser, memory_topk, spec_from_args
+    from zfbench.run import build_parser, engine_configs, memory_topk, spec_from_args
 
     cfg = tmp_path / "ds.json"
     cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
         "stage": 2, "offload_optimizer": {"device": "cpu"},
         "zenflow": {"topk_ratio": 0.5, "update_interval": 4}}}))
     spec = spec_from_args(build_parser().parse_args(["--config", str(cfg)]))
-    assert memory_topk(spec, ["zero-offload", "zenflow"], 1) == {"topk_ratio": 0.5}
-    assert memory_topk(spec, ["zero-offload"], 1) == {}
+    both = engine_configs(spec, ["zero-offload", "zenflow"], 1)
+    assert memory_topk(both) == {"topk_ratio": 0.5}
+    assert memory_topk(engine_configs(spec, ["zero-offload"], 1)) == {}
     shape = get_model("tiny")
     assert estimate(shape, "zenflow", 1, 8, 2, topk_ratio=0.5).device_bytes > \
         estimate(shape, "zenflow", 1, 8, 2).device_bytes

@@ -53,6 +53,7 @@ simulator writes it), `<strategy>.steps.jsonl` (one line per step), the timeline
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from contextlib import nullcontext
@@ -64,7 +65,7 @@ from zfbench.real.runner import RunSpec, train
 from zfbench.cli_checks import (CliError, OneLineParser, add_zenflow_flags, check_input_file,
                                 check_out_dir, fail, positive_int, zenflow_flags,
                                 zenflow_given)
-from zfbench.core.config import STRATEGIES, ConfigError
+from zfbench.core.config import STRATEGIES, ConfigError, EngineConfig
 from zfbench.core.memory_model import element_bytes
 # SIMULATED_ONLY: strategies the simulator has and the engine does not (zero-infinity: no
 # ZeRO-3 path in real/); asking the engine for one is a one-line error naming the simulator
@@ -171,6 +172,13 @@ def check_gpu_count(world: int, use_cuda: bool) -> None:
 
 def spec_from_args(args, world: int = 1, strategies=STRATEGIES) -> RunSpec:
     """The run's settings: the --config file first, then only the flags given."""
+    return spec_and_configs(args, world, strategies)[0]
+
+
+def spec_and_configs(args, world: int = 1, strategies=STRATEGIES
+                     ) -> tuple[RunSpec, dict[str, EngineConfig]]:
+    """`spec_from_args`, and every strategy's engine config, resolved once (each is valid
+    before anything runs; a ConfigError names the flags given)."""
     for name in ("steps", "batch", "seq", "grad_accum", "layers", "device_threads",
                  "host_threads"):
         if getattr(args, name) is not None:
@@ -192,16 +200,19 @@ def spec_from_args(args, world: int = 1, strategies=STRATEGIES) -> RunSpec:
                    text=args.text, config=config, grad_accum=args.grad_accum, world=world,
                    precision=args.precision,  # None: the file's, else measured
                    zenflow=zenflow_given(args))
-    for strategy in strategies:  # every strategy's config is valid before anything runs
-        try:
-            spec.engine_config(strategy)
-        except ConfigError as err:
-            given = [f for f, v in (("--batch", args.batch), ("--grad-accum",
-                                    args.grad_accum), ("--gpus", args.gpus)) if v]
-            given += [zenflow_flags(k)[0] for k in spec.zenflow]
-            hint = f" ({' and '.join(given)} given on the command line)" if given else ""
-            raise ConfigError(err.key, str(err).split(": ", 1)[1] + hint) from None
-    return spec
+    try:
+        return spec, engine_configs(spec, strategies, world)
+    except ConfigError as err:
+        given = [f for f, v in (("--batch", args.batch), ("--grad-accum",
+                                args.grad_accum), ("--gpus", args.gpus)) if v]
+        given += [zenflow_flags(k)[0] for k in spec.zenflow]
+        hint = f" ({' and '.join(given)} given on the command line)" if given else ""
+        raise ConfigError(err.key, str(err).split(": ", 1)[1] + hint) from None
+
+
+def engine_configs(spec: RunSpec, strategies, world: int) -> dict[str, EngineConfig]:
+    """Each strategy's effective engine config for `spec` on `world` ranks."""
+    return {s: spec.engine_config(s, world) for s in strategies}
 
 
 def write_profile(spec: RunSpec, out: Path | None) -> Path:
@@ -231,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         world, launched = resolve_world(args)
         strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
-        spec = spec_from_args(args, world, strategies)
+        spec, configs = spec_and_configs(args, world, strategies)
+        validated = copy.copy(spec)  # the spec `configs` were resolved for
         shape = spec.shape()
         if args.hazard_check:
             if world > 1:
@@ -248,10 +260,10 @@ def main(argv: list[str] | None = None) -> int:
                              "them without --gpus" if args.project else
                              "--profile with CUDA measures one rank (a GPU of its own); "
                              "run it without --gpus")
-        first = spec.engine_config(strategies[0])
+        first = configs[strategies[0]]
         elem = element_bytes(first.precision)
         bucketed = buckets_on(first.precision, first.overlap_comm)
-        topk = memory_topk(spec, strategies, world)  # the config's, as `fits` reports it
+        topk = memory_topk(configs)  # the config's, as `fits` reports it
         given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
         args.proxy = json.loads(args.proxy_record) if args.proxy_record else None
         try:
@@ -288,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             args.proxy.update(measure_host_rates(shape.total_params, spec.precision or
                                                  first.precision, args.proxy["threads"]))
             argv = argv + ["--proxy-record", json.dumps(args.proxy)]
+        if spec != validated:  # a proxy, the GPU-sized run or the precision decided since
+            configs = engine_configs(spec, strategies, world)
     except (ValueError, ConfigError, UnknownModelError, InsufficientMemoryError,
             RuntimeError, KeyError) as err:
         return fail(err)
@@ -303,21 +317,21 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     if launched:
-        return run_rank(args, spec, shape, strategies, elem, use_cuda)
-    return run_all(args, spec, shape, strategies, elem)
+        return run_rank(args, spec, shape, strategies, elem, use_cuda, configs)
+    return run_all(args, spec, shape, strategies, elem, configs)
 
 
-def memory_topk(spec: RunSpec, strategies: list[str], world: int) -> dict:
+def memory_topk(configs: dict[str, EngineConfig]) -> dict:
     """The top-k ratio the memory check counts ZenFlow's device state with: the run's
     zenflow config's (as the `fits` column reports it), none without zenflow."""
-    if "zenflow" not in strategies:
+    if "zenflow" not in configs:
         return {}
-    return {"topk_ratio": spec.engine_config("zenflow", world).zenflow.topk_ratio}
+    return {"topk_ratio": configs["zenflow"].zenflow.topk_ratio}
 
 
 
 
-def run_rank(args, spec, shape, strategies, elem, use_cuda) -> int:
+def run_rank(args, spec, shape, strategies, elem, use_cuda, configs) -> int:
     """One rank of a launched multi-rank run; rank 0 reports and writes the files."""
     from zfbench.real.distributed import DistributedError, bind_cores, init_from_env, shutdown
 
@@ -328,7 +342,7 @@ def run_rank(args, spec, shape, strategies, elem, use_cuda) -> int:
         if ctx.rank != 0:
             args.quiet, args.out = True, None
         try:
-            return run_all(args, spec, shape, strategies, elem, ctx)
+            return run_all(args, spec, shape, strategies, elem, configs, ctx)
         except DistributedError as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
@@ -336,10 +350,11 @@ def run_rank(args, spec, shape, strategies, elem, use_cuda) -> int:
         shutdown()
 
 
-def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
+def run_all(args, spec, shape, strategies, elem, configs, ctx=None) -> int:
+    """Train every strategy with its config (`configs`, resolved for this run's ranks by
+    `main`), print the table and write the files (rank 0)."""
     lead = ctx is None or ctx.rank == 0
     ranks = 1 if ctx is None else ctx.world
-    configs = {s: spec.engine_config(s, ranks) for s in strategies}
     windows = {s: measurement_window(c) for s, c in configs.items()}
     skip = max(w[0] for w in windows.values())  # the same steps left out of every row
     proxy = getattr(args, "proxy", None)
@@ -392,7 +407,8 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
         calibration.begin()
     for strategy in strategies:
         with calibration.around(strategy) if calibration else nullcontext():
-            result = train(spec, strategy, progress=not args.quiet, dist=ctx)
+            result = train(spec, strategy, progress=not args.quiet, dist=ctx,
+                           config=configs[strategy])
         results[strategy] = result
         if not lead:
             continue
@@ -424,7 +440,8 @@ def run_all(args, spec, shape, strategies, elem, ctx=None) -> int:
             if args.out:
                 args.expectation = rows_here
         if args.project:
-            projected = project(spec, shape, strategies, profile_path)
+            projected = project(spec, shape, strategies, profile_path,
+                                configs.get("zenflow"))
             print(f"\nPROJECTED (simulated with the profile measured above, not measured): "
                   f"{projected[0]['model']} at full depth")
             print(format_table(projected))

@@ -1,18 +1,21 @@
 """The default scenario's fixed settings, shared by the run, its probes and the benches.
 
-The model and depth are `zfbench.real.runner.RunSpec`'s defaults (tinyllama-1.1b, 1 layer);
-the precision is measured on the emulated accelerator (`zfbench.run_probe`) and bf16 on
-CUDA (DEFAULT_PRECISION). On CUDA with no shape flag, `gpu_default` picks a GPU-sized run
+The model, depth and seq are the CPU lanes' scenario (`zfbench.core.scenario.CPU_LANES`,
+`zfbench.real.runner.RunSpec`'s defaults: tinyllama-1.1b, 1 layer, seq DEFAULT_SEQ); the
+precision is measured on the emulated accelerator (`zfbench.run_probe`) and bf16 on CUDA
+(DEFAULT_PRECISION, the GPU node's scenario's). On CUDA with no shape flag, `gpu_default` picks a GPU-sized run
 instead: the largest of GPU_MODELS that fits at full depth, batch GPU_BATCH x seq GPU_SEQ,
 for every strategy asked for (the `device` strategy keeps AdamW's fp32 state on the GPU,
 so it decides the size when it runs); `gpu_sized` turns that pick, checked against the
 GPU's memory, into the run's RunSpec.
 """
-DEFAULT_SEQ = 4
-DEFAULT_PRECISION = "bf16"
+from zfbench.core.scenario import CPU_LANES, GPU_NODE
+
+DEFAULT_SEQ = CPU_LANES.seq
+DEFAULT_PRECISION = GPU_NODE.precision
 
 GPU_MODELS = ("llama2-7b", "qwen2.5-1.5b", "tinyllama-1.1b", "opt-350m")
-GPU_SEQ = 1024
+GPU_SEQ = GPU_NODE.seq
 GPU_BATCH = 4
 
 

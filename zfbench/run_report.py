@@ -215,15 +215,17 @@ def write_outputs(out: Path, rows: list[dict], results: dict, meta: dict) -> Non
         land(staging, out)
 
 
-def project(spec, shape, strategies: list[str], profile_path: Path) -> list[dict]:
+def project(spec, shape, strategies: list[str], profile_path: Path,
+            config=None) -> list[dict]:
     """Simulate the full-depth model with the slice's profile: one row per strategy, the
-    simulator's summary columns (zfbench.simulation.summary_row)."""
+    simulator's summary columns (zfbench.simulation.summary_row); `config`: the zenflow
+    strategy's engine config where the caller has resolved it."""
     from zfbench.sims.settings import for_engine_run
     from zfbench.sims.simulator import simulate, steps_needed
     from zfbench.simulation import summary_row as simulated_row
 
     full = shape.name.split("[")[0]
-    settings = for_engine_run(spec.engine_config("zenflow"), model=full, layers=None,
+    settings = for_engine_run(config or spec.engine_config("zenflow"), model=full, layers=None,
                               gpus=1, micro_batch=spec.batch, seq=spec.seq,
                               profile=str(profile_path), steps=max(spec.steps, 24))
     need = steps_needed(settings)
