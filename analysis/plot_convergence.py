@@ -7,8 +7,8 @@ each seed as a dot (the form of the ZenFlow paper's accuracy bars), (b) the LM t
 held-out loss at the plateau, the same way, (c) time-to-quality: the held-out loss
 (mean over seeds) against the wall-clock its steps would take on the GPU node, each
 step costing the simulated step time of llama2-7b-class training under that strategy
-(`figures.py`'s `convergence_steps` dataset): the step times are simulated, the losses
-measured on SmolLM2-135M.
+(`zfbench/figures/command.py`'s `convergence_steps` dataset): the step times are
+simulated, the losses measured on SmolLM2-135M.
 """
 
 from __future__ import annotations

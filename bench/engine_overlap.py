@@ -35,7 +35,7 @@ RUNS = (("zero-offload", "zero-offload", True), ("zenflow", "zenflow", True),
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from zfbench.core.memory_model import element_bytes  # noqa: E402
 from zfbench.core.provenance import machine  # noqa: E402
-from zfbench.run_defaults import DEFAULT_SEQ  # noqa: E402
+from zfbench.run.defaults import DEFAULT_SEQ  # noqa: E402
 
 
 def measure(args) -> list[dict]:

@@ -6,8 +6,8 @@
 bench/ds_wallclock.py runs, per shape and repeat, in one process, DeepSpeed's ZeRO-Offload
 with `wall_clock_breakdown` and DeepSpeed's ZenFlow (sequential and `overlap_step`) on the
 same model and batches. This script reads each ZeRO-Offload log exactly as a user's log is
-read (`zfbench.predict_inputs.read_deepspeed_log`, its warm-up steps left out), infers the
-node from it (`zfbench.predict_fit`: one GPU, fp32, DeepSpeed's shipped data path), predicts
+read (`zfbench.predict.inputs.read_deepspeed_log`, its warm-up steps left out), infers the
+node from it (`zfbench.predict.fit`: one GPU, fp32, DeepSpeed's shipped data path), predicts
 DeepSpeed's ZenFlow in both modes, and reports the error of each prediction against the
 ZenFlow run of the same repeat (the runs beside it in time, on the same noisy machine).
 
@@ -38,8 +38,8 @@ if str(ROOT) not in sys.path:
 import pandas as pd  # noqa: E402
 
 from zfbench.sims.costs import SimSettings, SimSettingsError  # noqa: E402
-from zfbench.predict_fit import infer, on_hardware_file  # noqa: E402
-from zfbench.predict_inputs import read_deepspeed_log  # noqa: E402
+from zfbench.predict.fit import infer, on_hardware_file  # noqa: E402
+from zfbench.predict.inputs import read_deepspeed_log  # noqa: E402
 from zfbench.simulation import run  # noqa: E402
 
 MODES = {"zenflow_seq": False, "zenflow_overlap": True}

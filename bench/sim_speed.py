@@ -45,7 +45,7 @@ from zfbench.core.progress import progress  # noqa: E402
 from zfbench.sims.costs import STRATEGIES, SimSettings  # noqa: E402
 from zfbench.sims.simulator import simulate  # noqa: E402
 from zfbench.core.provenance import machine  # noqa: E402
-from zfbench.simulate import main as simulate_main  # noqa: E402
+from zfbench.simulate.command import main as simulate_main  # noqa: E402
 from zfbench.simulation import auto_jobs  # noqa: E402
 from zfbench.core.trace import write_json_atomic  # noqa: E402
 

@@ -65,7 +65,7 @@ class SimSettings:
     # Host gradient accumulation, elements/s per core on the core's own socket (the node's
     # NUMA factor and DRAM bandwidth still apply); None: zfbench.sims.host_step.
     # ACCUM_ELEMS_PER_CORE_S (a judgment). `python -m zfbench.run` sets it from the rate it
-    # measured with the engine's kernel (zfbench.run_proxy).
+    # measured with the engine's kernel (zfbench.run.proxy).
     host_accum_per_core: float | None = None
     # Each rank's host threads bound to its own cores (DeepSpeed's --bind_cores_to_rank,
     # off by default there and here): unbound, a rank's optimizer threads run on every

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-from zfbench.simulate import main as simulate_main
-from zfbench.validate import main as validate_main
+from zfbench.simulate.command import main as simulate_main
+from zfbench.validate.command import main as validate_main
 
 FAST = dict(max_examples=30, deadline=None,
             suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -121,7 +121,7 @@ BAD_VALIDATE = {
 @hsettings(**FAST)
 @given(flag=st.sampled_from(sorted(BAD_VALIDATE) + ["--out"]), data=st.data())
 def test_validate_refuses_a_bad_value_in_one_line(capsys, monkeypatch, flag, data):
-    import zfbench.validate as v
+    import zfbench.validate.command as v
     # a value that slipped through would start minutes of measuring: return 0 at once
     monkeypatch.setattr(v, "validate", lambda *args, **kwargs: 0)
     capsys.readouterr()

@@ -45,7 +45,7 @@ def test_builder_writes_only_what_it_is_given():
 def test_one_zenflow_scenario_for_simulator_runner_and_commands():
     from zfbench.real.runner import RunSpec
     from zfbench.sims.settings import SimSettings
-    from zfbench.validate import zenflow_overrides
+    from zfbench.validate.command import zenflow_overrides
     s = SimSettings()
     assert {k: getattr(s, k) for k in SCENARIO_ZENFLOW if k != "select_strategy"} == \
         {k: v for k, v in SCENARIO_ZENFLOW.items() if k != "select_strategy"}

@@ -160,9 +160,9 @@ def test_gradient_buckets_go_down_while_backward_runs():
 
 def test_gpu_sized_default_run_is_not_the_cpu_lane_shape():
     """On CUDA, `zfbench.run` with no flags trains a full-depth model at a real batch and
-    sequence (zfbench/run_defaults.py), not the one-layer CPU-lane slice."""
-    from zfbench.run import build_parser, spec_from_args
-    from zfbench.run_defaults import gpu_sized
+    sequence (zfbench/run/defaults.py), not the one-layer CPU-lane slice."""
+    from zfbench.run.command import build_parser, spec_from_args
+    from zfbench.run.defaults import gpu_sized
     args = build_parser().parse_args(["--device", "cuda", "--quiet"])
     spec = gpu_sized(spec_from_args(args, 1, ["zenflow"]), ["zenflow"], 1, args)
     assert spec.layers is None and spec.seq >= 512 and spec.precision == "bf16"

@@ -99,7 +99,7 @@ def test_accumulation_is_refused_where_not_simulated(strategy):
 
 
 def test_simulate_command_takes_grad_accum_and_a_spec(capsys):
-    from zfbench.simulate import main
+    from zfbench.simulate.command import main
 
     argv = ["--model", "gpt2:layers=2,hidden=256,heads=4", "--gpu", "v100-sxm3-32g",
             "--pcie", "gen3-dgx2", "--host", "xeon-8168", "--gpus", "1", "--precision", "fp16",

@@ -280,7 +280,7 @@ def test_ranks_sharing_this_cpu_are_simulated_beside_the_measured_run(tmp_path):
 
 
 def test_gpus_beyond_the_cuda_devices_is_an_error(monkeypatch, capsys):
-    from zfbench import run
+    from zfbench.run import command as run
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import zfbench.figures as figures
-import zfbench.figures_data as figures_data
+import zfbench.figures.command as figures
+import zfbench.figures.data as figures_data
 from zfbench.analysis import plot_measured as pm
 from zfbench.analysis import plots as pl
 from zfbench.analysis.plot_index import FIGURES, FigureData, draw_one

@@ -1,12 +1,12 @@
-"""`zfbench.figures_measure`: `make figures` runs the measurements its figures lack."""
+"""`zfbench.figures.measure`: `make figures` runs the measurements its figures lack."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from zfbench import figures
-from zfbench import figures_measure as fm
+from zfbench.figures import command as figures
+from zfbench.figures import measure as fm
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from zfbench.analysis import plot_measured as pm
 from zfbench.real.gradcapture import GradCapture, kind_of
 from zfbench.real.model import build_model
 from tests.engine_helpers import BiasMLP, batches, config, make_engine
-from zfbench import gradients
+from zfbench.gradients import command as gradients
 from zfbench.core.models import get_model
 
 

@@ -8,7 +8,7 @@ from zfbench.sims import host_step as hs
 from zfbench.sims.costs import CostModel, SimSettings
 from zfbench.sims.settings import node_knobs
 from zfbench.sims.simulator import simulate
-from zfbench.validate_published import bundled_path, measure, read_rows, row_settings
+from zfbench.validate.published import bundled_path, measure, read_rows, row_settings
 
 
 def test_numa_factor_by_hand():

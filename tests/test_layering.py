@@ -17,7 +17,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = {"zfbench.real": "real", "zfbench.sims": "sims", "zfbench.analysis": "analysis"}
-FOLDERS = {**PARTS, "zfbench.core": "zfbench/core", "zfbench": "zfbench"}
+# The command packages (zfbench/run/, zfbench/simulate/, ...: every folder of zfbench/ with
+# an __init__.py but core/), found rather than listed, so a new command is checked too.
+COMMAND_PACKAGES = {f"zfbench.{p.name}": f"zfbench/{p.name}"
+                    for p in sorted((ROOT / "zfbench").iterdir())
+                    if (p / "__init__.py").is_file() and p.name != "core"}
+FOLDERS = {**PARTS, "zfbench.core": "zfbench/core", "zfbench": "zfbench", **COMMAND_PACKAGES}
 CORE = "zfbench.core"
 
 
@@ -103,7 +108,7 @@ def test_the_checker_catches_an_arrow_against_the_layering(tmp_path):
     assert not allowed("zfbench.sims.costs", "zfbench.analysis.breakdown")
     assert not allowed("zfbench.real.engine", "zfbench.run")
     assert not allowed("zfbench.core.hardware", "zfbench.sims.costs")
-    assert not allowed("zfbench.core.config", "zfbench.run_defaults")
+    assert not allowed("zfbench.core.config", "zfbench.run.defaults")
     assert allowed("zfbench.predict", "zfbench.analysis.breakdown")
     assert allowed("zfbench.sims.costs", "zfbench.core.models")
     assert allowed("zfbench.real.engine", "zfbench.real.flat")
@@ -136,7 +141,7 @@ def test_the_wheel_installs_one_import_name(tmp_path):
     for must in ("zfbench/real/engine.py", "zfbench/sims/simulator.py",
                  "zfbench/analysis/breakdown.py", "zfbench/core/config.py",
                  "zfbench/data/hardware.json", "zfbench/analysis/style.mplstyle",
-                 "zfbench/run.py"):
+                 "zfbench/run/command.py"):
         assert must in names, must
     (entry,) = [n for n in names if n.endswith("entry_points.txt")]
     scripts = zipfile.ZipFile(wheel).read(entry).decode()
@@ -245,3 +250,17 @@ def test_the_circle_checker_finds_a_circle(tmp_path):
     known = {"zfbench.real", "zfbench.real.flat", "zfbench.core.trace", "zfbench.run"}
     assert arrows(probe, "zfbench.real", known) == {"zfbench.real", "zfbench.real.flat",
                                                     "zfbench.core.trace"}
+
+
+def test_each_command_is_a_package():
+    """Each `zfbench COMMAND` is the package zfbench/COMMAND/: command.py holds its flags and
+    main, __main__.py makes `python -m zfbench.COMMAND` run it, and its own modules sit beside
+    them; no flat zfbench/COMMAND.py or COMMAND_*.py is left in zfbench/."""
+    from zfbench.cli import COMMANDS
+
+    assert set(COMMAND_PACKAGES) == {f"zfbench.{name}" for name in COMMANDS}
+    for name in COMMANDS:
+        folder = ROOT / "zfbench" / name
+        assert (folder / "command.py").is_file() and (folder / "__main__.py").is_file(), name
+        flat = [*(ROOT / "zfbench").glob(f"{name}.py"), *(ROOT / "zfbench").glob(f"{name}_*.py")]
+        assert not flat, flat

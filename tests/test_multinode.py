@@ -11,7 +11,7 @@ from zfbench.sims import collectives
 from zfbench.sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
 from zfbench.sims.simulator import simulate
 from zfbench.core import hardware
-from zfbench.simulate import main
+from zfbench.simulate.command import main
 from test_oracle import assert_agrees, sim_settings
 
 GB = 1e9

@@ -6,7 +6,7 @@ import pytest
 
 import zfbench.real.precision_probe as probe
 from zfbench.core.models import get_model
-from zfbench.run import main
+from zfbench.run.command import main
 
 TINY = get_model("tiny").with_layers(1)
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings as hsettings, strategies as st
 
 from zfbench.sims.costs import STRATEGIES, SimSettings
-from zfbench.predict_fit import Breakdown, Scales, baseline_parts, fit, infer, write_hardware
-from zfbench import predict_inputs
-from zfbench.predict import main
+from zfbench.predict.fit import Breakdown, Scales, baseline_parts, fit, infer, write_hardware
+from zfbench.predict import inputs as predict_inputs
+from zfbench.predict.command import main
 
 A100 = ["--model", "llama2-7b", "--gpus", "4", "--gpu", "a100-80g"]
 
@@ -152,7 +152,7 @@ def test_the_issue_command_predicts_every_strategy_and_writes_files(tmp_path, ca
 
 
 def test_the_inferred_hardware_file_replays_in_simulate(tmp_path, capsys):
-    from zfbench.simulate import main as simulate_main
+    from zfbench.simulate.command import main as simulate_main
 
     out = tmp_path / "pred"
     assert main(A100 + ["--from-breakdown", "compute=0.66,io=0.53,stall=5.61",
@@ -232,7 +232,7 @@ def test_predict_from_a_recorded_run_reaches_it_and_reports_the_measured_zenflow
 def test_predict_from_a_live_run_completes(tmp_path, capsys):
     """The real pipeline on this machine, asserting only what holds on any machine: both
     commands succeed, the files are written and the measured ZenFlow row is reported."""
-    from zfbench.run import main as run_main
+    from zfbench.run.command import main as run_main
 
     run_dir = tmp_path / "run"
     assert run_main(["--model", "tiny", "--steps", "12", "--batch", "2", "--seq", "16",
@@ -255,8 +255,8 @@ def test_an_unreached_fit_still_predicts_with_its_range_widened_by_the_miss(
         tmp_path, monkeypatch, capsys):
     """A fit stopped before it reaches (one round): the prediction stands, names the part
     and how far off it stays, and every row's range is its step +- that miss."""
-    import zfbench.predict as predict_module
-    from zfbench.predict import predict, report
+    import zfbench.predict.command as predict_module
+    from zfbench.predict.command import predict, report
 
     base = SimSettings(model="llama2-7b", gpus=4, steps=12)
     mfu = base.parts()[0].default_mfu
@@ -305,7 +305,7 @@ def _write_copies(path, copies) -> None:
 @given(latency=st.floats(0.0, 50e-6), d2h=st.floats(1e9, 60e9), h2d=st.floats(1e9, 60e9))
 def test_the_fixed_cost_per_copy_is_the_intercept_of_copy_time_against_bytes(
         tmp_path_factory, latency, d2h, h2d):
-    from zfbench.predict_inputs import copy_latency
+    from zfbench.predict.inputs import copy_latency
 
     path = tmp_path_factory.mktemp("copies")
     sizes = (4096, 65536, 1 << 20)
@@ -316,7 +316,7 @@ def test_the_fixed_cost_per_copy_is_the_intercept_of_copy_time_against_bytes(
 
 
 def test_copies_of_one_size_show_no_fixed_cost(tmp_path):
-    from zfbench.predict_inputs import copy_latency
+    from zfbench.predict.inputs import copy_latency
 
     _write_copies(tmp_path, [("d2h", 1 << 20, 40e-6), ("h2d", 1 << 20, 30e-6),
                              ("d2h", (1 << 20) + 4096, 41e-6)])  # sizes too close

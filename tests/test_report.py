@@ -8,9 +8,9 @@ import pytest
 
 from zfbench.report import (MEASURED_ONLY, SUMMARY_COLUMNS, TABLE_HEAD, fits_cell,
                             format_table, render)
-from zfbench.run import main as run_main
-from zfbench.run_report import gpu_preset, peak_flops
-from zfbench.simulate import main as simulate_main
+from zfbench.run.command import main as run_main
+from zfbench.run.report import gpu_preset, peak_flops
+from zfbench.simulate.command import main as simulate_main
 
 RUN = ["--model", "tiny", "--steps", "12", "--batch", "2", "--seq", "16",
        "--device-threads", "1", "--host-threads", "1", "--quiet"]

@@ -9,7 +9,7 @@ import pytest
 from zfbench.real.memory import (SUGGESTION_SHARE, InsufficientMemoryError, check_fits,
                                  estimate)
 from zfbench.core.models import get_model
-from zfbench.run import main
+from zfbench.run.command import main
 
 TINY = ["--model", "tiny", "--steps", "12", "--batch", "2", "--seq", "16",
         "--device-threads", "1", "--host-threads", "1", "--quiet"]
@@ -85,7 +85,7 @@ def test_memory_cli_refusal_for_a_full_size_model(capsys):
 def test_default_scenario_shape_and_a_config_keeps_its_precision(tmp_path):
     """No flags: tinyllama-1.1b[1L], batch 1 x seq 4, precision measured; --config decides
     its own precision unless --precision is given."""
-    from zfbench.run import build_parser, spec_from_args
+    from zfbench.run.command import build_parser, spec_from_args
     spec = spec_from_args(build_parser().parse_args([]))
     assert (spec.model, spec.layers, spec.batch, spec.seq) == ("tinyllama-1.1b", 1, 1, 4)
     assert spec.precision is None  # decided by measurement (test_precision_probe.py)
@@ -166,7 +166,7 @@ def test_hazard_check_runs_the_cpu_and_the_gpu_schedules(tmp_path, capsys):
 def test_the_memory_check_counts_zenflow_with_the_configs_top_k_ratio(tmp_path):
     """The refusal and the `fits` column use the same top-k ratio: the config's."""
     from zfbench.real.memory import estimate
-    from zfbench.run import build_parser, engine_configs, memory_topk, spec_from_args
+    from zfbench.run.command import build_parser, engine_configs, memory_topk, spec_from_args
 
     cfg = tmp_path / "ds.json"
     cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {

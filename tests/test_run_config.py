@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from zfbench.real.runner import RunSpec
-from zfbench.run import main
+from zfbench.run.command import main
 
 K05 = {"train_micro_batch_size_per_gpu": 2,
        "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.0}},
@@ -147,7 +147,7 @@ def test_deepspeed_examples_zenflow_config_runs_from_the_cli(tmp_path):
 
 
 def test_the_gpu_default_is_the_largest_model_that_fits_at_full_depth():
-    from zfbench.run_defaults import GPU_MODELS, GPU_SEQ, gpu_default
+    from zfbench.run.defaults import GPU_MODELS, GPU_SEQ, gpu_default
     asked = []
 
     def fits(model, batch, seq):

@@ -1,5 +1,5 @@
 """The simulator's expectation for the machine that ran `zfbench.run`, beside the
-measured rows (zfbench/run_expect.py)."""
+measured rows (zfbench/run/expect.py)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from zfbench.run_expect import format_expectation, side_by_side, verdict
+from zfbench.run.expect import format_expectation, side_by_side, verdict
 
 
 def row(strategy: str, step: float, stall: float, io: float, wait: float) -> dict:
@@ -47,7 +47,7 @@ def test_the_verdict_tells_reached_from_out_of_reach_from_slower_than_modelled()
 
 @pytest.mark.slow
 def test_a_one_rank_profile_run_prints_and_keeps_the_simulated_expectation(tmp_path, capsys):
-    from zfbench.run import main
+    from zfbench.run.command import main
 
     out = tmp_path / "run"
     assert main(["--model", "tiny", "--layers", "1", "--steps", "14", "--device", "cpu",

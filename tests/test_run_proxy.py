@@ -1,5 +1,5 @@
 """`zfbench.run` measures a proxy when the named model cannot fit, and projects the whole
-model onto the GPU node (zfbench/run_proxy.py)."""
+model onto the GPU node (zfbench/run/proxy.py)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from zfbench.core.models import get_model
-from zfbench.run_proxy import choose_proxy, project_to_node, what_bounds
+from zfbench.run.proxy import choose_proxy, project_to_node, what_bounds
 
 
 def test_the_widest_width_whose_slice_fits_memory_and_time_is_chosen_at_its_greatest_depth():
@@ -77,8 +77,8 @@ def test_a_model_that_cannot_fit_runs_a_proxy_and_projects_the_whole_model(
         tmp_path, capsys, monkeypatch):
     """llama2-7b on one rank of this machine needs ~100 GiB: the run measures a slice
     within a tiny time budget (so the test is quick) and projects llama2-7b whole."""
-    import zfbench.run_proxy as run_proxy
-    from zfbench.run import main
+    import zfbench.run.proxy as run_proxy
+    from zfbench.run.command import main
 
     monkeypatch.setattr(run_proxy, "PROXY_HOST_ADAM_S", 1e-4)
     out = tmp_path / "run"

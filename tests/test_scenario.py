@@ -35,8 +35,8 @@ def test_the_runs_defaults_are_the_cpu_lanes_scenario_field_by_field():
 
 
 def test_the_run_commands_defaults_come_from_the_cpu_lanes_scenario():
-    from zfbench.run import build_parser
-    from zfbench.run_defaults import DEFAULT_PRECISION, DEFAULT_SEQ, GPU_SEQ
+    from zfbench.run.command import build_parser
+    from zfbench.run.defaults import DEFAULT_PRECISION, DEFAULT_SEQ, GPU_SEQ
 
     assert DEFAULT_SEQ == CPU_LANES.seq == 4
     assert (DEFAULT_PRECISION, GPU_SEQ) == (GPU_NODE.precision, GPU_NODE.seq)

@@ -4,7 +4,7 @@ import pytest
 
 import zfbench.real.scenario_probe as sp
 from zfbench.core.models import get_model
-from zfbench.run_probe import describe_scenario, is_default_scenario
+from zfbench.run.probe import describe_scenario, is_default_scenario
 
 SHAPE = get_model("tiny").with_layers(1)
 CANDIDATES = [(SHAPE, 1, 4), (SHAPE, 1, 1)]
@@ -72,7 +72,7 @@ def test_only_a_run_with_no_shape_flags_is_sized(argv, cuda, world, want):
 
 
 def test_the_header_names_the_ratio_the_simulator_gives_on_the_gpu_node():
-    from zfbench.run_proxy import node_regime
+    from zfbench.run.proxy import node_regime
 
     ratio = node_regime()
     r = {"shape": "s", "batch": 1, "seq": 4, "precision": "bf16", "host_adam_s": 0.25,

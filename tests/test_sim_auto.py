@@ -15,7 +15,7 @@ from zfbench.sims.costs import SimSettings, SimSettingsError
 from oracle import steady_state
 from zfbench.sims.simulator import default_skip_steps, simulate, steps_needed
 from zfbench.sims.update_windows import AUTO_ASSUMED_WINDOW_STEPS
-from zfbench.simulate import main
+from zfbench.simulate.command import main
 
 SMALL = ["--model", "qwen2.5-1.5b", "--layers", "2", "--quiet"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from zfbench.simulate import main
+from zfbench.simulate.command import main
 from zfbench.core.trace import columnar_format
 
 GOLDEN = Path(__file__).parent / "golden" / "simulate_default.csv"

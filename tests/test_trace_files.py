@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-import zfbench.simulate as simulate_cmd
+import zfbench.simulate.command as simulate_cmd
 import zfbench.core.trace as trace_module
 from zfbench.sims.costs import STRATEGIES, SimSettings
 from zfbench.sims.simulator import default_skip_steps, simulate
-from zfbench.simulate import main
+from zfbench.simulate.command import main
 from zfbench.simulation import TraceRule
 from zfbench.core.trace import (LANES, OPS, Timeline, TraceSteps, columnar_format,
                                 merge_chrome_traces, write_chrome_trace)

@@ -10,9 +10,9 @@ from zfbench.analysis.validation import (compare_rows, error_summary, schedule_s
 from zfbench.sims.costs import SimSettings, SimSettingsError
 from zfbench.sims.simulator import simulate
 from zfbench.core.hardware import load_profile
-from zfbench.run import main as run_main
-from zfbench.simulate import main as simulate_main
-from zfbench.validate import main as validate_main
+from zfbench.run.command import main as run_main
+from zfbench.simulate.command import main as simulate_main
+from zfbench.validate.command import main as validate_main
 
 TINY = ["--model", "tiny", "--steps", "10", "--batch", "2", "--seq", "16",
         "--device-threads", "1", "--host-threads", "1", "--quiet"]
@@ -215,7 +215,7 @@ def test_validate_runs_a_subset_of_shapes_and_keeps_finished_shapes_when_stopped
         tmp_path, monkeypatch, capsys):
     """--shapes picks regimes; each finished shape is on disk before the next starts, so a
     run that dies in its second shape leaves the first shape's rows, marked incomplete."""
-    import zfbench.validate as v
+    import zfbench.validate.command as v
     assert validate_main(["--quick", "--quiet", "--shapes", "nope", "--out",
                           str(tmp_path / "bad")]) == 2
     assert "choose among longer, equal, shorter" in capsys.readouterr().err
@@ -324,7 +324,7 @@ def test_sized_shapes_fit_a_line_and_scale_unreachable_targets(intercept_s, want
     min(2, r_max), min(1, r_max / 1.5), min(0.5, r_max / 3)."""
     from zfbench.real.runner import RunSpec
     from zfbench.core.models import get_model
-    from zfbench.validate_shapes import sized_shapes
+    from zfbench.validate.shapes import sized_shapes
     params = get_model("tiny").total_params
     low = _sizing_profile(4, intercept_s + 0.05 * 4, params / 1.0)
     high = _sizing_profile(64, intercept_s + 0.05 * 64, params / 1.0)
@@ -348,7 +348,7 @@ def test_sized_shapes_grow_the_batch_beyond_the_models_positions():
     grows (rows of at most 512 tokens), up to MAX_BATCH rows."""
     from zfbench.real.runner import RunSpec
     from zfbench.core.models import get_model
-    from zfbench.validate_shapes import MAX_BATCH, sized_shapes
+    from zfbench.validate.shapes import MAX_BATCH, sized_shapes
     params = get_model("tiny").total_params
     low = _sizing_profile(4, 0.001 + 1e-6 * 4, params / 1.0)
     high = _sizing_profile(64, 0.001 + 1e-6 * 64, params / 1.0)
@@ -372,8 +372,8 @@ def test_a_noisy_sizing_pair_is_capped_for_quick(capsys):
     `max_tokens` (--quick's 256) keeps the shapes seconds long; the output says why."""
     from zfbench.real.runner import RunSpec
     from zfbench.core.models import get_model
-    from zfbench.validate import QUICK_MAX_TOKENS
-    from zfbench.validate_shapes import MAX_BATCH, sized_shapes
+    from zfbench.validate.command import QUICK_MAX_TOKENS
+    from zfbench.validate.shapes import MAX_BATCH, sized_shapes
     params = get_model("tiny").total_params
     low = _sizing_profile(4, 0.004, params / 0.01)
     high = _sizing_profile(64, 0.003, params / 0.01)
@@ -391,7 +391,7 @@ def test_fitting_halves_the_batch_until_every_strategy_fits(monkeypatch):
     that fits: it fits, twice its batch does not (unchanged where 64 rows fit)."""
     from zfbench.real.memory import InsufficientMemoryError, check_fits
     from zfbench.real.runner import RunSpec
-    from zfbench.validate_shapes import fitting
+    from zfbench.validate.shapes import fitting
     # one memory size for every check (MemAvailable moves with whatever else runs)
     monkeypatch.setattr("zfbench.real.memory.available_host_bytes", lambda: 20e9)
     spec = RunSpec(model="tinyllama-1.1b", layers=1, batch=64, seq=2048, device="cpu",

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from zfbench import validate_published as vp
+from zfbench.validate import published as vp
 from zfbench.core import hardware
 from zfbench.core.models import get_model
 from zfbench.sims.costs import ADAM_BYTES_PER_PARAM
 from zfbench.sims.device_step import BESIDE_ADAM_BYTES_PER_ELEM
-from zfbench.validate import main as validate_main
+from zfbench.validate.command import main as validate_main
 
 FIXTURE = Path(__file__).parent / "data" / "published_small.csv"
 V100 = hardware.get_gpu("v100-sxm3-32g")

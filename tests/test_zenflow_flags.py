@@ -28,7 +28,7 @@ def test_an_unreadable_value_names_the_flag(knob, text):
 
 
 def test_run_applies_the_flags_to_zenflow_only_over_the_scenario():
-    from zfbench.run import build_parser, spec_from_args
+    from zfbench.run.command import build_parser, spec_from_args
 
     args = build_parser().parse_args(["--zenflow.topk-ratio", "0.25",
                                       "--update-interval", "2", "--device", "cpu"])
@@ -45,7 +45,7 @@ def test_run_flags_override_a_configs_zenflow_section(tmp_path):
     import json
 
     from zfbench.core.config_build import build_config
-    from zfbench.run import build_parser, spec_from_args
+    from zfbench.run.command import build_parser, spec_from_args
 
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(build_config("zenflow", zenflow={
@@ -57,13 +57,13 @@ def test_run_flags_override_a_configs_zenflow_section(tmp_path):
 
 
 def test_run_refuses_an_invalid_knob_naming_the_flag():
-    from zfbench.run import main
+    from zfbench.run.command import main
 
     assert main(["--zenflow.topk-ratio", "1.5", "--device", "cpu", "--steps", "1"]) == 2
 
 
 def test_simulate_takes_both_spellings():
-    from zfbench.simulate import build_parser
+    from zfbench.simulate.command import build_parser
 
     p = build_parser()
     for flag in ("--zenflow.topk-ratio", "--topk-ratio"):
@@ -72,7 +72,7 @@ def test_simulate_takes_both_spellings():
 
 
 def test_gradients_takes_both_spellings():
-    from zfbench.gradients import build_parser
+    from zfbench.gradients.command import build_parser
 
     p = build_parser()
     assert p.parse_args(["--zenflow.topk-ratio", "0.2"]).topk_ratio == 0.2

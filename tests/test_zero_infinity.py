@@ -14,7 +14,7 @@ from oracle import steady_state
 from zfbench.sims.simulator import simulate
 from zfbench.sims import zero3
 from zfbench.core import hardware, models
-from zfbench.run import main as run_main
+from zfbench.run.command import main as run_main
 
 ZI = "zero-infinity"
 SMALL = dict(model="opt-350m", layers=2, steps=4, host_cores=16)

@@ -18,9 +18,9 @@ The named default scenarios, each defined once here:
 - `GPU_NODE`: what the simulator simulates by default (`python -m zfbench.simulate` with
   no flag): llama2-7b at full depth, batch 1 x seq 1024, bf16;
 - `CPU_LANES`: what `python -m zfbench.run` trains by default on the CPU-emulated
-  accelerator: tinyllama-1.1b's first layer, batch 1 x seq 4 (`zfbench.run_defaults.
+  accelerator: tinyllama-1.1b's first layer, batch 1 x seq 4 (`zfbench.run.defaults.
   DEFAULT_SEQ`), the precision left open (None: a config's, else measured on the machine
-  at hand, zfbench.run_probe).
+  at hand, zfbench.run.probe).
 Both run zfbench's ZenFlow scenario (`SCENARIO_ZENFLOW`, config_zenflow.py says why).
 
 A Scenario is a record and checks nothing itself: the SimSettings or RunSpec built from it

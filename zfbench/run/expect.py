@@ -253,7 +253,7 @@ def verdict(pairs: list[dict], target: float = 0.8) -> str | None:
 def print_expectation(spec, configs: dict, strategies: list[str], measured: list[dict],
                       profile_path: Path, profiles: dict, ranks: int = 1) -> list[dict]:
     """The simulator's expectation for this machine beside each measured strategy
-    (zfbench.run_expect), what the lanes are, and whether ZenFlow reached its target."""
+    (zfbench.run.expect), what the lanes are, and whether ZenFlow reached its target."""
     import json
 
     pairs = side_by_side(measured, expect_here(spec, configs, strategies, profiles, ranks))

@@ -25,7 +25,7 @@ from zfbench.sims.costs import SimSettings
 from zfbench.sims.simulator import simulate
 
 # Figures 1-4 tell the ZenFlow paper's story (ZeRO-Offload's stall, DPU's limit, ZenFlow's
-# pipeline); zero-infinity is compared in figures 5 and 8 (zfbench/figures.py), not here.
+# pipeline); zero-infinity is compared in figures 5 and 8 (zfbench/figures/command.py), not here.
 TIMELINE_STRATEGIES = ("zero-offload", "zero-offload-dpu", "zenflow")
 
 

@@ -35,12 +35,12 @@ around each (as zfbench.validate does; with several ranks also the gloo collecti
 the ranks are simulated sharing this machine's cores), and
 the simulator's expectation for it is printed beside each measured strategy: step, stall,
 exposed I/O and host wait, measured | simulated, the lanes' threads and rates, and
-whether ZenFlow's step reached 0.8x ZeRO-Offload's or why not (zfbench.run_expect; kept
+whether ZenFlow's step reached 0.8x ZeRO-Offload's or why not (zfbench.run.expect; kept
 in summary.json as `simulated_here`).
 
 Before anything is allocated the memory need is estimated. A named model that cannot fit
 whole is measured through a proxy, a depth or width slice chosen by memory and a time
-budget, and projected whole onto the GPU node by the simulator (zfbench.run_proxy); a
+budget, and projected whole onto the GPU node by the simulator (zfbench.run.proxy); a
 slice the user chose that cannot fit is refused with the numbers and the `--layers` (or,
 where no full-width layer fits, the width slice `--model 'NAME[1L][wF]'`) that would. Files written to `--out`:
 `summary.csv`/`.json` (the simulator's columns, zfbench.report.SUMMARY_COLUMNS, plus the
@@ -72,17 +72,17 @@ from zfbench.core.memory_model import element_bytes
 from zfbench.core.strategies import SIMULATED_ONLY, buckets_on
 from zfbench.core.models import UnknownModelError
 from zfbench.core.provenance import provenance
-from zfbench.run_probe import (SHAPE_FLAGS, decide_precision, describe_scenario,
+from zfbench.run.probe import (SHAPE_FLAGS, decide_precision, describe_scenario,
                                is_default_scenario, size_default)
 from zfbench.report import add_speedups, format_table
-from zfbench.run_report import (MEMORY_NOTE, StepWork, describe_config, measurement_window,
+from zfbench.run.report import (MEMORY_NOTE, StepWork, describe_config, measurement_window,
                                 memory_columns, memory_room, peak_flops, project,
                                 summary_row, write_outputs)
 from zfbench.core.trace import write_json_atomic
 
-from zfbench.run_defaults import DEFAULT_SEQ, gpu_sized
-from zfbench.run_proxy import measure_proxy, print_projection
-from zfbench.run_expect import print_expectation
+from zfbench.run.defaults import DEFAULT_SEQ, gpu_sized
+from zfbench.run.proxy import measure_proxy, print_projection
+from zfbench.run.expect import print_expectation
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "wait (prints accesses checked and hazards; exit 1 on a hazard)")
     p.add_argument("--quiet", action="store_true")
     add_zenflow_flags(p)  # --zenflow.topk-ratio ... (zfbench.cli_checks)
-    # the launcher's choice of a proxy (zfbench.run_proxy), handed to the ranks it starts
+    # the launcher's choice of a proxy (zfbench.run.proxy), handed to the ranks it starts
     p.add_argument("--proxy-record", help=argparse.SUPPRESS)
     return p
 
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             if world > 1:
                 raise ValueError("--hazard-check runs one rank (tests/test_hazards.py "
                                  "checks two); drop --gpus")
-            from zfbench.run_hazards import check_schedules
+            from zfbench.run.hazards import check_schedules
             return check_schedules(args, spec, strategies)
         from zfbench.real.engine import resolve_device
 
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                        bucketed=bucketed, **topk)
             argv = argv + ["--precision", spec.precision]  # the same choice on every rank
         if args.proxy is not None and not launched:  # the rates in the run's precision
-            from zfbench.run_proxy import measure_host_rates
+            from zfbench.run.proxy import measure_host_rates
 
             args.proxy.update(measure_host_rates(shape.total_params, spec.precision or
                                                  first.precision, args.proxy["threads"]))
@@ -359,7 +359,7 @@ def run_all(args, spec, shape, strategies, elem, configs, ctx=None) -> int:
     skip = max(w[0] for w in windows.values())  # the same steps left out of every row
     proxy = getattr(args, "proxy", None)
     if lead and proxy is not None:
-        from zfbench.run_proxy import describe_proxy
+        from zfbench.run.proxy import describe_proxy
 
         for line in describe_proxy(proxy, spec.batch, spec.seq):
             print(line, file=sys.stderr)
@@ -392,13 +392,13 @@ def run_all(args, spec, shape, strategies, elem, configs, ctx=None) -> int:
     peak, mfu_note = peak_flops(use_cuda, precision) if lead else (None, "")
     work = StepWork(shape.total_params * elem, shape.total_params, flops, tokens, peak)
     room = memory_room(use_cuda) if lead else None  # before any strategy allocates
-    # this machine's profile around the strategies (zfbench.run_expect): the no-flag run,
+    # this machine's profile around the strategies (zfbench.run.expect): the no-flag run,
     # --profile, and a proxy's ranks sharing this CPU
     expect = (getattr(args, "scenario", None) is not None or args.profile or
               proxy is not None) and (ranks == 1 or not use_cuda)
     calibration = None
     if expect:
-        from zfbench.run_expect import Calibration
+        from zfbench.run.expect import Calibration
 
         from zfbench.real.distributed import available_cores
 

@@ -3,7 +3,7 @@
 Covers: figures 1-9, 16 and 17 (its step times) from simulations (regenerated when their CSVs under `<out>/data/` are
 missing or were made with other settings; `--regenerate` forces it), figures 10-15 from
 measured files (layout below), run small on this machine when missing
-(`zfbench.figures_measure`; `--no-measure` skips that), `--quick` (small models and
+(`zfbench.figures.measure`; `--no-measure` skips that), `--quick` (small models and
 sweeps, for tests), `--only`, and `<out>/README.md`: per figure the question, the
 command and data, and one sentence whose numbers are read from the data.
 Scenario: `make figures` on a fresh clone simulates about 105 small runs (steps 16-64,
@@ -62,11 +62,12 @@ from zfbench.analysis import plot_sweeps as ps
 from zfbench.analysis.plot_index import FIGURES, FigureData, draw_one, merge_outcomes, render_readme
 from zfbench.sims.costs import SimSettings
 from zfbench.sims.simulator import default_skip_steps
-from zfbench import predict_inputs, validate_published
+from zfbench.predict import inputs as predict_inputs
+from zfbench.validate import published as validate_published
 from zfbench.core import hardware
 from zfbench.core.strategies import SIM_STRATEGIES as STRATEGIES
-from zfbench.figures_data import TIMELINE_STRATEGIES, Dataset, generate, is_fresh
-from zfbench.figures_measure import measure_jobs, run_missing
+from zfbench.figures.data import TIMELINE_STRATEGIES, Dataset, generate, is_fresh
+from zfbench.figures.measure import measure_jobs, run_missing
 from zfbench.simulation import summary_row
 from zfbench.core.trace import SPAN_COLUMNS, STEP_COLUMNS
 
@@ -82,7 +83,7 @@ MULTI_NODE_STEPS = 16
 # Figure 17: the strategies of bench/convergence.py, whose committed results it reads,
 # and the llama2-7b step time each is simulated at for time-to-quality.
 CONVERGENCE_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zenflow")
-CONVERGENCE_RESULTS = Path(__file__).resolve().parents[1] / "bench/results/convergence"
+CONVERGENCE_RESULTS = Path(__file__).resolve().parents[2] / "bench/results/convergence"
 # Figure 5's bars: the two baselines ZenFlow's claims name (DeepSpeed's ZenFlow blog: "up
 # to 5x over ZeRO-Offload and 6.3x over ZeRO-Infinity") and ZenFlow.
 BREAKDOWN_STRATEGIES = ("zero-infinity", "zero-offload", "zenflow")
@@ -228,7 +229,7 @@ def _published_view(plan: Plan) -> dict:
 
 def _paper_view(plan: Plan) -> dict:
     """ZenFlow predicted from each of the paper's ZeRO-Offload bars (zfbench.predict)."""
-    from zfbench.predict import paper
+    from zfbench.predict.command import paper
 
     with tempfile.TemporaryDirectory() as tmp:
         rows, _ = paper({"steps": plan.steps}, Path(tmp), True, plan.models)

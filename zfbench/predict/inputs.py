@@ -23,7 +23,7 @@ import statistics
 from importlib import resources
 from pathlib import Path
 
-from zfbench.predict_fit import Breakdown
+from zfbench.predict.fit import Breakdown
 
 BREAKDOWN_KEYS = ("compute", "io", "stall", "d2h", "h2d", "step")
 # a stated step may differ from the sum of its parts by this much (values read off a figure)

@@ -5,7 +5,7 @@ and the stall: the GPU waiting for the host AdamW) pins three unknowns of the si
 your node: the GPU's model FLOPs utilization, the effective PCIe rates, and the host's
 AdamW rate. They are found by simulating ZeRO-Offload with your shape on the named node
 (--gpu, --pcie, --host, --gpus) and scaling each rate until the simulated parts equal the
-measured ones (zfbench.predict_fit). The fitted node is written as a hardware file, every number
+measured ones (zfbench.predict.fit). The fitted node is written as a hardware file, every number
 with how it was inferred, and every strategy, ZenFlow included, is then simulated on it.
 What one measurement cannot separate is said and bounded: a single exposed-transfer time
 does not say how it divides between gradients down and parameters up, so the prediction
@@ -42,9 +42,9 @@ from pathlib import Path
 import pandas as pd
 
 from zfbench.sims.costs import STRATEGIES, SimSettings, SimSettingsError
-from zfbench.predict_fit import Breakdown, Fit, infer, on_hardware_file
+from zfbench.predict.fit import Breakdown, Fit, infer, on_hardware_file
 from zfbench.sims.simulator import steps_needed
-from zfbench import predict_inputs
+from zfbench.predict import inputs as predict_inputs
 from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, fail
 from zfbench.report import fits_cell, json_ready, render, times
 from zfbench.simulation import KNOBS, parse_value, run, write_outputs

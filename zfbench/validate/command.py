@@ -34,7 +34,7 @@ lanes), and a shape that needs more tokens than the model has positions grows it
     python -m zfbench.validate --quick         # tiny shapes, seconds (what CI runs)
 
 `--published [FILE.csv] [--out DIR]` checks the simulator against measurements published
-for real GPUs instead (zfbench.validate_published, docs/published.md).
+for real GPUs instead (zfbench.validate.published, docs/published.md).
 """
 
 from __future__ import annotations
@@ -62,9 +62,9 @@ from zfbench.sims.simulator import simulate
 from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, fail, positive_int
 from zfbench.core.config import SCENARIO_ZENFLOW, STRATEGIES
 from zfbench.core.trace import merge_chrome_traces, write_csv_atomic, write_json_atomic
-from zfbench.run_defaults import DEFAULT_PRECISION
-from zfbench import validate_published
-from zfbench.validate_shapes import (REGIMES, SIZING_SEQ, compute_s, fitting, host_adam_s,
+from zfbench.run.defaults import DEFAULT_PRECISION
+from zfbench.validate import published as validate_published
+from zfbench.validate.shapes import (REGIMES, SIZING_SEQ, compute_s, fitting, host_adam_s,
                                      sized_shapes)
 
 PAIRS = ((SCENARIO_ZENFLOW["topk_ratio"], SCENARIO_ZENFLOW["update_interval"]),  # the scenario

@@ -2,7 +2,7 @@
 
 The model, depth and seq are the CPU lanes' scenario (`zfbench.core.scenario.CPU_LANES`,
 `zfbench.real.runner.RunSpec`'s defaults: tinyllama-1.1b, 1 layer, seq DEFAULT_SEQ); the
-precision is measured on the emulated accelerator (`zfbench.run_probe`) and bf16 on CUDA
+precision is measured on the emulated accelerator (`zfbench.run.probe`) and bf16 on CUDA
 (DEFAULT_PRECISION, the GPU node's scenario's). On CUDA with no shape flag, `gpu_default` picks a GPU-sized run
 instead: the largest of GPU_MODELS that fits at full depth, batch GPU_BATCH x seq GPU_SEQ,
 for every strategy asked for (the `device` strategy keeps AdamW's fp32 state on the GPU,

@@ -9,7 +9,7 @@ on the machine at hand:
   chosen so host AdamW alone outlasts forward+backward (zfbench.real.scenario_probe), with the
   measured ratio printed in the header (`describe_scenario`) beside the ratio the
   simulator gives for llama2-7b's ZeRO-Offload step on 4 x A100-80GB
-  (zfbench.run_proxy.node_regime), both kept in summary.json.
+  (zfbench.run.proxy.node_regime), both kept in summary.json.
 
 Part of the command `python -m zfbench.run` (split out of its main module for size):
 like the command, it imports real/, sims/ or analysis/ (docs/design.md's arrows).
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 
-from zfbench.run_defaults import DEFAULT_PRECISION, DEFAULT_SEQ
+from zfbench.run.defaults import DEFAULT_PRECISION, DEFAULT_SEQ
 
 SHAPE_FLAGS = ("--model", "--layers", "--seq", "--batch", "--config", "--grad-accum")
 
@@ -41,7 +41,7 @@ def size_default(spec, quiet: bool = False) -> dict:
     candidates = [(shape, spec.batch, DEFAULT_SEQ), (shape, spec.batch, 1)]
     result = size_scenario(candidates, spec.device_threads or dev,
                            spec.host_threads or host, precision=spec.precision)
-    from zfbench.run_proxy import node_regime
+    from zfbench.run.proxy import node_regime
 
     result["node_ratio"] = node_regime()  # what a real offloading node shows, simulated
     if not quiet:  # the run's header prints describe_scenario(result)

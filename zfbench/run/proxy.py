@@ -25,7 +25,7 @@ and in summary.json (`proxy`):
   took 2 minutes; 0.6 G params/s, measured while other work shared the cores, gave
   [7L][w0.125] at half the budget, 70 s).
 - **Steps.** Unless --steps is given, the steps left out as every strategy's warm-up plus
-  two of the longest measurement window (zfbench.run_report.measurement_window): 16 with
+  two of the longest measurement window (zfbench.run.report.measurement_window): 16 with
   ZenFlow's update interval 4.
 
 After the measured table, `project_to_node` simulates the named model whole on a GPU
@@ -208,13 +208,13 @@ def what_bounds(here: dict, there: dict) -> str:
 def measure_proxy(args, argv, spec, strategies, elem, use_cuda, world, bucketed, err,
                   given, topk: dict):
     """The named model does not fit: (the RunSpec, shape and argv of the proxy that
-    `zfbench.run_proxy.choose_proxy` picks instead)."""
+    `zfbench.run.proxy.choose_proxy` picks instead)."""
     from zfbench.real.distributed import rank_threads
     from zfbench.real.engine import default_thread_split
     from zfbench.real.memory import MemoryCheck
     from zfbench.real.scenario_probe import host_adam_params_per_s
 
-    from zfbench.run_report import measurement_window
+    from zfbench.run.report import measurement_window
 
     named = spec.shape()
     threads = spec.host_threads or (rank_threads(world)[1] if world > 1
@@ -240,7 +240,7 @@ def measure_proxy(args, argv, spec, strategies, elem, use_cuda, world, bucketed,
 
 def print_projection(proxy: dict, configs: dict, strategies: list[str], ranks: int,
                      measured: list[dict]) -> list[dict]:
-    """The named model whole on the default GPU node, simulated (zfbench.run_proxy), with
+    """The named model whole on the default GPU node, simulated (zfbench.run.proxy), with
     what carried over from this run; its rows, for summary.csv."""
     from zfbench.report import format_table
 
