@@ -164,7 +164,9 @@ class LMTask:
         return cached[step]
 
     def evaluate(self, module=None) -> dict:
-        return {"val_loss": self.hm.eval_loss(module if module is not None else self.module, self.val)}
+        """On `module` (default: the task's own; a DeepSpeed run trains a copy)."""
+        return {"val_loss": self.hm.eval_loss(self.module if module is None else module,
+                                              self.val)}
 
 
 class TopicsTask:
@@ -195,8 +197,10 @@ class TopicsTask:
         return x[pick], y[pick]
 
     def evaluate(self, module=None) -> dict:
-        val, _ = self.tt.evaluate(module if module is not None else self.module, self._chunks("val"))
-        test, acc = self.tt.evaluate(module if module is not None else self.module, self._chunks("test"))
+        """On `module` (default: the task's own; a DeepSpeed run trains a copy)."""
+        module = self.module if module is None else module
+        val, _ = self.tt.evaluate(module, self._chunks("val"))
+        test, acc = self.tt.evaluate(module, self._chunks("test"))
         return {"val_loss": val, "test_loss": test, "test_acc": acc}
 
 
