@@ -81,6 +81,12 @@ from zfbench.core.config_zenflow import SCENARIO_ZENFLOW  # noqa: E402
 
 STUDY_VARIANTS = ("device", "zero-offload", "zero-offload-dpu", "zenflow")
 DS_PREFIX = "deepspeed-"  # the variant through DeepSpeed's own engine
+# deepspeed-zenflow-...-lag1: DeepSpeed's overlap without its skipped first wait-and-copy
+# (`first_update_round_after_warmup` cleared after initialize), so the first window's host
+# update reaches the device one window late as every later one does (and as in zfbench);
+# its two alternating sets of host Adam moments stay. An experiment on DeepSpeed's code,
+# not a DeepSpeed setting.
+DS_LAG1 = "lag1"
 # The paper's ZenFlow settings (arXiv 2505.12242 and DeepSpeed's ZenFlow tutorial config):
 # top-k 0.1 of the columns, update interval 4, the host update overlapped with compute.
 PAPER_ZENFLOW = {**SCENARIO_ZENFLOW, "topk_ratio": 0.1, "update_interval": 4,
@@ -92,7 +98,9 @@ def parse_variant(name: str, select_interval: int) -> tuple[str, dict | None]:
     the ZenFlow section: the paper's settings with the knobs applied). A `deepspeed-`
     prefix (zero-offload and zenflow only) gives the same; `is_deepspeed` tells them apart."""
     if is_deepspeed(name):
-        base = name[len(DS_PREFIX):]
+        base = "-".join(p for p in name[len(DS_PREFIX):].split("-") if p != DS_LAG1)
+        if DS_LAG1 in name.split("-") and not base.startswith("zenflow"):
+            raise ValueError(f"{name!r}: {DS_LAG1} is a knob of DeepSpeed's ZenFlow only")
         if base != "zero-offload" and not base.startswith("zenflow"):
             raise ValueError(f"{name!r}: DeepSpeed runs zero-offload and zenflow[-knobs] here")
         return parse_variant(base, select_interval)
@@ -232,6 +240,12 @@ def open_engine(module, variant: str, args, micro: int, lr: float):
     state = (os.sched_getaffinity(0), os.environ.get("OMP_NUM_THREADS"),
              torch.get_num_threads())
     engine = make_ds(ds, module, cfg, trainable_only=True)
+    if DS_LAG1 in variant.split("-"):
+        if not hasattr(engine.optimizer, "first_update_round_after_warmup"):
+            release_ds(engine, *state)
+            raise RuntimeError(f"{variant}: this DeepSpeed's optimizer has no "
+                               "first_update_round_after_warmup (overlap_step off?)")
+        engine.optimizer.first_update_round_after_warmup = False
     try:
         yield engine, module, lambda: None  # DeepSpeed has no flush of a partial window
     finally:

@@ -100,10 +100,14 @@ def deepspeed_zenflow_section(zf: dict) -> tuple[dict, list[str]]:
     if strategy in ("auto", "epoch"):
         notes.append("select_strategy auto/epoch: DeepSpeed counts epochs only with a "
                      "training_data loader given to initialize; without one it selects once")
-    if out.get("overlap_step") and out.get("full_warm_up_rounds", 0) == 0:
-        notes.append("overlap_step with full_warm_up_rounds 0: DeepSpeed skips the first "
-                     "wait-and-copy after warm-up, so each host update reaches the device "
-                     "two windows after its window closes (zfbench: one)")
+    if out.get("overlap_step"):
+        notes.append("overlap_step: DeepSpeed's optimizer process keeps two sets of host "
+                     "Adam moments, used by alternate windows (zfbench: one set), and a "
+                     "reselection copies the device's weights into the host master while "
+                     "an update may be pending; each window's update reaches the device "
+                     "one window late, as in zfbench, except that DeepSpeed skips its "
+                     "first wait-and-copy after warm-up, so the first window's update "
+                     "lands two windows late, with the second's")
     return out, notes
 
 

@@ -186,7 +186,7 @@ def test_paper_zenflow_maps_key_for_key_to_deepspeed_and_notes_the_overlap_lag()
     assert section == {"topk_ratio": 0.1, "update_interval": 4, "overlap_step": True,
                        "select_strategy": "step", "select_interval": 16,
                        "full_warm_up_rounds": 0}
-    assert len(notes) == 1 and "two windows" in notes[0]
+    assert len(notes) == 1 and "two sets" in notes[0] and "first window" in notes[0]
     # overlap off: nothing DeepSpeed reads differently
     assert dse.deepspeed_zenflow_section(cv.parse_variant("zenflow-ov0", 16)[1])[1] == []
     with pytest.raises(ValueError, match="auto"):   # DeepSpeed refuses; zfbench reads steps
@@ -257,3 +257,11 @@ def test_figure_draws_deepspeed_runs_beside_zfbench_ones_in_the_base_colour(tmp_
     # the ablation variant stays out; DeepSpeed's ZenFlow comes after zfbench's
     assert list(table.index) == ["device", "zenflow", "deepspeed-zenflow"]
     assert table.loc["deepspeed-zenflow", "mean"] == pytest.approx(1.0)
+
+
+def test_lag1_is_a_deepspeed_zenflow_only_knob_with_the_same_settings():
+    assert cv.parse_variant("deepspeed-zenflow-lag1", 16) == cv.parse_variant("zenflow", 16)
+    assert cv.parse_variant("deepspeed-zenflow-u8-lag1", 16)[1]["update_interval"] == 8
+    for bad in ("deepspeed-zero-offload-lag1", "zenflow-lag1"):
+        with pytest.raises(ValueError):
+            cv.parse_variant(bad, 16)
