@@ -8,7 +8,10 @@ held-out loss at the plateau, the same way, (c) time-to-quality: the held-out lo
 (mean over seeds) against the wall-clock its steps would take on the GPU node, each
 step costing the simulated step time of llama2-7b-class training under that strategy
 (`zfbench/figures/command.py`'s `convergence_steps` dataset): the step times are
-simulated, the losses measured on SmolLM2-135M.
+simulated, the losses measured on SmolLM2-135M. Where the results hold runs through
+DeepSpeed's own engine (`deepspeed-zero-offload`, `deepspeed-zenflow`: the same task,
+data, seeds and settings), (a) and (b) draw them beside zfbench's, hatched; (c) leaves
+them out (no simulated step time of their own).
 """
 
 from __future__ import annotations
@@ -23,7 +26,24 @@ from zfbench.analysis.plot_measured import BadData, MissingData, strategy_style
 from zfbench.analysis.plots import SHORT_LABEL, bar_style, new_figure, with_style
 
 COMMAND = "`python bench/convergence.py` (committed under bench/results/convergence/)"
-ORDER = ("device", "zero-offload", "zero-offload-dpu", "zenflow")
+ORDER = ("device", "zero-offload", "zero-offload-dpu", "zenflow", "deepspeed-zero-offload",
+         "deepspeed-zenflow")
+DS_PREFIX = "deepspeed-"
+
+
+def style(variant: str) -> dict:
+    """The strategy's palette entry; a DeepSpeed run of it hatched, labelled DeepSpeed."""
+    if not variant.startswith(DS_PREFIX):
+        return strategy_style(variant)
+    base = strategy_style(variant[len(DS_PREFIX):])
+    return {**base, "hatch": "////", "label": f"DeepSpeed {base['label']}"}
+
+
+def short_label(variant: str) -> str:
+    if variant.startswith(DS_PREFIX):
+        base = SHORT_LABEL.get(variant[len(DS_PREFIX):], variant[len(DS_PREFIX):])
+        return "DeepSpeed\n" + base.replace("\n", "")
+    return SHORT_LABEL.get(variant, variant)
 
 
 def load(directory: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -87,7 +107,7 @@ def facts(runs: pd.DataFrame, curves: pd.DataFrame, step_s: dict[str, float]) ->
 
 
 def sentence(f: dict) -> str:
-    label = lambda v: strategy_style(v)["label"]  # noqa: E731
+    label = lambda v: style(v)["label"]  # noqa: E731
     parts = []
     if "acc" in f:
         a = f["acc"]
@@ -109,7 +129,7 @@ def sentence(f: dict) -> str:
 def _bars(ax, table: pd.DataFrame, runs: pd.DataFrame, task: str, metric: str,
           scale: float, ylabel: str) -> None:
     for i, (v, r) in enumerate(table.iterrows()):
-        st = strategy_style(v)
+        st = style(v)
         err = 0.0 if r["std"] != r["std"] else scale * r["std"]
         ax.bar(i, scale * r["mean"], 0.6, yerr=err, capsize=3, **bar_style(st))
         seeds = runs[(runs["task"] == task) & (runs["variant"] == v)][metric] * scale
@@ -122,7 +142,8 @@ def _bars(ax, table: pd.DataFrame, runs: pd.DataFrame, task: str, metric: str,
     span = max(hi - lo, 0.02 * abs(hi), 1e-6)  # one seed: a small window round its value
     ax.set_ylim(lo - 0.6 * span, hi + 0.4 * span)
     ax.ticklabel_format(axis="y", useOffset=False)
-    ax.set_xticks(range(len(table)), [SHORT_LABEL.get(v, v) for v in table.index], fontsize=7)
+    ax.set_xticks(range(len(table)), [short_label(v) for v in table.index],
+                  fontsize=7 if len(table) <= 4 else 6)
     ax.set_ylabel(ylabel)
     ax.grid(axis="x", visible=False)
 
@@ -130,7 +151,11 @@ def _bars(ax, table: pd.DataFrame, runs: pd.DataFrame, task: str, metric: str,
 @with_style
 def plot(runs: pd.DataFrame, curves: pd.DataFrame, f: dict, where: str) -> Figure:
     panels = [k for k in ("acc", "loss") if k in f] + ["ttq"]
-    fig, axes = new_figure(1, len(panels), figsize=(3.0 * len(panels) + 0.6, 3.3))
+    widths = [3.0 + (0.5 * (len(f[k]) - 4) if k in ("acc", "loss") else 0.0)
+              for k in panels]
+    widths = [max(w, 3.0) for w in widths]
+    fig, axes = new_figure(1, len(panels), figsize=(sum(widths) + 0.6, 3.3),
+                           gridspec_kw={"width_ratios": widths})
     for ax, key in zip(axes[0], panels):
         if key == "acc":
             _bars(ax, f["acc"], runs, "topics", "final_test_acc", 100.0,

@@ -17,7 +17,14 @@ Variants: `device` (AdamW on the device), `zero-offload`, `zero-offload-dpu` (de
 parameter update), `zenflow` at the paper's settings (top-k 0.1, update interval 4,
 overlap on, reselection every `--select-interval` steps), and for ablations
 `zenflow-<knobs>` with knobs `k<ratio>`, `u<interval|auto>`, `s<select interval>`,
-`ov0`/`ov1` (overlap off/on), e.g. `zenflow-k0.05-u1-s4-ov0`.
+`ov0`/`ov1` (overlap off/on), e.g. `zenflow-k0.05-u1-s4-ov0`. `deepspeed-zenflow[-knobs]`
+and `deepspeed-zero-offload` run the same settings through DeepSpeed's own engine (the
+`[deepspeed]` extra, deepspeed==0.19.5, on CPU; bench/ds_engines.py): ZeRO-2 with
+`offload_optimizer.device: cpu`, the ZenFlow section mapped key for key
+(`ds_engines.deepspeed_zenflow_section`), a fresh copy of the model per run. DeepSpeed has
+no flush of a partial window, so its final numbers are the device's parameters at the
+stop; `stop_val_loss`/`stop_test_acc` (the evaluation at the stop, before any flush) are
+comparable across both engines.
 
 Plateau criterion: the validation loss is measured every `--eval-every` steps (on the
 parameters the device holds at that step); a run stops when `--patience` evaluations in
@@ -38,15 +45,22 @@ Files under `--out` (default bench/results/convergence):
     curves.csv    task, variant, seed, step, train_loss (mean since the last eval),
                   val_loss, test_loss, test_acc (topics), train_s (training seconds so far)
     runs.csv      task, variant, seed, steps, plateaued, best_val_loss, best_step,
-                  final_val_loss, final_test_loss, final_test_acc, train_s
+                  final_val_loss, final_test_loss, final_test_acc, train_s,
+                  stop_val_loss, stop_test_acc (the evaluation at the stop, before the flush)
     summary.csv   task, variant, n, mean and std (ddof 1) and min/max of final_val_loss,
                   final_test_acc, steps
-    summary.json  the settings, the command, the machine, torch version, runtime
+    summary.json  the settings, the command, the machine, torch version, runtime;
+                  with --append the earlier study's and each appended run's under `appended`
+                  (with the deepspeed version where DeepSpeed ran)
+With `--append` the rows of this invocation replace those of the same (task, variant,
+seed) in the existing files and every other row is kept.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import json
 import os
 import platform
@@ -66,6 +80,13 @@ from zfbench.core.config_build import build_config  # noqa: E402
 from zfbench.core.config_zenflow import SCENARIO_ZENFLOW  # noqa: E402
 
 STUDY_VARIANTS = ("device", "zero-offload", "zero-offload-dpu", "zenflow")
+DS_PREFIX = "deepspeed-"  # the variant through DeepSpeed's own engine
+# deepspeed-zenflow-...-lag1: DeepSpeed's overlap without its skipped first wait-and-copy
+# (`first_update_round_after_warmup` cleared after initialize), so the first window's host
+# update reaches the device one window late as every later one does (and as in zfbench);
+# its two alternating sets of host Adam moments stay. An experiment on DeepSpeed's code,
+# not a DeepSpeed setting.
+DS_LAG1 = "lag1"
 # The paper's ZenFlow settings (arXiv 2505.12242 and DeepSpeed's ZenFlow tutorial config):
 # top-k 0.1 of the columns, update interval 4, the host update overlapped with compute.
 PAPER_ZENFLOW = {**SCENARIO_ZENFLOW, "topk_ratio": 0.1, "update_interval": 4,
@@ -74,7 +95,15 @@ PAPER_ZENFLOW = {**SCENARIO_ZENFLOW, "topk_ratio": 0.1, "update_interval": 4,
 
 def parse_variant(name: str, select_interval: int) -> tuple[str, dict | None]:
     """`device`/`zero-offload`/... -> (strategy, None); `zenflow[-knob...]` -> ("zenflow",
-    the ZenFlow section: the paper's settings with the knobs applied)."""
+    the ZenFlow section: the paper's settings with the knobs applied). A `deepspeed-`
+    prefix (zero-offload and zenflow only) gives the same; `is_deepspeed` tells them apart."""
+    if is_deepspeed(name):
+        base = "-".join(p for p in name[len(DS_PREFIX):].split("-") if p != DS_LAG1)
+        if DS_LAG1 in name.split("-") and not base.startswith("zenflow"):
+            raise ValueError(f"{name!r}: {DS_LAG1} is a knob of DeepSpeed's ZenFlow only")
+        if base != "zero-offload" and not base.startswith("zenflow"):
+            raise ValueError(f"{name!r}: DeepSpeed runs zero-offload and zenflow[-knobs] here")
+        return parse_variant(base, select_interval)
     if not name.startswith("zenflow"):
         if name not in ("device", "zero-offload", "zero-offload-dpu"):
             raise ValueError(f"unknown variant {name!r}")
@@ -94,6 +123,10 @@ def parse_variant(name: str, select_interval: int) -> tuple[str, dict | None]:
             zf["update_interval"]:
         zf["select_interval"] = zf["update_interval"]  # the config rule: S >= U or 0
     return "zenflow", zf
+
+
+def is_deepspeed(name: str) -> bool:
+    return name.startswith(DS_PREFIX)
 
 
 class Plateau:
@@ -138,8 +171,10 @@ class LMTask:
             cached.append((self.hm.prefix_hidden(self.lm, x, self.first), y))
         return cached[step]
 
-    def evaluate(self) -> dict:
-        return {"val_loss": self.hm.eval_loss(self.module, self.val)}
+    def evaluate(self, module=None) -> dict:
+        """On `module` (default: the task's own; a DeepSpeed run trains a copy)."""
+        return {"val_loss": self.hm.eval_loss(self.module if module is None else module,
+                                              self.val)}
 
 
 class TopicsTask:
@@ -169,35 +204,72 @@ class TopicsTask:
         pick = rng.choice(len(y), size=self.args.topic_batch, replace=False)
         return x[pick], y[pick]
 
-    def evaluate(self) -> dict:
-        val, _ = self.tt.evaluate(self.module, self._chunks("val"))
-        test, acc = self.tt.evaluate(self.module, self._chunks("test"))
+    def evaluate(self, module=None) -> dict:
+        """On `module` (default: the task's own; a DeepSpeed run trains a copy)."""
+        module = self.module if module is None else module
+        val, _ = self.tt.evaluate(module, self._chunks("val"))
+        test, acc = self.tt.evaluate(module, self._chunks("test"))
         return {"val_loss": val, "test_loss": test, "test_acc": acc}
 
 
 # ---------------------------------------------------------------------- one run
+@contextlib.contextmanager
+def open_engine(module, variant: str, args, micro: int, lr: float):
+    """Yield (engine, the module it trains, finish): zfbench's engine on `module` itself,
+    or DeepSpeed's on a copy of it (DeepSpeed flattens the parameters it trains into its
+    buffers and hooks them, so each run gets its own). Closes the engine afterwards."""
+    import torch
+
+    strategy, zf = parse_variant(variant, args.select_interval)
+    if not is_deepspeed(variant):
+        import zfbench.real as real
+        config = build_config(strategy, micro_batch=micro, lr=lr,
+                              weight_decay=args.weight_decay, clip=args.clip, zenflow=zf)
+        engine = real.initialize(module, config, device="cpu",
+                                 device_threads=args.device_threads,
+                                 host_threads=args.host_threads)
+        try:
+            yield engine, module, lambda: engine.finish(flush_partial=True)
+        finally:
+            engine.close()
+        return
+    from ds_engines import ds_config, import_deepspeed, make_ds, release_ds
+    ds = import_deepspeed(args.any_version)
+    module = copy.deepcopy(module)
+    cfg = ds_config(micro, zf, lr, args.weight_decay, args.clip, strategy=strategy)
+    state = (os.sched_getaffinity(0), os.environ.get("OMP_NUM_THREADS"),
+             torch.get_num_threads())
+    engine = make_ds(ds, module, cfg, trainable_only=True)
+    if DS_LAG1 in variant.split("-"):
+        if not hasattr(engine.optimizer, "first_update_round_after_warmup"):
+            release_ds(engine, *state)
+            raise RuntimeError(f"{variant}: this DeepSpeed's optimizer has no "
+                               "first_update_round_after_warmup (overlap_step off?)")
+        engine.optimizer.first_update_round_after_warmup = False
+    try:
+        yield engine, module, lambda: None  # DeepSpeed has no flush of a partial window
+    finally:
+        release_ds(engine, *state)
+        del engine
+        import gc
+        gc.collect()
+
+
 def run_one(task, init: dict, variant: str, seed: int, args, lr: float) -> tuple[list, dict]:
     import torch
 
-    import zfbench.real as real
-    module = task.module
     with torch.no_grad():
-        for name, p in module.named_parameters():
+        for name, p in task.module.named_parameters():
             if name in init:
                 p.copy_(init[name])
-    strategy, zf = parse_variant(variant, args.select_interval)
-    config = build_config(strategy, micro_batch=args.topic_batch if task.name == "topics"
-                          else args.batch, lr=lr,
-                          weight_decay=args.weight_decay, clip=args.clip, zenflow=zf)
+    micro = args.topic_batch if task.name == "topics" else args.batch
     torch.manual_seed(seed)
-    engine = real.initialize(module, config, device="cpu", device_threads=args.device_threads,
-                             host_threads=args.host_threads)
     stop = Plateau(args.patience, args.min_delta, args.min_steps)
     curve, losses, train_s, step, plateaued = [], [], 0.0, 0, False
     row = {"task": task.name, "variant": variant, "seed": seed}
-    try:
+    with open_engine(task.module, variant, args, micro, lr) as (engine, module, finish):
         curve.append({**row, "step": 0, "train_loss": float("nan"), "train_s": 0.0,
-                      **task.evaluate()})
+                      **task.evaluate(module)})
         while step < args.max_steps:
             t0 = time.perf_counter()
             x, y = task.batch(seed, step)
@@ -208,26 +280,58 @@ def run_one(task, init: dict, variant: str, seed: int, args, lr: float) -> tuple
             losses.append(float(loss.detach()))
             step += 1
             if step % args.eval_every == 0:
-                ev = task.evaluate()
+                ev = task.evaluate(module)
                 curve.append({**row, "step": step, "train_loss": float(np.mean(losses)),
                               "train_s": train_s, **ev})
                 losses = []
                 if stop.update(step, ev["val_loss"]):
                     plateaued = True
                     break
-        engine.finish(flush_partial=True)
-    finally:
-        engine.close()
-    final = task.evaluate()
+        finish()
+        final = task.evaluate(module)
     result = {**row, "steps": step, "plateaued": plateaued, "best_val_loss": stop.best,
               "best_step": stop.best_step, "train_s": train_s,
-              **{f"final_{k}": v for k, v in final.items()}}
+              **{f"final_{k}": v for k, v in final.items()}, **stop_metrics(curve[-1])}
     return curve, result
 
 
+def stop_metrics(last_eval: dict) -> dict:
+    """The evaluation at the stop (the curve's last row), before any flush."""
+    return {f"stop_{k}": last_eval[k] for k in ("val_loss", "test_acc") if k in last_eval}
+
+
+def merge(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+    """`old` without the (task, variant, seed) runs that `new` has, then `new` (runs or
+    curves rows)."""
+    key = ["task", "variant", "seed"]
+    if old.empty:
+        return new.reset_index(drop=True)
+    done = set(map(tuple, new[key].itertuples(index=False)))
+    keep = old[[tuple(r) not in done for r in old[key].itertuples(index=False)]]
+    return pd.concat([keep, new], ignore_index=True)
+
+
+def backfill_stop(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
+    """Fill missing stop_val_loss / stop_test_acc from each run's last evaluation in
+    `curves` (runs written before these columns existed)."""
+    runs = runs.copy()
+    last = curves.sort_values("step").groupby(["task", "variant", "seed"]).tail(1)
+    last = last.set_index(["task", "variant", "seed"])
+    for col in ("val_loss", "test_acc"):
+        if col not in last:
+            continue
+        stop = f"stop_{col}"
+        if stop not in runs:
+            runs[stop] = np.nan
+        idx = [tuple(r) for r in runs[["task", "variant", "seed"]].itertuples(index=False)]
+        fill = [last[col].get(i, np.nan) for i in idx]
+        runs[stop] = runs[stop].where(runs[stop].notna(), pd.Series(fill, index=runs.index))
+    return runs
+
+
 def summarize(runs: pd.DataFrame) -> pd.DataFrame:
-    metrics = [m for m in ("final_val_loss", "final_test_acc", "final_test_loss", "steps",
-                           "train_s") if m in runs]
+    metrics = [m for m in ("final_val_loss", "final_test_acc", "final_test_loss",
+                           "stop_val_loss", "stop_test_acc", "steps", "train_s") if m in runs]
     rows = []
     for (task, variant), g in runs.groupby(["task", "variant"], sort=False):
         r = {"task": task, "variant": variant, "n": len(g),
@@ -270,6 +374,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device-threads", type=int, default=1)
     p.add_argument("--host-threads", type=int, default=1)
     p.add_argument("--cache", default=None)
+    p.add_argument("--append", action="store_true",
+                   help="keep the runs already in --out; this invocation's replace only "
+                        "those of the same task, variant and seed")
+    p.add_argument("--any-version", action="store_true",
+                   help="accept a deepspeed other than 0.19.5 (deepspeed-* variants)")
     p.add_argument("--out", type=Path, default=ROOT / "bench/results/convergence")
     return p
 
@@ -281,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     for v in args.variants:
         parse_variant(v, args.select_interval)
     started = time.perf_counter()
+    ds_version = None
+    if any(map(is_deepspeed, args.variants)):  # fail before loading anything
+        from ds_engines import import_deepspeed
+        ds_version = import_deepspeed(args.any_version).__version__
     import torch
 
     from ds_wallclock_observe import machine
@@ -312,6 +425,17 @@ def main(argv: list[str] | None = None) -> int:
             "paper_zenflow": PAPER_ZENFLOW, "trainable_params": trainable,
             "machine": machine(), "torch": torch.__version__,
             "python": platform.python_version(), "load_avg_start": os.getloadavg()}
+    if ds_version:
+        from ds_engines import deepspeed_zenflow_section
+        head["deepspeed"] = ds_version
+        head["deepspeed_zenflow"] = {
+            v: dict(zip(("section", "notes"), deepspeed_zenflow_section(
+                parse_variant(v, args.select_interval)[1])))
+            for v in args.variants if is_deepspeed(v) and parse_variant(v, 0)[0] == "zenflow"}
+    old_runs, old_curves, old_head = pd.DataFrame(), pd.DataFrame(), None
+    if args.append and (out / "runs.csv").exists():
+        old_runs, old_curves = pd.read_csv(out / "runs.csv"), pd.read_csv(out / "curves.csv")
+        old_head = json.loads((out / "summary.json").read_text())
     for task in tasks:
         with torch.no_grad():
             for n, p in lm.named_parameters():
@@ -335,17 +459,35 @@ def main(argv: list[str] | None = None) -> int:
                       f"{result['final_val_loss']:.4f}{acc}, {result['train_s']:.0f} s "
                       f"[{time.perf_counter() - started:.0f} s]", file=sys.stderr, flush=True)
                 # written after every run: a cut-short study keeps what it measured
-                pd.DataFrame(curves).to_csv(out / "curves.csv", index=False)
-                runs_df = pd.DataFrame(runs)
-                runs_df.to_csv(out / "runs.csv", index=False)
-                summarize(runs_df).to_csv(out / "summary.csv", index=False)
                 head |= {"runtime_s": time.perf_counter() - started,
                          "load_avg_end": os.getloadavg(), "complete": False}
-                (out / "summary.json").write_text(json.dumps(head, indent=2, default=str))
+                runs_df = write_results(out, curves, runs, head, old_curves, old_runs,
+                                        old_head)
     head["complete"] = True
-    (out / "summary.json").write_text(json.dumps(head, indent=2, default=str))
-    print(summarize(pd.DataFrame(runs)).to_string(index=False))
+    runs_df = write_results(out, curves, runs, head, old_curves, old_runs, old_head)
+    print(summarize(runs_df).to_string(index=False))
     return 0
+
+
+def write_results(out: Path, curves: list, runs: list, head: dict, old_curves, old_runs,
+                  old_head) -> pd.DataFrame:
+    """curves.csv, runs.csv, summary.csv, summary.json: this invocation's rows merged into
+    the old ones (--append; empty frames otherwise). Returns the runs written."""
+    curves_df = merge(old_curves, pd.DataFrame(curves))
+    runs_df = backfill_stop(merge(old_runs, pd.DataFrame(runs)), curves_df)
+    curves_df.to_csv(out / "curves.csv", index=False)
+    runs_df.to_csv(out / "runs.csv", index=False)
+    summarize(runs_df).to_csv(out / "summary.csv", index=False)
+    if old_head is not None:
+        mine = {**head, "runs": sorted({f"{r['task']}/{r['variant']}/{r['seed']}"
+                                        for r in runs})}
+        appended = [a for a in old_head.get("appended", [])
+                    if a.get("command") != head["command"]]
+        doc = {**old_head, "appended": appended + [mine]}
+    else:
+        doc = head
+    (out / "summary.json").write_text(json.dumps(doc, indent=2, default=str))
+    return runs_df
 
 
 if __name__ == "__main__":

@@ -54,20 +54,85 @@ def import_deepspeed(any_version: bool):
     return deepspeed
 
 
-def ds_config(batch: int, zenflow: dict, lr: float, wd: float, clip: float) -> dict:
-    """zfbench's zenflow config (zfbench.core.config_build) as DeepSpeed takes it: without
-    the `zfbench` section (`make_zf` puts it back), plus DeepSpeed's own keys."""
+def ds_config(batch: int, zenflow: dict | None, lr: float, wd: float, clip: float,
+              strategy: str = "zenflow") -> dict:
+    """zfbench's config of `strategy` (zfbench.core.config_build; "zenflow" or
+    "zero-offload", which takes no ZenFlow section) as DeepSpeed takes it: without the
+    `zfbench` section (`make_zf` puts it back), the ZenFlow section through
+    `deepspeed_zenflow_section`, plus DeepSpeed's own keys."""
     from zfbench.core.config_build import build_config
 
-    cfg = build_config("zenflow", micro_batch=batch, lr=lr, weight_decay=wd, clip=clip,
-                       pin_memory=False, zenflow=zenflow)
+    if strategy not in ("zenflow", "zero-offload"):
+        raise ValueError(f"DeepSpeed runs zenflow or zero-offload here, not {strategy!r}")
+    section = deepspeed_zenflow_section(zenflow)[0] if strategy == "zenflow" else None
+    cfg = build_config(strategy, micro_batch=batch, lr=lr, weight_decay=wd, clip=clip,
+                       pin_memory=False, zenflow=section)
     del cfg["zfbench"]
     cfg["steps_per_print"] = 1 << 30
     return cfg
 
 
-def make_ds(ds, model: nn.Module, cfg: dict):
-    engine, *_ = ds.initialize(model=model, model_parameters=model.parameters(),
+# zfbench's `zero_optimization.zenflow` keys are DeepSpeed's (zfbench.core.config_zenflow
+# mirrors deepspeed/runtime/zenflow/zenflow_config.py), so each knob maps to the key of the
+# same name; what differs is which combinations DeepSpeed 0.19.5 accepts and how it reads
+# them (runtime/zenflow/engine.py: configure_zenflow).
+DS_ZENFLOW_KEYS = ("topk_ratio", "select_strategy", "select_interval", "update_interval",
+                   "overlap_step", "full_warm_up_rounds", "auto_ratio",
+                   "pt_reserved_cores_perc", "offload")
+
+
+def deepspeed_zenflow_section(zf: dict) -> tuple[dict, list[str]]:
+    """zfbench's ZenFlow section -> (DeepSpeed 0.19.5's `zero_optimization.zenflow`, notes
+    on what DeepSpeed reads differently). Raises ValueError for a setting DeepSpeed cannot
+    express: a key it lacks, or an integer select_interval under select_strategy "auto"
+    (DeepSpeed raises; zfbench reads it as steps)."""
+    extra = sorted(set(zf) - set(DS_ZENFLOW_KEYS))
+    if extra:
+        raise ValueError(f"DeepSpeed's zenflow section has no key {', '.join(extra)}")
+    out = dict(zf)
+    strategy = out.get("select_strategy", "auto")
+    interval = out.get("select_interval", "auto")
+    if strategy == "auto" and isinstance(interval, int):
+        raise ValueError("select_strategy 'auto' with an integer select_interval: DeepSpeed "
+                         "0.19.5 refuses it (zfbench reads the integer as steps); give "
+                         "select_strategy 'step'")
+    notes = []
+    if strategy in ("auto", "epoch"):
+        notes.append("select_strategy auto/epoch: DeepSpeed counts epochs only with a "
+                     "training_data loader given to initialize; without one it selects once")
+    if out.get("overlap_step"):
+        notes.append("overlap_step: DeepSpeed's optimizer process keeps two sets of host "
+                     "Adam moments, used by alternate windows (zfbench: one set), and a "
+                     "reselection copies the device's weights into the host master while "
+                     "an update may be pending; each window's update reaches the device "
+                     "one window late, as in zfbench, except that DeepSpeed skips its "
+                     "first wait-and-copy after warm-up, so the first window's update "
+                     "lands two windows late, with the second's")
+    return out, notes
+
+
+def release_ds(dse, affinity, omp: str | None, threads: int) -> None:
+    """Give back what a DeepSpeed engine took: its ZenFlow optimizer process, the core
+    pinning of this process (overlap mode), OMP_NUM_THREADS and torch's thread count."""
+    import contextlib
+
+    proc = getattr(getattr(dse, "optimizer", None), "process", None)
+    with contextlib.suppress(Exception):
+        dse.destroy()
+    if proc is not None and proc.is_alive():
+        proc.terminate()
+        proc.join(10)
+    os.sched_setaffinity(0, affinity)
+    os.environ.pop("OMP_NUM_THREADS", None)
+    os.environ.update({} if omp is None else {"OMP_NUM_THREADS": omp})
+    torch.set_num_threads(threads)
+
+
+def make_ds(ds, model: nn.Module, cfg: dict, trainable_only: bool = False):
+    """DeepSpeed's engine on `model`; `trainable_only` hands its optimizer only the
+    parameters that require gradients (a partly frozen model)."""
+    params = [p for p in model.parameters() if p.requires_grad or not trainable_only]
+    engine, *_ = ds.initialize(model=model, model_parameters=params,
                                config=copy.deepcopy(cfg))
     return engine
 

@@ -35,7 +35,6 @@ bench/ds_wallclock_summary.py.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import gc
 import json
@@ -80,7 +79,7 @@ def engine_config(args, batch: int, engine: str) -> dict:
 def run_one(ds, args, spec: tuple, engine: str, rep: int, data: list, bar) -> tuple[list, dict]:
     import torch
 
-    from ds_engines import make_ds, train_step
+    from ds_engines import make_ds, release_ds, train_step
     from zfbench.real.model import build_model
     from zfbench.core.models import get_model
 
@@ -127,16 +126,7 @@ def run_one(ds, args, spec: tuple, engine: str, rep: int, data: list, bar) -> tu
         ds_affinity = sorted(os.sched_getaffinity(0))
         opt_affinity = [sorted(os.sched_getaffinity(pid)) for pid in _pids(dse)]
     finally:  # give back what DeepSpeed took: its optimizer process, the pinning, threads
-        proc = getattr(getattr(dse, "optimizer", None), "process", None)
-        with contextlib.suppress(Exception):
-            dse.destroy()
-        if proc is not None and proc.is_alive():
-            proc.terminate()
-            proc.join(10)
-        os.sched_setaffinity(0, full_aff)
-        os.environ.pop("OMP_NUM_THREADS", None)
-        os.environ.update({} if omp is None else {"OMP_NUM_THREADS": omp})
-        torch.set_num_threads(cores)
+        release_ds(dse, full_aff, omp, cores)
         del dse, model
         gc.collect()
     summary = summarize(rows, U, cores)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zfbench.sims import collectives, device_memory, device_step, host_step, zero3
+from zfbench.sims import collectives, device_memory, device_step, host_step, pageable, zero3
 from zfbench.sims.settings import (OFFLOAD_PARAMS, PRECISIONS, STRATEGIES, TRANSFER_MODES,
                            SimSettings, SimSettingsError, load_calibration)
 from zfbench.core import hardware, models
@@ -279,6 +279,18 @@ class CostModel:
         if self.deepspeed_host_step:
             return host_step.GRAD_WIRE_BYTES
         return self.elem_bytes
+
+    @property
+    def pageable_copies(self) -> bool:
+        """Whether the offload's host buffers are pageable (`pin_memory` False), so that
+        copies block their issuing lane and are staged (zfbench.sims.pageable); never with
+        a measured profile (zfbench's engine pins its buffers) or emulated."""
+        return not self.settings.pin_memory and self.calibration is None
+
+    @property
+    def pageable_copy_bytes_per_s(self) -> float:
+        """The staging copy's cap on one rank's pageable copy (zfbench.sims.pageable)."""
+        return pageable.staging_copy_bytes_per_s(self.numa_factor)
 
     def stream_units_per_core_s(self, bytes_per_elem: float) -> float:
         """Elements/s per core of a host streaming pass beside Adam (clip, conversion)."""

@@ -37,8 +37,10 @@ class Job:
     kind: str  # "d2h" | "h2d" | "host"
     rank: int
     amount: float
-    bytes_per_unit: float = 1.0  # DRAM bytes touched per unit of host work
-    units_per_core_s: float = 0.0  # host work: units one core completes per second
+    bytes_per_unit: float = 1.0  # DRAM bytes touched per unit (transfers: per byte moved)
+    # host work: units one core completes per second; a transfer: a cap on its rate in
+    # bytes/s (a pageable copy's staging copy, zfbench.sims.pageable), 0 for none
+    units_per_core_s: float = 0.0
     done: simpy.Event | None = None
     remaining: float = field(init=False)
     rate: float = field(init=False, default=0.0)
@@ -222,7 +224,9 @@ def node_rates(caps: NodeCapacities) -> RateFn:
                 up *= factor
             rank_rate = min(cap, up / per_switch[(job.kind, sw)])
             out[i] = rank_rate / same_lane[(job.kind, job.rank)]
-            transfer_total += out[i]
+            if job.units_per_core_s > 0:  # a pageable copy: the driver's staging copy caps
+                out[i] = min(out[i], job.units_per_core_s)  # it (zfbench.sims.pageable)
+            transfer_total += out[i] * job.bytes_per_unit  # DRAM bytes per byte moved
         hosts = [i for i, j in enumerate(active) if j.kind == "host"]
         if hosts:
             dram_left = max(caps.dram_bytes_per_s - transfer_total,

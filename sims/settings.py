@@ -72,6 +72,11 @@ class SimSettings:
     # socket of the node and part of its memory traffic crosses sockets
     # (zfbench.sims.host_step). No effect with a measured profile.
     bind_cores: bool = False
+    # Offloaded host buffers page-locked (DeepSpeed's offload_optimizer / offload_param
+    # `pin_memory`); False: pageable, each copy blocks the device lane that issues it and
+    # is staged by the driver (zfbench.sims.pageable, with DeepSpeed's defaults by version).
+    # Default True, DeepSpeed's default since deepspeedai/DeepSpeed PR #8207.
+    pin_memory: bool = True
     net: str = "nvlink3"
     gpus_per_switch: int = 2
     micro_batch: int = GPU_NODE.micro_batch

@@ -43,6 +43,10 @@ compute) is left out. No host compute is spent on accumulation.
 A step's wall interval runs from its forward's start to the moment the next forward may
 start; the stall the analysis reports is that interval minus the compute lane's busy time.
 
+With pageable host buffers (`pin_memory` False, from presets) every copy is staged by the
+driver and a gradient's copy down during backward holds the compute lane until it has
+landed (`sims/pageable.py`).
+
 The same schedules run on a CPU-emulated accelerator (`RankSim.emulated`, from the cost
 model: a profile measured without CUDA; what differs there is in `sims/emulated.py`). The
 engine has no copy engines there, so: compute spans are pool work slowed by host work
@@ -61,6 +65,7 @@ import simpy
 
 from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel
 from zfbench.sims.emulated import device_thread_op, grad_check_s, grad_zero_s
+from zfbench.sims import pageable
 from zfbench.sims.fluid import FluidPool, Job
 from zfbench.sims.host_step import CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM
 from zfbench.sims.lanes import Lane, all_done, run_compute
@@ -100,11 +105,21 @@ class RankSim:
         nbytes = int(round(nbytes))
         if nbytes <= 0:
             return _fired(self.env)
-        job = Job(lane.name, self.rank, nbytes)
+        job = self.copy_job(lane.name, nbytes)
         if self.emulated and lane is self.h2d:
             return self.host.submit(op, step, deps, seconds=self.latency_s, job=job,
                                     nbytes=nbytes, record_lane="h2d")
         return lane.submit(op, step, deps, seconds=self.latency_s, job=job, nbytes=nbytes)
+
+    def copy_job(self, kind: str, nbytes: int) -> Job:
+        """The pool job of a copy of `nbytes` ("d2h" or "h2d"): from pageable host buffers,
+        capped by the driver's staging copy and three DRAM bytes per byte
+        (zfbench.sims.pageable)."""
+        c = self.costs
+        if c.pageable_copies:
+            return Job(kind, self.rank, nbytes, pageable.DRAM_BYTES_PER_BYTE,
+                       c.pageable_copy_bytes_per_s)
+        return Job(kind, self.rank, nbytes)
 
     def copy_down_now(self, op: str, step: int, nbytes: float):
         """Emulated: a copy down run by the device thread (the compute lane waits for it)."""
@@ -146,13 +161,19 @@ class RankSim:
 
     def backward(self, step: int, after_bucket, reduce: bool = True):
         """Backward bucket by bucket (last block first); `after_bucket(i)` runs after each
-        (with copy engines). Emulated, as the engine there: with several ranks the device
-        thread all-reduces the whole gradient buffer (`reduce`: at the accumulation
-        boundary), then checks every gradient for non-finite values."""
+        (with copy engines); the copy event it returns, if any, holds the compute lane
+        when the host buffers are pageable (zfbench.sims.pageable). Emulated, as the
+        engine there: with several ranks the device thread all-reduces the whole gradient
+        buffer (`reduce`: at the accumulation boundary), then checks every gradient for
+        non-finite values."""
         for i in reversed(range(self.nb)):
             yield from self.compute("backward", step, self.costs.buckets[i].backward_s)
             if not self.emulated:
-                after_bucket(i)
+                copy = after_bucket(i)
+                if copy is not None and self.costs.pageable_copies:
+                    # into pageable memory the copy blocks the thread that launches
+                    # backward's kernels (zfbench.sims.pageable)
+                    yield from all_done(self.env, [copy])
         if self.emulated:
             if reduce:
                 yield from all_done(self.env, [self.collective(
@@ -323,11 +344,12 @@ class RankSim:
         down: dict[int, simpy.Event] = {}
         self.reduced = []
 
-        def after(i: int) -> None:
+        def after(i: int) -> simpy.Event:
             red = self.collective("allreduce", t, c.buckets[i].numel * c.elem_bytes, [])
             self.reduced.append(red)
             down[i] = self.transfer(self.d2h, "d2h_grad", t, bytes_of(i),
                                     [red, *extra_deps_of(i)])
+            return down[i]
         yield from self.backward(t, (lambda i: None) if self.emulated else after, reduce)
         return down
 

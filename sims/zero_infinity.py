@@ -21,6 +21,15 @@ seconds come from `zfbench.sims.zero3` and `CostModel`. `zero_infinity_step(sim,
   step waits exactly as long, for a fetch of bucket 0 that it does not record (there is
   no step t+1 to charge it to), so every steady step is alike; that fetch waits for the
   last update, so all of the run's work is done when it ends.
+- With pageable host buffers (`pin_memory` False, CPU offload: `sims/pageable.py`) the
+  copies block the thread that issues the device's work. Gradients as DeepSpeed's ZeRO-3
+  of 2021 sends them (stage3.py `reduce_ipg_grads`: `reduction_stream.synchronize()`,
+  then `partition_previous_reduced_grads` copies the previous bucket down, then the
+  current bucket's reduction is issued): after the backward op of bucket i the device
+  waits for the previous bucket's copy down (issued once its reduce-scatter is done),
+  and only then is bucket i's reduce-scatter issued; after the last backward op, the
+  last bucket's copy (the epilogue's). Each fetch's copy up holds the device from the
+  moment it is issued until it has landed.
 - With `offload_params="nvme"` every fetch first reads the share from NVMe, and the host
   update of each bucket reads its fp32 state from NVMe before it and writes the state and
   the new 16-bit parameters back after it (double-buffered: a bucket's read waits for the
@@ -55,28 +64,49 @@ def _nvme_lanes(sim):
     return lanes
 
 
-def fetch(sim, step: int, i: int, deps):
-    """Bucket i's parameters onto the device: (NVMe read,) share up, all-gather."""
+def pageable(c) -> bool:
+    """Whether this run's gradient and parameter copies are pageable (zfbench.sims.pageable):
+    without `pin_memory`, with CPU offload; NVMe offload copies through the swapper's
+    pinned buffers."""
+    return c.pageable_copies and not zero3.uses_nvme(c)
+
+
+def fetch(sim, step: int, i: int, deps, blocking: list | None = None):
+    """Bucket i's parameters onto the device: (NVMe read,) share up, all-gather. With
+    pageable buffers the share's copy up is appended to `blocking`: the issuing thread
+    waits for it."""
     c = sim.costs
     if zero3.uses_nvme(c):
         read, _ = _nvme_lanes(sim)
         deps = [nvme.submit(read, nvme.READ, sim.rank, step, zero3.share_bytes(c, i), deps)]
     up = sim.transfer(sim.h2d, "h2d_param", step, zero3.share_bytes(c, i), deps)
+    if blocking is not None and pageable(c):
+        blocking.append(up)
     return sim.collective("allgather", step, zero3.bucket_bytes(c, i), [up]) or up
+
+
+def reduce_scatter(sim, step: int, i: int):
+    """Bucket i's gradient reduce-scattered; its event (None on one GPU)."""
+    c = sim.costs
+    if c.gpus == 1:
+        return None
+    nbytes = zero3.bucket_bytes(c, i)
+    return sim.net.submit(REDUCE_SCATTER_OP, step, [],
+                          seconds=zero3.reduce_scatter_s(c, nbytes),
+                          nbytes=int(round(nbytes)))
+
+
+def copy_down(sim, step: int, i: int, reduced):
+    """The rank's share of bucket i's gradient down once `reduced` has fired."""
+    return sim.transfer(sim.d2h, "d2h_grad", step, zero3.share_bytes(sim.costs, i),
+                        [reduced])
 
 
 def grad_down(sim, step: int, i: int):
     """Bucket i's gradient reduce-scattered, then the rank's share down; returns the
     events of both (the reduce-scatter's None on one GPU)."""
-    c = sim.costs
-    reduced = None
-    if c.gpus > 1:
-        nbytes = zero3.bucket_bytes(c, i)
-        reduced = sim.net.submit(REDUCE_SCATTER_OP, step, [],
-                                 seconds=zero3.reduce_scatter_s(c, nbytes),
-                                 nbytes=int(round(nbytes)))
-    return reduced, sim.transfer(sim.d2h, "d2h_grad", step, zero3.share_bytes(c, i),
-                                 [reduced])
+    reduced = reduce_scatter(sim, step, i)
+    return reduced, copy_down(sim, step, i, reduced)
 
 
 def unrecorded_fetch(sim, i: int, gate, net_free):
@@ -131,24 +161,36 @@ def zero_infinity_step(sim, t: int):
     issued = max(fetched, default=-1) + 1
     ready = st.pop(("ready", t - 1), {})  # the previous step's updates, per bucket
 
-    def issue(upto: int, step: int, into: dict, first: int, gates: dict) -> int:
+    def issue(upto: int, step: int, into: dict, first: int, gates: dict,
+              blocking: list | None = None) -> int:
         """Fetches first..upto of `step` (each after its bucket's update in `gates`)."""
         last = min(upto, len(ops) - 1)
         for k in range(first, last + 1):
-            into[k] = fetch(sim, step, ops[k], [gates.get(ops[k])])
+            into[k] = fetch(sim, step, ops[k], [gates.get(ops[k])], blocking)
         return max(first, last + 1)
 
-    downs, reduced = [], None
+    downs, reduced, pending = [], None, None
     for k, i in enumerate(ops):
-        issued = issue(k + d, t, fetched, issued, ready)
-        yield from all_done(env, [fetched.pop(k)])
+        blocking: list = []  # pageable copies up the device's thread waits for
+        issued = issue(k + d, t, fetched, issued, ready, blocking)
+        yield from all_done(env, [*blocking, fetched.pop(k)])
         b = c.buckets[i]
         if k < sim.nb:
             yield from sim.compute("forward", t, b.forward_s)
         else:
             yield from sim.compute("backward", t, b.backward_s)
-            reduced, down = grad_down(sim, t, i)
-            downs.append(down)
+            if pageable(c):  # the previous bucket's copy first, blocking (docstring)
+                if pending is not None:
+                    downs.append(copy_down(sim, t, *pending))
+                    yield from all_done(env, [downs[-1]])
+                reduced = reduce_scatter(sim, t, i)
+                pending = (i, reduced)
+            else:
+                reduced, down = grad_down(sim, t, i)
+                downs.append(down)
+    if pending is not None:  # the epilogue's copy of the last bucket
+        downs.append(copy_down(sim, t, *pending))
+        yield from all_done(env, [downs[-1]])
     updated = host_update(sim, t, downs)
     if t + 1 < c.settings.steps:
         nxt: dict = {}

@@ -164,3 +164,104 @@ def test_ablation_pool_pairs_runs_from_several_directories(tmp_path):
     assert ov0["n"] == 2
     assert ov0["final_val_loss_minus_ref_mean"] == pytest.approx(((0.8 - 1.0) + (0.5 - 0.7)) / 2)
     assert "zero-offload" not in set(table.variant)
+
+
+# ------------------------------------------------------- DeepSpeed's own ZenFlow (issue 28)
+import ds_engines as dse  # noqa: E402  (imports torch only; deepspeed lazily)
+
+
+def test_deepspeed_variants_parse_to_the_same_settings_as_zfbench_ones():
+    assert cv.is_deepspeed("deepspeed-zenflow") and not cv.is_deepspeed("zenflow")
+    assert cv.parse_variant("deepspeed-zenflow", 16) == cv.parse_variant("zenflow", 16)
+    assert cv.parse_variant("deepspeed-zenflow-ov0", 16)[1]["overlap_step"] is False
+    assert cv.parse_variant("deepspeed-zero-offload", 16) == ("zero-offload", None)
+    for bad in ("deepspeed-device", "deepspeed-zero-offload-dpu", "deepspeed-adam"):
+        with pytest.raises(ValueError):
+            cv.parse_variant(bad, 16)
+
+
+def test_paper_zenflow_maps_key_for_key_to_deepspeed_and_notes_the_overlap_lag():
+    _, zf = cv.parse_variant("zenflow", 16)
+    section, notes = dse.deepspeed_zenflow_section(zf)
+    assert section == {"topk_ratio": 0.1, "update_interval": 4, "overlap_step": True,
+                       "select_strategy": "step", "select_interval": 16,
+                       "full_warm_up_rounds": 0}
+    assert len(notes) == 1 and "two sets" in notes[0] and "first window" in notes[0]
+    # overlap off: nothing DeepSpeed reads differently
+    assert dse.deepspeed_zenflow_section(cv.parse_variant("zenflow-ov0", 16)[1])[1] == []
+    with pytest.raises(ValueError, match="auto"):   # DeepSpeed refuses; zfbench reads steps
+        dse.deepspeed_zenflow_section({"select_strategy": "auto", "select_interval": 16})
+    with pytest.raises(ValueError, match="importance"):
+        dse.deepspeed_zenflow_section({"topk_ratio": 0.1, "importance": "l2sq"})
+
+
+def test_deepspeed_config_drops_zfbench_section_and_zenflow_for_zero_offload():
+    _, zf = cv.parse_variant("zenflow", 16)
+    cfg = dse.ds_config(8, zf, 3e-4, 0.01, 1.0)
+    assert "zfbench" not in cfg and cfg["gradient_clipping"] == 1.0
+    assert cfg["zero_optimization"]["zenflow"]["select_interval"] == 16
+    assert cfg["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert cfg["optimizer"]["params"] == {"lr": 3e-4, "weight_decay": 0.01}
+    zo = dse.ds_config(8, None, 3e-4, 0.01, 1.0, strategy="zero-offload")
+    assert "zenflow" not in zo["zero_optimization"]
+    assert zo["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    with pytest.raises(ValueError):
+        dse.ds_config(8, None, 3e-4, 0.01, 1.0, strategy="device")
+
+
+def test_missing_deepspeed_names_the_extra(monkeypatch, capsys):
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")             # restored afterwards
+    monkeypatch.setitem(sys.modules, "deepspeed", None)   # import deepspeed -> ImportError
+    with pytest.raises(SystemExit) as exit_:
+        dse.import_deepspeed(any_version=False)
+    assert exit_.value.code == 2
+    assert ".[deepspeed]" in capsys.readouterr().err
+
+
+def test_append_replaces_same_runs_keeps_others_and_backfills_the_stop_eval():
+    run = lambda v, seed, loss: {"task": "topics", "variant": v, "seed": seed,  # noqa: E731
+                                 "final_val_loss": loss}
+    old = pd.DataFrame([run("device", 0, 0.6), run("zenflow", 0, 0.7),
+                        run("deepspeed-zenflow", 0, 9.9)])
+    new = pd.DataFrame([{**run("deepspeed-zenflow", 0, 0.8), "stop_val_loss": 0.85,
+                         "stop_test_acc": 0.5}])
+    merged = cv.merge(old, new)
+    assert list(merged.variant) == ["device", "zenflow", "deepspeed-zenflow"]
+    assert merged.final_val_loss.tolist() == [0.6, 0.7, 0.8]
+    curves = pd.DataFrame([
+        {"task": "topics", "variant": v, "seed": 0, "step": s, "val_loss": l, "test_acc": a}
+        for v, pts in (("device", ((10, 0.9, 0.4), (20, 0.65, 0.6))),
+                       ("zenflow", ((20, 0.72, 0.7), (10, 1.0, 0.3))))
+        for s, l, a in pts])
+    filled = cv.backfill_stop(merged, curves).set_index("variant")
+    assert filled.loc["device", "stop_val_loss"] == 0.65        # the last step's, not 0.9
+    assert filled.loc["zenflow", "stop_test_acc"] == 0.7
+    assert filled.loc["deepspeed-zenflow", "stop_val_loss"] == 0.85   # kept as written
+    assert cv.stop_metrics({"val_loss": 1.5, "step": 3}) == {"stop_val_loss": 1.5}
+
+
+def test_figure_draws_deepspeed_runs_beside_zfbench_ones_in_the_base_colour(tmp_path):
+    from zfbench.analysis import plot_convergence as pc
+    zf, ds = pc.style("zenflow"), pc.style("deepspeed-zenflow")
+    assert ds["color"] == zf["color"] and ds["hatch"] and ds["hatch"] != zf.get("hatch")
+    assert ds["label"] == f"DeepSpeed {zf['label']}"
+    assert pc.short_label("deepspeed-zero-offload") == "DeepSpeed\nZeRO-Offload"
+    rows = [{"task": "topics", "variant": v, "seed": s, "final_val_loss": 0.5 + s,
+             "final_test_acc": 0.7, "step": 10, "val_loss": 0.5}
+            for v in ("device", "deepspeed-zenflow", "deepspeed-zenflow-ov0", "zenflow")
+            for s in (0, 1)]
+    pd.DataFrame(rows).to_csv(tmp_path / "runs.csv", index=False)
+    pd.DataFrame(rows).to_csv(tmp_path / "curves.csv", index=False)
+    runs, _ = pc.load(tmp_path)
+    table = pc.per_strategy(runs, "topics", "final_val_loss")
+    # the ablation variant stays out; DeepSpeed's ZenFlow comes after zfbench's
+    assert list(table.index) == ["device", "zenflow", "deepspeed-zenflow"]
+    assert table.loc["deepspeed-zenflow", "mean"] == pytest.approx(1.0)
+
+
+def test_lag1_is_a_deepspeed_zenflow_only_knob_with_the_same_settings():
+    assert cv.parse_variant("deepspeed-zenflow-lag1", 16) == cv.parse_variant("zenflow", 16)
+    assert cv.parse_variant("deepspeed-zenflow-u8-lag1", 16)[1]["update_interval"] == 8
+    for bad in ("deepspeed-zero-offload-lag1", "zenflow-lag1"):
+        with pytest.raises(ValueError):
+            cv.parse_variant(bad, 16)

@@ -64,7 +64,7 @@ BUNDLED = "zfbench/data/published/offload_measurements.csv"
 # left out of a file, or left empty in a row, for their defaults).
 COLUMNS = ("id", "source", "metric", "value", "strategy", "hardware", "gpu", "gpus", "model",
            "micro_batch", "seq", "grad_accum", "precision", "activation_checkpointing",
-           "offload_params", "bind_cores", "anchor", "note")
+           "offload_params", "bind_cores", "pin_memory", "anchor", "note")
 REQUIRED = ("id", "source", "metric", "value", "strategy", "hardware", "gpus", "model",
             "micro_batch", "seq")
 OUTPUT_COLUMNS = ("simulated", "error_pct", "status", "calibration", "mfu",
@@ -161,7 +161,8 @@ def row_settings(row: dict) -> SimSettings:
         knobs.update(model=row["model"], micro_batch=_int(row, "micro_batch"),
                      seq=_int(row, "seq"), grad_accum=_int(row, "grad_accum", 1),
                      activation_checkpointing=_bool(row, "activation_checkpointing", True),
-                     bind_cores=_bool(row, "bind_cores", False))
+                     bind_cores=_bool(row, "bind_cores", False),
+                     pin_memory=_bool(row, "pin_memory", True))
         if row["precision"]:
             knobs["precision"] = row["precision"]
         if row["offload_params"]:
