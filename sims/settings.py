@@ -6,7 +6,8 @@ offloaded parameters live; the strategies and precisions are zfbench.core's, re-
 here, and the defaults are zfbench.core's scenario: `SimSettings.scenario` is the run's
 model, batch, precision and ZenFlow knobs as one `zfbench.core.scenario.Scenario`, whose
 `GPU_NODE` gives their defaults). `zfbench.sims.costs` turns
-settings into costs and re-exports all of this (split out of costs.py for size). It also reads a
+settings into costs and re-exports all of this (knobs and their checks are one concept,
+the costs they imply another). It also reads a
 measured profile's calibration (`load_calibration`), which both the checks here and the
 cost model need.
 """

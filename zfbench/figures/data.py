@@ -6,8 +6,9 @@ CSV files under `<out>/data/`, beside a `<name>.spec.json` holding the exact set
 `generate` runs the stale ones under one progress bar, each file through a rename and
 the spec written last (an interrupted run leaves no fresh-looking half).
 
-Part of the command `python -m zfbench.figures` (split out of its main module for
-size): like the command, it imports sims/ (docs/design.md's arrows).
+Part of the command `python -m zfbench.figures` (its concept: what each simulated figure
+needs computed, apart from drawing it): like the command, it imports sims/
+(docs/design.md's arrows).
 """
 
 from __future__ import annotations

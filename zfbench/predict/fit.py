@@ -37,8 +37,9 @@ Each fit is written as a hardware file in `data/hardware.json`'s layout, every i
 number with its source saying how it was inferred, so `python -m zfbench.simulate
 --hardware FILE --gpu inferred-gpu --pcie inferred-link --host inferred-host` replays it.
 
-Part of the command `python -m zfbench.predict` (split out of its main module for size):
-like the command, it imports sims/ and analysis/ (docs/design.md's arrows).
+Part of the command `python -m zfbench.predict` (its concept: the inference, apart from
+the command line): like the command, it imports sims/ and analysis/ (docs/design.md's
+arrows).
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ on the machine at hand:
   simulator gives for llama2-7b's ZeRO-Offload step on 4 x A100-80GB
   (zfbench.run.proxy.node_regime), both kept in summary.json.
 
-Part of the command `python -m zfbench.run` (split out of its main module for size):
-like the command, it imports real/, sims/ or analysis/ (docs/design.md's arrows).
+Part of the command `python -m zfbench.run` (its concept: deciding what to measure,
+before anything runs): like the command, it imports real/, sims/ or analysis/
+(docs/design.md's arrows).
 """
 from __future__ import annotations
 

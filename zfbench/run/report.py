@@ -14,8 +14,9 @@ reason in summary.json), memory per rank and `fits` from the engine's own estima
 from, and what mfu and fits were measured against), steps.csv (the per-step breakdown),
 per-strategy JSONL, spans and trace.json, all through a staging directory and renames.
 
-Part of the command `python -m zfbench.run` (split out of its main module for size):
-like the command, it imports real/, sims/ or analysis/ (docs/design.md's arrows).
+Part of the command `python -m zfbench.run` (its concept: the run's report, apart from
+running it): like the command, it imports real/, sims/ or analysis/ (docs/design.md's
+arrows).
 """
 from __future__ import annotations
 
