@@ -306,15 +306,20 @@ class CostModel:
         return per_core * self.numa_factor
 
     # -- net lane (ring collectives; NCCL busbw convention) ---------------------------
+    @property
+    def collectives_measured(self) -> bool:
+        """Whether the profile measured this run's collectives among its ranks."""
+        cal = self.calibration or {}
+        return "allreduce_s_per_byte" in cal and cal.get("collective_ranks") == self.gpus
+
     def measured_collective_s(self, op: str, nbytes: float) -> float | None:
         """Seconds of `op` ("allreduce", "allgather") of `nbytes` per rank as the profile
         measured it among this run's ranks (zfbench.real.collective_probe: a fixed part
         and a part per byte); None where the profile did not measure it."""
-        cal = self.calibration or {}
-        per_byte = cal.get(f"{op}_s_per_byte")
-        if per_byte is None or cal.get("collective_ranks") != self.gpus:
+        if not self.collectives_measured:
             return None
-        return cal[f"{op}_s_fixed"] + per_byte * nbytes
+        cal = self.calibration
+        return cal[f"{op}_s_fixed"] + cal[f"{op}_s_per_byte"] * nbytes
 
     def allreduce_s(self, nbytes: float) -> float:
         """Ring all-reduce of `nbytes` per rank. One node of G: 2(G-1)/G B/bw + 2(G-1)lat.

@@ -153,7 +153,7 @@ class RankSim:
         if c.gpus == 1:
             return None
         seconds = c.allreduce_s(nbytes) if op == "allreduce" else c.allgather_s(nbytes)
-        if self.emulated and c.measured_collective_s(op, nbytes) is not None:
+        if self.emulated and c.collectives_measured:
             # gloo on the CPU: its rank's device thread does it, so it shares the cores
             return self.net.submit(op, step, deps, job=Job("net", self.rank, seconds),
                                    nbytes=int(round(nbytes)))
