@@ -288,6 +288,13 @@ class CostModel:
         return not self.settings.pin_memory and self.calibration is None
 
     @property
+    def serial_grad_reduction(self) -> bool:
+        """Whether each gradient bucket's reduction and copy down run on the compute stream
+        (DeepSpeed's ZeRO-2 with `overlap_comm` False), so that backward waits for them;
+        never with a measured profile (zfbench's engine has its own schedule) or emulated."""
+        return not self.settings.overlap_comm and self.calibration is None
+
+    @property
     def pageable_copy_bytes_per_s(self) -> float:
         """The staging copy's cap on one rank's pageable copy (zfbench.sims.pageable)."""
         return pageable.staging_copy_bytes_per_s(self.numa_factor)

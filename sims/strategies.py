@@ -76,6 +76,9 @@ from zfbench.core.trace import Timeline
 
 # The strategies whose step runs with gradient accumulation (grad_accum > 1).
 GRAD_ACCUM_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu")
+# DeepSpeed's ZeRO-2 strategies, whose reductions and copies follow `overlap_comm`
+# (SimSettings.overlap_comm)
+SERIAL_REDUCTION_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu")
 
 
 class RankSim:
@@ -92,6 +95,7 @@ class RankSim:
         self.net = Lane(env, timeline, pool, rank, "net")
         self.latency_s = costs.node.link.setup_latency_s
         self.nb = len(costs.buckets)
+        self.serial_reduction = False  # set by `run` for its strategy
 
     # -- op helpers -------------------------------------------------------------------
     def compute(self, op: str, step: int, seconds: float):
@@ -161,8 +165,10 @@ class RankSim:
 
     def backward(self, step: int, after_bucket, reduce: bool = True):
         """Backward bucket by bucket (last block first); `after_bucket(i)` runs after each
-        (with copy engines); the copy event it returns, if any, holds the compute lane
-        when the host buffers are pageable (zfbench.sims.pageable). Emulated, as the
+        (with copy engines); the copy (or reduction) event it returns, if any, holds the
+        compute lane when the host buffers are pageable (zfbench.sims.pageable) or, for
+        DeepSpeed's ZeRO-2 strategies without `overlap_comm`, always
+        (`CostModel.serial_grad_reduction`). Emulated, as the
         engine there: with several ranks the device thread all-reduces the whole gradient
         buffer (`reduce`: at the accumulation boundary), then checks every gradient for
         non-finite values."""
@@ -170,9 +176,10 @@ class RankSim:
             yield from self.compute("backward", step, self.costs.buckets[i].backward_s)
             if not self.emulated:
                 copy = after_bucket(i)
-                if copy is not None and self.costs.pageable_copies:
+                if copy is not None and (self.costs.pageable_copies or self.serial_reduction):
                     # into pageable memory the copy blocks the thread that launches
-                    # backward's kernels (zfbench.sims.pageable)
+                    # backward's kernels (zfbench.sims.pageable); without overlap_comm
+                    # the bucket's reduction and copy run on the compute stream
                     yield from all_done(self.env, [copy])
         if self.emulated:
             if reduce:
@@ -260,6 +267,10 @@ class RankSim:
                    "zero-offload-dpu": self.dpu_step, "zenflow": self.zenflow_step,
                    "zero-infinity": lambda t: zero_infinity_step(self, t)}[strategy]
         self.state: dict = {}
+        # ZeRO-2's reduce-and-copy on the compute stream (overlap_comm off); zenflow's
+        # steps, warm-up ones included, keep their side streams
+        self.serial_reduction = (self.costs.serial_grad_reduction
+                                 and strategy in SERIAL_REDUCTION_STRATEGIES)
         accum = self.costs.settings.grad_accum
         for t in range(steps):
             start = self.env.now
@@ -282,8 +293,8 @@ class RankSim:
         yield from self.compute("forward", t, c.forward_s)
         if strategy == "device":
             reduced = []
-            yield from self.backward(t, lambda i: reduced.append(self.collective(
-                "allreduce", t, c.buckets[i].numel * c.elem_bytes, [])), reduce=False)
+            yield from self.backward(t, lambda i: self._reduce_bucket(t, i, reduced),
+                                     reduce=False)
             yield from all_done(self.env, reduced)
             return
         deps_of = self._accumulated_up(t, micro)
@@ -315,8 +326,7 @@ class RankSim:
         c = self.costs
         yield from self.compute("forward", t, c.forward_s)
         reduced = []
-        yield from self.backward(t, lambda i: reduced.append(self.collective(
-            "allreduce", t, c.buckets[i].numel * c.elem_bytes, [])))
+        yield from self.backward(t, lambda i: self._reduce_bucket(t, i, reduced))
         yield from all_done(self.env, reduced)
         if self.emulated:  # the engine's device strategy updates every parameter, no gather
             yield from self.compute("device_optim", t, c.device_step_s(c.params))
@@ -324,6 +334,13 @@ class RankSim:
         yield from self.compute("device_optim", t, c.device_step_s(c.share(c.params)))
         gathered = self.collective("allgather", t, c.model_bytes, [])
         yield from all_done(self.env, [gathered])
+
+    def _reduce_bucket(self, t: int, i: int, reduced: list) -> simpy.Event | None:
+        """All-reduce bucket i's gradient (no offload), kept in `reduced`; returns it."""
+        c = self.costs
+        red = self.collective("allreduce", t, c.buckets[i].numel * c.elem_bytes, [])
+        reduced.append(red)
+        return red
 
     def _shard_bytes(self, i: int) -> float:
         """Bytes of this rank's share of bucket i's gradient or parameters."""

@@ -57,6 +57,7 @@ from zfbench.sims.costs import CostModel, SimSettings, SimSettingsError
 from zfbench.sims.host_step import CALIBRATION_ROWS
 from zfbench.sims.settings import node_knobs
 from zfbench.sims.simulator import default_skip_steps, simulate, steps_needed
+from zfbench.sims.strategies import SERIAL_REDUCTION_STRATEGIES
 
 PROG = "python -m zfbench.validate --published"
 BUNDLED = "zfbench/data/published/offload_measurements.csv"
@@ -64,7 +65,7 @@ BUNDLED = "zfbench/data/published/offload_measurements.csv"
 # left out of a file, or left empty in a row, for their defaults).
 COLUMNS = ("id", "source", "metric", "value", "strategy", "hardware", "gpu", "gpus", "model",
            "micro_batch", "seq", "grad_accum", "precision", "activation_checkpointing",
-           "offload_params", "bind_cores", "pin_memory", "anchor", "note")
+           "offload_params", "bind_cores", "pin_memory", "overlap_comm", "anchor", "note")
 REQUIRED = ("id", "source", "metric", "value", "strategy", "hardware", "gpus", "model",
             "micro_batch", "seq")
 OUTPUT_COLUMNS = ("simulated", "error_pct", "status", "calibration", "mfu",
@@ -162,9 +163,14 @@ def row_settings(row: dict) -> SimSettings:
                      seq=_int(row, "seq"), grad_accum=_int(row, "grad_accum", 1),
                      activation_checkpointing=_bool(row, "activation_checkpointing", True),
                      bind_cores=_bool(row, "bind_cores", False),
-                     pin_memory=_bool(row, "pin_memory", True))
+                     pin_memory=_bool(row, "pin_memory", True),
+                     overlap_comm=_bool(row, "overlap_comm", True))
         if row["precision"]:
             knobs["precision"] = row["precision"]
+        if not knobs["overlap_comm"] and row["strategy"] not in SERIAL_REDUCTION_STRATEGIES:
+            raise Unsupported(f"overlap_comm false is simulated for "
+                              f"{', '.join(SERIAL_REDUCTION_STRATEGIES)} (DeepSpeed's ZeRO-2); "
+                              f"leave it empty for {row['strategy']}")
         if row["offload_params"]:
             if row["strategy"] != "zero-infinity":
                 raise Unsupported("offload_params is a zero-infinity setting; leave it empty")
