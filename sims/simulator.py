@@ -19,6 +19,7 @@ import simpy
 
 from zfbench.sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
 from zfbench.sims.fluid import FluidPool, NodeCapacities, node_rates
+from zfbench.sims.partitioning import Sync
 from zfbench.sims.emulated import emulated_rates
 from zfbench.sims.strategies import GRAD_ACCUM_STRATEGIES, RankSim
 from zfbench.core.trace import Timeline
@@ -114,8 +115,9 @@ def simulate(settings: SimSettings, strategy: str) -> SimResult:
     # ranks of different nodes share nothing but the collectives' fixed durations.
     per_node = costs.gpus_per_node
     pools = [node_pool(k) for k in range(settings.nodes)]
+    sync = Sync(env)  # the ranks' cross-rank waits (zfbench.sims.partitioning)
     for rank in range(settings.ranks):  # a CPU-emulated accelerator: costs.emulated
-        env.process(RankSim(env, timeline, pools[rank // per_node], costs, rank)
+        env.process(RankSim(env, timeline, pools[rank // per_node], costs, rank, sync)
                     .run(strategy, settings.steps))
     # The run allocates millions of short-lived objects and creates no reference cycles
     # (each is freed as soon as it is done with), so the cyclic collector, which would

@@ -4,9 +4,14 @@ Each rank's process is its compute stream: it runs forward, backward (bucket by 
 reverse) and device optimizer ops itself and submits transfers, host work and collectives
 to its lanes with the dependencies the real engine has:
 
-- `device`: forward, backward, gradient all-reduce, the device step (Adam and, from
-  presets, DeepSpeed's passes beside it: `sims/device_step.py`), parameter all-gather.
-- `zero-offload`: each bucket's gradient goes down as soon as backward produced it (from
+- `device`: forward, backward, gradient reduction (from presets DeepSpeed ZeRO-2's
+  reduce-scatter, `sims/partitioning.py`; with a measured profile the engine's
+  all-reduce), the device step (Adam and, from presets, DeepSpeed's passes beside it:
+  `sims/device_step.py`), parameter all-gather.
+- `zero-offload`: each bucket's gradient goes down as soon as backward produced it; from
+  presets it is reduce-scattered to the ranks whose ZeRO-2 partitions it overlaps and only
+  they copy their part, the next reduction waiting for those copies
+  (`sims/partitioning.py`; with a measured profile: all-reduced, each rank a 1/N share) (from
   presets as fp32, DeepSpeed's `.float()` before the copy: `CostModel.grad_wire_bytes`;
   the accumulation micro-steps' copies stay 16-bit); after
   the last, the host runs DeepSpeed's step (simulations from presets,
@@ -45,7 +50,9 @@ start; the stall the analysis reports is that interval minus the compute lane's 
 
 With pageable host buffers (`pin_memory` False, from presets) every copy is staged by the
 driver and a gradient's copy down during backward holds the compute lane until it has
-landed (`sims/pageable.py`).
+landed (`sims/pageable.py`). Without `overlap_comm` (from presets; device, zero-offload
+and zero-offload-dpu) each bucket's reduction and copy run on the compute stream, so the
+compute lane waits for both (`CostModel.serial_grad_reduction`).
 
 The same schedules run on a CPU-emulated accelerator (`RankSim.emulated`, from the cost
 model: a profile measured without CUDA; what differs there is in `sims/emulated.py`). The
@@ -65,7 +72,7 @@ import simpy
 
 from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel
 from zfbench.sims.emulated import device_thread_op, grad_check_s, grad_zero_s
-from zfbench.sims import pageable
+from zfbench.sims import pageable, partitioning, zero3
 from zfbench.sims.fluid import FluidPool, Job
 from zfbench.sims.host_step import CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM
 from zfbench.sims.lanes import Lane, all_done, run_compute
@@ -85,8 +92,10 @@ class RankSim:
     """One rank: its lanes, its costs, and the strategy step functions."""
 
     def __init__(self, env: simpy.Environment, timeline: Timeline, pool: FluidPool,
-                 costs: CostModel, rank: int) -> None:
+                 costs: CostModel, rank: int, sync: partitioning.Sync | None = None) -> None:
         self.env, self.timeline, self.costs, self.rank = env, timeline, costs, rank
+        # events shared with the other ranks (zfbench.sims.partitioning)
+        self.sync = sync if sync is not None else partitioning.Sync(env)
         self.pool = pool
         self.emulated = costs.emulated  # a CPU-emulated accelerator (sims/emulated.py)
         self.d2h = Lane(env, timeline, pool, rank, "d2h")
@@ -95,7 +104,9 @@ class RankSim:
         self.net = Lane(env, timeline, pool, rank, "net")
         self.latency_s = costs.node.link.setup_latency_s
         self.nb = len(costs.buckets)
-        self.serial_reduction = False  # set by `run` for its strategy
+        # set by `run` for its strategy: ZeRO-2's reduction on the compute stream, its
+        # reduce-scatter and its partitions (zfbench.sims.partitioning)
+        self.serial_reduction = self.reduce_scatters = self.owned = False
 
     # -- op helpers -------------------------------------------------------------------
     def compute(self, op: str, step: int, seconds: float):
@@ -271,6 +282,11 @@ class RankSim:
         # steps, warm-up ones included, keep their side streams
         self.serial_reduction = (self.costs.serial_grad_reduction
                                  and strategy in SERIAL_REDUCTION_STRATEGIES)
+        self.reduce_scatters = partitioning.reduce_scatters(self.costs, strategy)
+        self.owned = partitioning.owns_partitions(self.costs, strategy)
+        if self.owned:
+            self.owned_numels = partitioning.owned_numels(self.costs, self.rank)
+            self.owners_of = [partitioning.owners(self.costs, i) for i in range(self.nb)]
         accum = self.costs.settings.grad_accum
         for t in range(steps):
             start = self.env.now
@@ -335,37 +351,79 @@ class RankSim:
         gathered = self.collective("allgather", t, c.model_bytes, [])
         yield from all_done(self.env, [gathered])
 
-    def _reduce_bucket(self, t: int, i: int, reduced: list) -> simpy.Event | None:
-        """All-reduce bucket i's gradient (no offload), kept in `reduced`; returns it."""
+    def _reduce_bucket(self, t: int, i: int, reduced: list, deps=()) -> simpy.Event | None:
+        """Reduce bucket i's gradient once `deps` have fired, kept in `reduced`; returns it
+        (None on one GPU). DeepSpeed's ZeRO-2 (`self.reduce_scatters`, from presets)
+        reduce-scatters it to the partitions' owners; zfbench's engine all-reduces it."""
         c = self.costs
-        red = self.collective("allreduce", t, c.buckets[i].numel * c.elem_bytes, [])
+        nbytes = c.buckets[i].numel * c.elem_bytes
+        if c.gpus == 1:
+            red = None
+        elif self.reduce_scatters:
+            red = self.net.submit(zero3.REDUCE_SCATTER_OP, t, list(deps),
+                                  seconds=zero3.reduce_scatter_s(c, nbytes),
+                                  nbytes=int(round(nbytes)))
+        else:
+            red = self.collective("allreduce", t, nbytes, list(deps))
         reduced.append(red)
         return red
 
+    def _reduce_deps(self, npass: int, i: int, previous: list[int]) -> list:
+        """With ZeRO-2 partitions on several GPUs, what bucket i's reduction (a collective)
+        waits for: every rank's arrival at it (ranks differ: only owners copy), and the
+        copies down of the bucket reduced before it by that bucket's owners (each copy
+        precedes the next reduction on its owner's stream; zfbench.sims.partitioning).
+        Symmetric ranks arrive together: nothing."""
+        c = self.costs
+        if not self.owned or c.gpus == 1:
+            return []
+        arrived = self.env.event()
+        arrived.succeed()
+        self.sync.publish(("at_reduce", npass, i, self.rank), arrived)
+        deps = [self.sync.event(("at_reduce", npass, i, r)) for r in range(c.gpus)]
+        if previous:
+            deps += [self.sync.event(("down", npass, previous[-1], r))
+                     for r in self.owners_of[previous[-1]]]
+        return deps
+
+    def _shard_numel(self, i: int) -> float:
+        """Elements of bucket i this rank copies down and updates: with ZeRO-2 partitions
+        (`self.owned`) the part of bucket i inside its partition
+        (zfbench.sims.partitioning), else its 1/N share of every bucket."""
+        c = self.costs
+        if self.owned:
+            return self.owned_numels[i]
+        return c.share(c.buckets[i].numel)
+
     def _shard_bytes(self, i: int) -> float:
         """Bytes of this rank's share of bucket i's gradient or parameters."""
-        c = self.costs
-        return c.share(c.buckets[i].numel) * c.elem_bytes
+        return self._shard_numel(i) * self.costs.elem_bytes
 
     def _grad_wire_bytes(self, i: int) -> float:
         """Bytes of this rank's share of bucket i's gradient as ZeRO-Offload sends it down
         at the step's end (`CostModel.grad_wire_bytes`: fp32 from presets)."""
-        c = self.costs
-        return c.share(c.buckets[i].numel) * c.grad_wire_bytes
+        return self._shard_numel(i) * self.costs.grad_wire_bytes
 
     def _grads_down(self, t: int, bytes_of, extra_deps_of=lambda i: (), reduce=True):
         """Backward with each bucket's gradient reduced, then sent down (`bytes_of(i)`)
         once `extra_deps_of(i)` have fired too; returns each bucket's event. Emulated:
         backward only (returns none); `_copy_grads_down` sends them."""
-        c = self.costs
         down: dict[int, simpy.Event] = {}
         self.reduced = []
+        # every rank runs the same backward passes, so the count names them alike
+        npass = self.state["passes"] = self.state.get("passes", 0) + 1
+        previous: list[int] = []
 
         def after(i: int) -> simpy.Event:
-            red = self.collective("allreduce", t, c.buckets[i].numel * c.elem_bytes, [])
-            self.reduced.append(red)
-            down[i] = self.transfer(self.d2h, "d2h_grad", t, bytes_of(i),
-                                    [red, *extra_deps_of(i)])
+            red = self._reduce_bucket(t, i, self.reduced, self._reduce_deps(npass, i, previous))
+            previous.append(i)
+            deps = [ev for ev in (red, *extra_deps_of(i)) if ev is not None]
+            if round(bytes_of(i)) > 0:
+                down[i] = self.transfer(self.d2h, "d2h_grad", t, bytes_of(i), deps)
+            else:  # a rank owning none of the bucket copies nothing
+                down[i] = self.env.all_of(deps)
+            if self.owned and self.costs.gpus > 1:
+                self.sync.publish(("down", npass, i, self.rank), down[i])
             return down[i]
         yield from self.backward(t, (lambda i: None) if self.emulated else after, reduce)
         return down

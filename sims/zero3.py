@@ -48,6 +48,10 @@ def bucket_bytes(c, i: int) -> float:
     return c.buckets[i].numel * c.elem_bytes
 
 
+# The span op of a reduce-scatter (ZeRO-3's buckets, ZeRO-2's partitions).
+REDUCE_SCATTER_OP = "reduce_scatter"
+
+
 def reduce_scatter_s(c, nbytes: float) -> float:
     """A ring reduce-scatter of `nbytes`: each rank sends (n-1)/n of them, as an
     all-gather does (NCCL busbw convention, nccl-tests doc/PERFORMANCE.md)."""

@@ -43,7 +43,6 @@ from zfbench.sims import nvme, zero3
 from zfbench.sims.fluid import Job
 from zfbench.sims.lanes import all_done
 
-REDUCE_SCATTER_OP = "reduce_scatter"
 # Host-update buckets whose NVMe state buffers are in use at once (double buffering: the
 # state read of one bucket overlaps the update of the one before; judgment after
 # DeepSpeed's optimizer swapper with pipeline_read / pipeline_write on).
@@ -91,7 +90,7 @@ def reduce_scatter(sim, step: int, i: int):
     if c.gpus == 1:
         return None
     nbytes = zero3.bucket_bytes(c, i)
-    return sim.net.submit(REDUCE_SCATTER_OP, step, [],
+    return sim.net.submit(zero3.REDUCE_SCATTER_OP, step, [],
                           seconds=zero3.reduce_scatter_s(c, nbytes),
                           nbytes=int(round(nbytes)))
 

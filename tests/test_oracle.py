@@ -72,8 +72,6 @@ CASES = {
     "device, 1 GPU": ("device", SimSettings(**OPT1), ""),
     "device, 4 GPUs (net)": ("device", SimSettings(model="opt-350m", layers=2, gpus=4), ""),
     "zero-offload, 1 GPU": ("zero-offload", SimSettings(**OPT1, host_cores=32), ""),
-    "zero-offload, 4 GPUs, 2 per switch": ("zero-offload", SimSettings(
-        model="opt-350m", layers=2, gpus=4, gpus_per_switch=2, host_cores=24), ""),
     "zero-offload-dpu, compute-bound": ("zero-offload-dpu", SimSettings(
         **OPT1, micro_batch=32, seq=2048, host_cores=30), "compute-bound"),
     "zero-offload-dpu, host-bound cycle": ("zero-offload-dpu", SimSettings(
@@ -94,13 +92,16 @@ CASES = {
 
 
 def test_oracle_declines_multi_gpu_zenflow_and_dpu():
-    """With several GPUs the simulator issues all-gathers when ready and zenflow's device
-    update waits for the reduced gradients: timing-dependent, so not claimed exact."""
+    """With several GPUs the simulator issues all-gathers when ready, zenflow's device
+    update waits for the reduced gradients and ZeRO-Offload's ranks own different
+    partitions: timing-dependent or asymmetric, so not claimed exact."""
     s = SimSettings(model="opt-350m", layers=2, gpus=4, host_cores=64, update_interval=3,
                     overlap_step=False)
-    for strategy in ("zenflow", "zero-offload-dpu"):
+    for strategy in ("zenflow", "zero-offload-dpu", "zero-offload"):
         oracle = steady_state(s, strategy)
         assert not oracle.exact and "several GPUs" in oracle.reason
+    # ZeRO-2 partitions (sims/partitioning.py) are not in the one-rank closed form
+    assert "ZeRO-2 partitions" in steady_state(s, "zero-offload").reason
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -173,7 +174,7 @@ def test_oracle_is_exact_on_a_large_share_of_the_drawn_space():
     share = {k: sum(steady_state(s, k).exact for s in sample) / len(sample)
              for k in STRATEGIES}
     assert share["device"] == 1.0
-    assert share["zero-offload"] > 0.6, share
+    assert share["zero-offload"] > 0.25, share  # 1-GPU draws (ZeRO-2 partitions on more)
     assert share["zenflow"] > 0.15, share  # 1-GPU draws with DRAM to spare
     assert share["zero-offload-dpu"] > 0.0, share  # narrow: hand-picked cases assert it
     one_gpu_overlap = [s for s in sample if s.gpus == 1 and s.overlap_step]

@@ -40,9 +40,9 @@ def test_default_and_where_it_applies():
 
 
 @pytest.mark.parametrize("strategy, side_ops", [
-    ("zero-offload", ("d2h_grad", "allreduce")),
-    ("zero-offload-dpu", ("d2h_grad", "allreduce")),
-    ("device", ("allreduce",)),
+    ("zero-offload", ("d2h_grad", "reduce_scatter")),
+    ("zero-offload-dpu", ("d2h_grad", "reduce_scatter")),
+    ("device", ("reduce_scatter",)),
 ])
 def test_serial_reduction_never_overlaps_backward(strategy, side_ops):
     """On, the reductions and copies run under backward; off, no backward op overlaps one

@@ -40,9 +40,10 @@ class _Lane:
 class _Terms:
     """Per-rank durations of every op, for one switch group of `m` GPUs moving in step."""
 
-    def __init__(self, costs: CostModel, m: int) -> None:
+    def __init__(self, costs: CostModel, m: int, reduce_scatter: bool = False) -> None:
         c, node, link = costs, costs.node, costs.node.link
         self.c, self.gpus, self.U = c, c.gpus, fixed_interval(c.settings)
+        self.reduce_scatter = reduce_scatter
         self.order = list(reversed(range(len(c.buckets))))  # backward (= host chunk) order
         self.F = c.forward_s
         self.bwd = [c.buckets[i].backward_s for i in self.order]
@@ -80,7 +81,14 @@ class _Terms:
         return self._xfer(numel, self.rh)
 
     def ar(self, k: int):
-        return None if self.gpus == 1 else (0.0, self.c.allreduce_s(self.numel[k] * 2))
+        """Bucket k's reduction: DeepSpeed's ZeRO-2 reduce-scatter where the strategy has
+        it (`reduce_scatter`, set by steady_state; zfbench.sims.partitioning), else an
+        all-reduce."""
+        if self.gpus == 1:
+            return None
+        nbytes = self.numel[k] * 2
+        return (0.0, self.c.allgather_s(nbytes) if self.reduce_scatter
+                else self.c.allreduce_s(nbytes))
 
     def ag(self, k: int):
         return None if self.gpus == 1 else (0.0, self.c.allgather_s(self.numel[k] * 2))

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from zfbench.sims import partitioning
 from zfbench.sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
 from zfbench.sims.settings import fixed_interval
 
@@ -259,7 +260,8 @@ def steady_state(settings: SimSettings, strategy: str) -> OracleResult:
     # Nodes are identical and share nothing but the collectives, whose costs (two-level
     # over the nodes, zfbench.sims.collectives) are fixed per rank: one node's mean is the run's.
     costs = CostModel(settings)
-    groups = [(ranks, _STRATEGY_FN[strategy](_Terms(costs, m)))
+    rs = partitioning.reduce_scatters(costs, strategy)
+    groups = [(ranks, _STRATEGY_FN[strategy](_Terms(costs, m, rs)))
               for m, ranks in _groups(settings)]
     div = settings.gpus_on_node * (fixed_interval(settings) if strategy == "zenflow" else 1)
     step = sum(r * g[0] for r, g in groups) / div
@@ -268,7 +270,13 @@ def steady_state(settings: SimSettings, strategy: str) -> OracleResult:
     reason = " | ".join(dict.fromkeys(g[3] for _, g in groups))
     if strategy != "device" and not _dram_ok(costs, strategy):
         exact, reason = False, "host jobs may be DRAM-bound; " + reason
-    if settings.ranks > 1 and strategy in ("zero-offload-dpu", "zenflow"):
+    if settings.ranks > 1 and partitioning.owns_partitions(costs, strategy):
+        # ZeRO-2 partitions (zfbench.sims.partitioning): ranks copy different parts of
+        # each bucket and each reduction waits for other ranks' copies; this form is one
+        # symmetric rank
+        exact, reason = False, "several GPUs: ZeRO-2 partitions make ranks differ and " \
+            "wait for each other; " + reason
+    elif settings.ranks > 1 and strategy in ("zero-offload-dpu", "zenflow"):
         # the simulator issues each all-gather when its parameters are up (so the net
         # lane's order depends on timing) and zenflow's device update waits for the
         # gradient all-reduces; this form keeps submission order and no such wait

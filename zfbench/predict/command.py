@@ -209,7 +209,10 @@ def paper(given: dict, workdir: Path, quiet: bool, models: tuple[str, ...] | Non
         if models is not None and bar["model"] not in models:
             continue
         node = data["nodes"][bar["gpu"]]
-        knobs = {"model": bar["model"], "gpus": data["gpus"],
+        # overlap_comm off: the ZenFlow examples' config (DeepSpeedExamples
+        # training/DeepSpeed-ZenFlow/finetuning/zf_config.json) leaves it unset, and
+        # DeepSpeed's default for ZeRO stage 2 is off (docs/published.md)
+        knobs = {"model": bar["model"], "gpus": data["gpus"], "overlap_comm": False,
                  **{k: node[k] for k in ("gpu", "pcie", "host", "net")}, **given}
         base = SimSettings(**knobs)
         measured = Breakdown(bar["compute_s"], bar["io_s"], bar["stall_s"],

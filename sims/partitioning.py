@@ -1,0 +1,117 @@
+"""ZeRO-2 gradient partitions: which rank reduces, copies down and updates which elements.
+
+DeepSpeed's ZeRO stages 1-2 (deepspeed/runtime/zero/stage_1_and_2.py, `stage2.py` in its
+2020-2021 releases), the engine under ZeRO-Offload, flatten the 16-bit parameters in
+module order and give rank r of N the contiguous slice [r P/N, (r+1) P/N): its partition,
+whose fp32 master, moments and gradient that rank alone holds and updates. In backward, as
+each gradient bucket fills:
+
+- the bucket is reduced so that each rank receives only the part of it inside its own
+  partition (`average_tensor` with `reduce_scatter` on, DeepSpeed's default): a ring
+  reduce-scatter's bytes, (n-1)/n of the bucket per rank, half of an all-reduce's;
+- with the optimizer offloaded, each owner then copies its part down into its host fp32
+  gradient partition (`copy_grads_in_partition` ->
+  `async_inplace_copy_grad_to_fp32_buffer_from_gpu`) on the stream that reduced it; a
+  rank that owns none of the bucket copies nothing.
+
+A bucket therefore goes down through the PCIe links of the one rank, or the few ranks,
+whose partitions it overlaps, and the next bucket's reduction, a collective every rank
+joins, is queued behind that copy on the owners' stream, so every rank waits for it. That
+is the ZeRO-Infinity paper's explanation of its Figure 6c (Rajbhandari et al., SC 2021,
+arXiv 2104.07857, section 6.1, against its "bandwidth-centric partitioning", which splits
+every bucket over all ranks: `zfbench.sims.zero3`): ZeRO-Offload's offload runs through a
+few links at a time however many GPUs there are. After the host step each rank uploads
+its partition and the ranks all-gather the model (`zfbench.sims.host_step`).
+
+Here a bucket is a block of the model (`CostModel.buckets`, forward order) and a rank owns
+the part of it that overlaps its partition. Each rank is its own SimPy process, so the
+cross-rank waits (the next reduction behind the owners' copies) go through `Sync`, one
+per simulation.
+
+Only simulations from presets (`CostModel.calibration` None) partition this way; a
+measured profile keeps what zfbench's engine does (real/): it all-reduces every gradient
+and each rank copies down and updates a 1/N share of every bucket.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+# The strategies whose gradients go to ZeRO-2 partitions (from presets only); `device`
+# (ZeRO-2 without offload) reduce-scatters too but copies nothing.
+OWNED_STRATEGIES = ("zero-offload", "zero-offload-dpu")
+REDUCE_SCATTER_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu")
+
+
+def owns_partitions(c, strategy: str) -> bool:
+    """Do `strategy`'s gradients go to ZeRO-2 partitions under cost model `c`?"""
+    return strategy in OWNED_STRATEGIES and c.calibration is None
+
+
+def reduce_scatters(c, strategy: str) -> bool:
+    """Does `strategy` reduce-scatter its gradient buckets (DeepSpeed's ZeRO-2) under `c`,
+    rather than all-reduce them (zfbench's engine)?"""
+    return strategy in REDUCE_SCATTER_STRATEGIES and c.calibration is None
+
+
+def bucket_span(c, i: int) -> tuple[float, float]:
+    """Bucket i's [start, end) in the flat parameter vector (forward order)."""
+    start = float(sum(b.numel for b in c.buckets[:i]))
+    return start, start + c.buckets[i].numel
+
+
+def partition_span(c, rank: int) -> tuple[float, float]:
+    """Rank `rank`'s partition [lo, hi) of the flat parameters (P/N each, over all nodes)."""
+    size = c.params / c.gpus
+    return rank * size, (rank + 1) * size
+
+
+def owned_numel(c, rank: int, i: int) -> float:
+    """Elements of bucket i in rank `rank`'s partition; over all buckets they sum to P/N,
+    over all ranks to the bucket's size."""
+    start, end = bucket_span(c, i)
+    lo, hi = partition_span(c, rank)
+    return max(0.0, min(end, hi) - max(start, lo))
+
+
+def owned_numels(c, rank: int) -> list[float]:
+    """`owned_numel` of every bucket, in bucket order."""
+    lo, hi = partition_span(c, rank)
+    out, start = [], 0.0
+    for b in c.buckets:
+        out.append(max(0.0, min(start + b.numel, hi) - max(start, lo)))
+        start += b.numel
+    return out
+
+
+def owners(c, i: int) -> list[int]:
+    """The ranks that own part of bucket i (one, or a few where a bucket is larger than a
+    partition or straddles two): those whose partition [r P/N, (r+1) P/N) overlaps it."""
+    start, end = bucket_span(c, i)
+    size = c.params / c.gpus
+    first = min(int(start // size), c.gpus - 1)
+    return [r for r in range(first, c.gpus) if r * size < end]
+
+
+class Sync:
+    """Named events shared by every rank of one simulation: a rank publishes the event of
+    something it did (`publish`), another waits for it by name (`event`), whichever comes
+    first."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self._events: dict = {}
+
+    def event(self, key) -> simpy.Event:
+        ev = self._events.get(key)
+        if ev is None:
+            ev = self._events[key] = self.env.event()
+        return ev
+
+    def publish(self, key, done: simpy.Event) -> None:
+        """The event named `key` fires when `done` has fired."""
+        shared = self.event(key)
+        if done.processed:
+            shared.succeed()
+        else:
+            done.callbacks.append(lambda _e: shared.succeed())
