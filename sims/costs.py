@@ -2,7 +2,9 @@
 
 `SimSettings` (in `zfbench.sims.settings`, re-exported here) holds every knob of a simulation.
 `CostModel` turns settings into per-rank costs, per bucket of layers in forward
-order: compute seconds (FLOPs over peak times MFU), bytes each direction moves, host work
+order: compute seconds (matrix FLOPs at the GPU's GEMM efficiency plus elementwise bytes at
+its HBM bandwidth: `compute_efficiency`; or FLOPs over peak times a given MFU), bytes each
+direction moves, host work
 in elements, and the memory each strategy needs per rank. The SimPy processes in
 `strategies.py` only schedule these costs; all arithmetic about the hardware is here.
 """
@@ -11,12 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zfbench.sims import collectives, device_memory, device_step, host_step, pageable, zero3
+from zfbench.sims import (collectives, compute_efficiency, device_memory, device_step,
+                          host_step, pageable, zero3)
 from zfbench.sims.settings import (OFFLOAD_PARAMS, PRECISIONS, STRATEGIES, TRANSFER_MODES,
                            SimSettings, SimSettingsError, load_calibration)
 from zfbench.core import hardware, models
 from zfbench.core.memory_model import (activation_bytes, element_bytes, engine_device_bytes,
                                        host_bytes_per_param)
+from zfbench.core.scenario import GPU_NODE
 from zfbench.core.strategies import buckets_on
 from zfbench.core.schedule import topk_count
 
@@ -80,14 +84,29 @@ class CostModel:
                                   gpus_per_switch=min(s.gpus_per_switch, g), host=host,
                                   net=net)
         self.inter_net = s.inter_link()
-        self.mfu = s.mfu if s.mfu is not None else gpu.default_mfu
         peak = gpu.peak_flops_per_s("bf16" if s.precision == "fp32" else s.precision)
-        self.flops_per_s = peak * self.mfu
         bwd_factor = 3.0 if s.activation_checkpointing else 2.0  # recompute adds a forward
+        # One MFU for every block where one is given (--mfu, an anchor) or the blocks'
+        # times are measured; from presets the matrix multiplies run at the GPU's GEMM
+        # efficiency and the elementwise passes at its HBM bandwidth
+        # (zfbench.sims.compute_efficiency)
+        by_shape = s.mfu is None and self.calibration is None
+        self.gemm_efficiency = (self._gemm_efficiency(gpu, peak) if by_shape else
+                                s.mfu if s.mfu is not None else gpu.default_mfu)
         self.buckets = []
+        flops_total = compute_total = 0.0
         for block in self.shape.blocks():
-            fwd = block.forward_flops(s.seq, s.micro_batch) / self.flops_per_s
+            flops = block.forward_flops(s.seq, s.micro_batch)
+            fwd = flops / (peak * self.gemm_efficiency)
             bwd = fwd * bwd_factor
+            if by_shape:
+                moved = compute_efficiency.block_traffic(self.shape, block, s.seq,
+                                                         s.micro_batch,
+                                                         s.activation_checkpointing)
+                fwd += moved.forward_bytes / gpu.hbm_bytes_per_s
+                bwd += moved.backward_bytes / gpu.hbm_bytes_per_s
+            flops_total += flops * (1.0 + bwd_factor)
+            compute_total += fwd + bwd
             if self.calibration is not None:
                 fwd, bwd = self._measured_block_s(block.kind)
             matrix_numel = sum(m.numel for m in block.matrices)
@@ -95,6 +114,23 @@ class CostModel:
             selected += block.numel - matrix_numel  # 1-D parameters are always selected
             self.buckets.append(Bucket(block.name, block.numel, matrix_numel, selected,
                                        fwd, bwd))
+        # the whole model's MFU at this shape (the given one with --mfu or a profile)
+        self.mfu = flops_total / (peak * compute_total) if by_shape else self.gemm_efficiency
+        self.flops_per_s = peak * self.mfu
+
+    def _gemm_efficiency(self, gpu: hardware.GPU, peak: float) -> float:
+        """The GPU's matrix-multiply efficiency: what gives its `default_mfu` at its
+        reference shape (zfbench.sims.compute_efficiency)."""
+        if gpu.mfu_reference:
+            model, micro_batch, seq = compute_efficiency.parse_reference(gpu.mfu_reference)
+        else:
+            model, micro_batch, seq = GPU_NODE.model, GPU_NODE.micro_batch, GPU_NODE.seq
+        reference = (models.get_model(model), seq, micro_batch, True)
+        try:
+            return compute_efficiency.gemm_efficiency(gpu.default_mfu, reference, peak,
+                                                      gpu.hbm_bytes_per_s)
+        except ValueError as err:
+            raise SimSettingsError(f"GPU {gpu.name!r}: {err}") from None
 
     def _measured_block_s(self, kind: str) -> tuple[float, float]:
         """A block's measured forward/backward seconds, scaled by tokens (linear in

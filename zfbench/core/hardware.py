@@ -53,6 +53,9 @@ class GPU:
     hbm_bytes_per_s: float
     default_mfu: float
     native_pcie: str
+    # The shape `default_mfu` holds at, MODEL@MICRO_BATCHxSEQ with activation checkpointing
+    # (zfbench.sims.compute_efficiency); empty: the simulator's default scenario.
+    mfu_reference: str = ""
     sources: Mapping[str, str] = _sources_field()
 
     def peak_flops_per_s(self, precision: str) -> float:
@@ -226,7 +229,7 @@ _KIND = {"gpus": "gpu", "host_links": "host link", "hosts": "host",
 # section -> (numeric fields, string fields); every entry may also carry a "note" string.
 _SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gpus": (("bf16_flops_per_s", "fp16_flops_per_s", "memory_bytes", "hbm_bytes_per_s",
-              "default_mfu"), ("native_pcie",)),
+              "default_mfu"), ("native_pcie", "mfu_reference")),
     "host_links": (("h2d_theoretical_bytes_per_s", "d2h_theoretical_bytes_per_s",
                     "h2d_bytes_per_s", "d2h_bytes_per_s", "h2d_factor_when_d2h_busy",
                     "d2h_factor_when_h2d_busy", "setup_latency_s"), ()),
@@ -241,7 +244,7 @@ _SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 # Fields an entry may leave out: a node without NVMe (e.g. a measured profile's node) or
 # without a network to other nodes; a GPU without bf16 tensor cores (V100).
 _OPTIONAL = {"nodes": frozenset({"nvme", "nvme_drives", "inter_net"}),
-             "gpus": frozenset({"bf16_flops_per_s"})}
+             "gpus": frozenset({"bf16_flops_per_s", "mfu_reference"})}
 _FRACTIONS = {"default_mfu", "h2d_factor_when_d2h_busy", "d2h_factor_when_h2d_busy",
               "dram_triad_fraction", "efficiency"}
 _INTEGERS = {"cores_per_socket", "sockets", "gpus", "gpus_per_switch", "nvme_drives"}
@@ -329,7 +332,7 @@ def _simple(cls: type) -> Any:
 
     def build(name: str, p: dict) -> Any:
         vals, src = _vals(p, _SCHEMA[section][0])
-        strings = {f: p[f] for f in _SCHEMA[section][1]}
+        strings = {f: p[f] for f in _SCHEMA[section][1] if f in p}
         return cls(name=name, sources=_ro(src), **vals, **strings)
     return build
 
@@ -474,5 +477,5 @@ def entry_of(section: str, obj: Any) -> dict[str, Any]:
         if value is None:  # an optional field left out (a V100's bf16 rate)
             continue
         out[f] = {"value": value, "source": obj.sources.get(f) or f"from {obj.name}"}
-    out.update({f: getattr(obj, f) for f in strings if getattr(obj, f, None) is not None})
+    out.update({f: getattr(obj, f) for f in strings if getattr(obj, f, None)})  # "": unset
     return out

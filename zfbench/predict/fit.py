@@ -4,7 +4,9 @@ A measured ZeRO-Offload step, split the way papers and dashboards split it (`Bre
 GPU compute, exposed PCIe transfer, and the rest of the step, the GPU waiting for the host
 optimizer), pins three of the simulator's unknowns on the node at hand:
 - compute time per step: the GPU's model FLOPs utilization (`default_mfu` of the inferred
-  GPU), since the simulated compute lane is the model's FLOPs over peak times MFU;
+  GPU, the MFU at its reference shape: the compute lane's time is the model's matrix
+  FLOPs at the GEMM efficiency that gives it plus the elementwise traffic,
+  zfbench.sims.compute_efficiency), scaled until the simulated compute is the measured;
 - the effective PCIe rates (`d2h_bytes_per_s`, `h2d_bytes_per_s` of the inferred link);
 - the host's AdamW rate (`adam_params_per_s_per_core` and the DRAM bandwidth of the
   inferred host, scaled together: one host factor, which gradient accumulation also

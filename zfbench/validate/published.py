@@ -30,13 +30,14 @@ Metrics, read from steady-state steps (after `SKIP_STEPS`) of rank 0:
 
 Anchors: a row whose `anchor` names another row (measured on the same machine without
 offload) is simulated with the MFU that makes the anchor row's simulation reproduce the
-anchor's measurement. The anchor row is simulated at the GPU's default MFU m0; its
+anchor's measurement. The anchor row is simulated at one MFU m0 for every block (first
+the whole model's MFU by shape, zfbench.sims.compute_efficiency); its
 forward+backward compute time per step is C (which scales as 1/MFU) and the rest of its
 step O = step - C (optimizer, exposed collectives). The anchor's measured step time P
 (its `step_time_s`, or counted FLOPs / `tflops_per_gpu`) then gives MFU m = m0 C / (P - O);
 the anchor is simulated again at m and the rule repeated until m moves by less than
 1e-6 of itself (at most `ANCHOR_ROUNDS` times; on one GPU the first m is already exact).
-Every row also gets `simulated_no_anchor` and `error_pct_no_anchor`, at the default MFU.
+Every row also gets `simulated_no_anchor` and `error_pct_no_anchor`, by shape.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from pathlib import Path
 from zfbench.cli_checks import CliError, OneLineParser, check_input_file, check_out_dir, fail
 from zfbench.core.progress import progress
 from zfbench.sims.costs import CostModel, SimSettings, SimSettingsError
+from zfbench.sims import compute_efficiency
 from zfbench.sims.host_step import CALIBRATION_ROWS
 from zfbench.sims.settings import node_knobs
 from zfbench.sims.simulator import default_skip_steps, simulate, steps_needed
@@ -149,7 +151,7 @@ def published_value(row: dict) -> float:
 
 
 def row_settings(row: dict) -> SimSettings:
-    """The simulation of one row, at the GPU's default MFU (Unsupported with the reason)."""
+    """The simulation of one row, its compute by shape (Unsupported with the reason)."""
     if row["metric"] not in METRICS:
         raise Unsupported(f"metric {row['metric']!r} is not one of {', '.join(METRICS)}")
     if not row["hardware"]:
@@ -267,12 +269,14 @@ def anchor_mfu(anchor: dict) -> float:
 
 # -- one row ------------------------------------------------------------------------
 def calibration_of(row: dict) -> str:
-    """What a calibration row sets ("host preset field"), or "" (zfbench.sims.host_step.
-    CALIBRATION_ROWS: a constant only a measurement gives, taken from that one row)."""
-    if row["id"] not in CALIBRATION_ROWS:
+    """What a calibration row sets ("preset field"), or "" (zfbench.sims.host_step's and
+    zfbench.sims.compute_efficiency's CALIBRATION_ROWS: a constant only a measurement
+    gives, taken from that one row)."""
+    rows = {**CALIBRATION_ROWS, **compute_efficiency.CALIBRATION_ROWS}
+    if row["id"] not in rows:
         return ""
-    host, field = CALIBRATION_ROWS[row["id"]]
-    return f"{host} {field}"
+    preset, field = rows[row["id"]]
+    return f"{preset} {field}"
 
 
 def simulate_row(row: dict, by_id: dict, anchors: dict) -> dict:

@@ -1,0 +1,164 @@
+"""Compute time of a model block from its matrix multiplies and its elementwise traffic.
+
+A decoder layer's forward is matrix multiplies on the tensor cores plus elementwise
+passes that do none of the counted FLOPs but move activations through HBM: norms,
+activation functions, residual adds, dropout, the attention scores' mask, softmax and
+dropout where the scores are materialized, layout copies around attention. So a block
+takes
+
+    seconds = FLOPs / (peak x gemm_efficiency) + elementwise bytes / HBM bandwidth,
+
+and the whole model's MFU (counted FLOPs over peak x time) rises with the hidden size:
+the matrix FLOPs grow as h^2 per token, the elementwise bytes as h (and the scores as
+heads x seq). That is the ZeRO-Offload paper's own pattern (its Figures 8 and 9: hidden
+2048 at 31-36 TFLOPS, hidden 3072-4096 at 36-42 on the same V100), which one MFU per
+GPU cannot give.
+
+The elementwise bytes per token are a census of each style's ops (`FORWARD_BYTES`), each
+op's reads and writes in the activations' 16-bit dtype, at one pass per op (no fusion
+beyond what is named). `gemm_efficiency` is the one constant per GPU: it is solved so
+that the whole model's MFU at the GPU's reference shape (`GPU.mfu_reference`: the shape
+its `default_mfu` was measured or judged at; empty: the simulator's default scenario)
+equals `default_mfu`. At that shape nothing changes; elsewhere the shape decides.
+
+Not counted: the embedding lookup and the loss over the vocabulary (head and embedding
+blocks are matrix time only), kernel launch gaps, tile and wave quantization.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zfbench.core import models
+
+# The rows of the bundled published dataset that set a GPU constant: row id -> (GPU
+# preset, field). `python -m zfbench.validate --published` marks them and leaves them out
+# of the error.
+CALIBRATION_ROWS = {"zo-fig8-10b": ("v100-sxm3-32g", "default_mfu")}
+
+# Bytes of HBM traffic of one decoder layer per token, by op, in units of the hidden size
+# (per hidden element of a token) or per attention-score element, 16-bit activations
+# (judgment: a census of the ops as each style's reference code runs them, one pass per
+# op; reads plus writes, dropout masks 1 byte).
+# `opt` style: the GPT-2 layer of Megatron-LM v1 (NVIDIA/Megatron-LM mpu/transformer.py,
+# GPT2ParallelTransformerLayer; the code DeepSpeed's Megatron GPT-2 examples and the
+# ZeRO-Offload paper ran): apex's fused LayerNorm (one read, one write), linear biases
+# inside addmm, q, k and v made contiguous for the batched matmuls (torch.matmul on the
+# permuted views copies them), the context permuted back with .contiguous(), dropout after
+# the attention output and the MLP, two residual adds, GeLU as one TorchScript kernel over
+# the 4h intermediate; the scores [b, heads, s, s] written by QK^T, divided by sqrt(d),
+# multiplied by the mask and shifted by it (two passes), softmax, dropout, read by AV.
+OPT_FORWARD = {"layernorm x2": 2 * 4, "q, k, v contiguous copies": 3 * 4,
+               "context permute copy": 4, "dropout x2": 2 * 5, "residual add x2": 2 * 6}
+OPT_GELU_FORWARD = 4              # per intermediate element (read, write)
+OPT_SCORES_FORWARD = {"QK^T output": 2, "divide": 4, "mask multiply": 4,
+                      "mask shift": 4, "softmax": 4, "dropout": 5, "AV input": 2}
+# Its backward: LayerNorm's reads x and dy, writes dx (+ its weight-gradient partials),
+# the copies' gradients copied back, dropout's dy and mask in and dx out, the residual
+# branches' gradients added, GeLU's (recomputed from x) x and dy in and dx out, each
+# linear's bias gradient a reduction that reads its output gradient once (3h + h + 4h +
+# h elements); per score the dropout's, softmax's (y, dy in, dx out), the mask
+# multiply's and the divide's gradients and the two batched matmuls' gradient I/O.
+OPT_BACKWARD = {"layernorm x2": 2 * 7, "copies back": 4 * 4, "dropout x2": 2 * 5,
+                "residual gradient adds x2": 2 * 6, "bias gradients (9h read)": 9 * 2}
+OPT_GELU_BACKWARD = 6             # per intermediate element
+OPT_SCORES_BACKWARD = {"dropout": 5, "softmax": 6, "mask multiply": 4, "divide": 4,
+                       "matmul gradients": 6}
+# `llama` style: Hugging Face's LlamaRMSNorm / Qwen2 layers: RMSNorm in fp32 op by op (to
+# fp32 2+4, the mean of squares reads 4, the scaling 4+4, back to 16-bit 4+2, the weight
+# 2+2: 28), rotary embeddings on q and k (rotate_half's cat, two multiplies and an add:
+# 18 per element of q and of k), attention in fused SDPA (it reads q, k, v and writes its
+# output: no scores in HBM), the gated MLP's SiLU (2+2) and gate times up (4+2) per
+# intermediate element. Its backward: 1.3 x the forward (judgment: the opt census's
+# hidden- and intermediate-sized backward over forward: `backward_per_forward`).
+LLAMA_FORWARD = {"rmsnorm x2": 2 * 28, "attention output layout copy": 4,
+                 "residual add x2": 2 * 6}
+LLAMA_ROTARY_PER_QK = 18          # per element of q and of k
+LLAMA_MLP_PER_INTERMEDIATE = 4 + 6
+
+
+def backward_per_forward() -> float:
+    """The opt census's backward bytes over its forward bytes for the hidden-sized and
+    intermediate-sized passes (GeLU counted at 4h), the ratio the llama style borrows."""
+    forward = sum(OPT_FORWARD.values()) + 4 * OPT_GELU_FORWARD
+    backward = sum(OPT_BACKWARD.values()) + 4 * OPT_GELU_BACKWARD
+    return backward / forward
+
+
+@dataclass(frozen=True)
+class BlockTraffic:
+    """Elementwise HBM bytes of one block per micro-batch: forward and backward (the
+    backward's with the recomputed forward where activations are checkpointed)."""
+
+    forward_bytes: float
+    backward_bytes: float
+
+
+def layer_bytes_per_token(shape: models.ModelShape, seq: int) -> tuple[float, float]:
+    """(forward, backward) elementwise HBM bytes of one decoder layer per token."""
+    h, inter = shape.hidden, shape.intermediate
+    if shape.style == "opt":
+        scores = shape.heads * seq  # score elements per token
+        forward = (sum(OPT_FORWARD.values()) * h + OPT_GELU_FORWARD * inter
+                   + sum(OPT_SCORES_FORWARD.values()) * scores)
+        backward = (sum(OPT_BACKWARD.values()) * h + OPT_GELU_BACKWARD * inter
+                    + sum(OPT_SCORES_BACKWARD.values()) * scores)
+        return forward, backward
+    attention_io = 2 * (h + 2 * shape.kv_dim) + 2 * h  # SDPA reads q, k, v; writes out
+    forward = (sum(LLAMA_FORWARD.values()) * h + LLAMA_ROTARY_PER_QK * (h + shape.kv_dim)
+               + attention_io + LLAMA_MLP_PER_INTERMEDIATE * inter)
+    return forward, backward_per_forward() * forward
+
+
+def block_traffic(shape: models.ModelShape, block: models.Block, seq: int,
+                  micro_batch: int, checkpointing: bool) -> BlockTraffic:
+    """The elementwise bytes of `block` for one micro-batch (decoder layers only)."""
+    if block.kind != "decoder":
+        return BlockTraffic(0.0, 0.0)
+    tokens = seq * micro_batch
+    forward, backward = layer_bytes_per_token(shape, seq)
+    return BlockTraffic(forward * tokens,
+                        (backward + (forward if checkpointing else 0.0)) * tokens)
+
+
+def model_times(shape: models.ModelShape, seq: int, micro_batch: int, checkpointing: bool,
+                peak_flops_per_s: float, hbm_bytes_per_s: float
+                ) -> tuple[float, float]:
+    """(matrix seconds at gemm efficiency 1, elementwise seconds) of one micro-batch's
+    forward and backward over the whole model."""
+    bwd_factor = 3.0 if checkpointing else 2.0
+    flops = sum(b.forward_flops(seq, micro_batch) for b in shape.blocks()) * (1 + bwd_factor)
+    traffic = [block_traffic(shape, b, seq, micro_batch, checkpointing)
+               for b in shape.blocks()]
+    moved = sum(t.forward_bytes + t.backward_bytes for t in traffic)
+    return flops / peak_flops_per_s, moved / hbm_bytes_per_s
+
+
+def gemm_efficiency(mfu: float, reference: tuple[models.ModelShape, int, int, bool],
+                    peak_flops_per_s: float, hbm_bytes_per_s: float) -> float:
+    """The matrix multiplies' share of peak that gives the whole model `mfu` at the
+    reference (shape, seq, micro-batch, checkpointing): mfu = G / (G / e + M) with G the
+    matrix seconds at peak and M the elementwise seconds, so 1/e = 1/mfu - M/G."""
+    shape, seq, micro_batch, checkpointing = reference
+    gemm_s, memory_s = model_times(shape, seq, micro_batch, checkpointing,
+                                   peak_flops_per_s, hbm_bytes_per_s)
+    inverse = 1.0 / mfu - memory_s / gemm_s
+    if inverse <= 1.0:
+        raise ValueError(f"an MFU of {mfu} at {shape.name} leaves the matrix multiplies "
+                         f"above the tensor cores' peak once its elementwise traffic "
+                         f"({memory_s / gemm_s:.2f} of the matrix time at peak) is "
+                         f"counted; lower default_mfu or give --mfu")
+    return 1.0 / inverse
+
+
+def parse_reference(text: str) -> tuple[str, int, int]:
+    """`MODEL@MICRO_BATCHxSEQ` (a GPU's `mfu_reference`) -> (model, micro_batch, seq)."""
+    try:
+        model, sizes = text.rsplit("@", 1)
+        micro_batch, seq = (int(x) for x in sizes.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"mfu_reference {text!r} is not MODEL@MICRO_BATCHxSEQ "
+                         f"(e.g. llama2-7b@1x1024)") from None
+    if micro_batch < 1 or seq < 1 or not model:
+        raise ValueError(f"mfu_reference {text!r}: model, micro-batch and seq must be given")
+    return model, micro_batch, seq

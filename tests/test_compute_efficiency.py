@@ -1,0 +1,151 @@
+"""Compute time by shape (sims/compute_efficiency.py): the census by hand, the GEMM
+efficiency solved at each GPU's reference shape, MFU rising with the hidden size, a given
+MFU still flat, and the V100 preset re-derived from its calibration row."""
+
+import pytest
+
+from zfbench.core import hardware as hw
+from zfbench.core import models
+from zfbench.core.scenario import GPU_NODE
+from zfbench.sims import compute_efficiency as ce
+from zfbench.sims.costs import CostModel, SimSettings, SimSettingsError
+from zfbench.sims.settings import node_knobs
+from zfbench.sims.simulator import simulate
+from zfbench.validate.published import (anchor_mfu, bundled_path, calibration_of, measure,
+                                        read_rows, row_settings)
+
+V100 = dict(node_knobs("dgx2-v100", 1), precision="fp16")
+
+
+def gpt2(hidden: int, layers: int = 4, heads: int = 16) -> str:
+    return f"gpt2:layers={layers},hidden={hidden},heads={heads}"
+
+
+def test_census_by_hand():
+    """A GPT-2 layer of hidden 1024 (intermediate 4096), 16 heads, seq 512: forward
+    62 B per hidden element (46 + GeLU's 4 per intermediate element) and 25 B per score,
+    backward 94 B (70 + 6 per intermediate) and 25 B per score."""
+    shape = models.get_model(gpt2(1024))
+    fwd, bwd = ce.layer_bytes_per_token(shape, 512)
+    assert fwd == 46 * 1024 + 4 * 4096 + 25 * 16 * 512
+    assert bwd == 70 * 1024 + 6 * 4096 + 25 * 16 * 512
+    assert ce.backward_per_forward() == pytest.approx(94 / 62)
+    block = next(b for b in shape.blocks() if b.kind == "decoder")
+    traffic = ce.block_traffic(shape, block, 512, 3, checkpointing=True)
+    assert traffic.forward_bytes == fwd * 512 * 3
+    assert traffic.backward_bytes == (bwd + fwd) * 512 * 3  # the recomputed forward
+    assert ce.block_traffic(shape, block, 512, 3, False).backward_bytes == bwd * 512 * 3
+    head = next(b for b in shape.blocks() if b.kind == "head")
+    assert ce.block_traffic(shape, head, 512, 3, True) == ce.BlockTraffic(0.0, 0.0)
+
+
+def test_llama_census_by_hand():
+    """llama2-7b: hidden 4096, kv 4096, intermediate 11008: 56 + 4 + 12 per hidden
+    element, rotary 18 per element of q and k, SDPA's q, k, v in and output out, 10 per
+    intermediate element; no score traffic, so no dependence on seq."""
+    shape = models.get_model("llama2-7b")
+    h, kv, i = 4096, 4096, 11008
+    want = 72 * h + 18 * (h + kv) + 2 * (h + 2 * kv) + 2 * h + 10 * i
+    assert ce.layer_bytes_per_token(shape, 1024)[0] == want
+    assert ce.layer_bytes_per_token(shape, 4096)[0] == want
+    assert ce.layer_bytes_per_token(shape, 1024)[1] == pytest.approx(
+        want * ce.backward_per_forward())
+
+
+def _whole_mfu(c: CostModel, settings: SimSettings) -> float:
+    flops = sum(b.forward_flops(settings.seq, settings.micro_batch)
+                for b in c.shape.blocks()) * (4.0 if settings.activation_checkpointing else 3.0)
+    seconds = sum(b.forward_s + b.backward_s for b in c.buckets)
+    peak = c.node.gpu.peak_flops_per_s(settings.precision)
+    return flops / (peak * seconds)
+
+
+def test_default_mfu_holds_at_each_gpus_reference():
+    """At the reference shape the whole model runs at the GPU's default_mfu, and the
+    cost model reports that MFU."""
+    for gpu in ("a100-80g", "h100-sxm"):
+        s = SimSettings(gpu=gpu, model=GPU_NODE.model, micro_batch=GPU_NODE.micro_batch,
+                        seq=GPU_NODE.seq, steps=2)
+        c = CostModel(s)
+        assert _whole_mfu(c, s) == pytest.approx(hw.get_gpu(gpu).default_mfu, rel=1e-12)
+        assert c.mfu == pytest.approx(hw.get_gpu(gpu).default_mfu, rel=1e-12)
+    v100 = hw.get_gpu("v100-sxm3-32g")
+    model, micro_batch, seq = ce.parse_reference(v100.mfu_reference)
+    s = SimSettings(**V100, model=model, micro_batch=micro_batch, seq=seq, steps=2)
+    assert _whole_mfu(CostModel(s), s) == pytest.approx(v100.default_mfu, rel=1e-12)
+
+
+def test_mfu_rises_with_hidden_size_and_falls_with_long_scores():
+    """Matrix FLOPs grow as h^2 per token, the elementwise bytes as h (scores as heads x
+    seq): MFU rises with the hidden size and falls with the sequence (GPT-2 style)."""
+    mfu = [CostModel(SimSettings(**V100, model=gpt2(h), micro_batch=4, seq=1024,
+                                 steps=2)).mfu for h in (1024, 2048, 4096, 8192)]
+    assert mfu == sorted(mfu) and mfu[0] < mfu[-1]
+    short, long = (CostModel(SimSettings(**V100, model=gpt2(2048), micro_batch=1, seq=q,
+                                         steps=2)).mfu for q in (512, 4096))
+    assert long < short
+
+
+def test_a_given_mfu_is_one_rate_for_every_block():
+    s = SimSettings(**V100, model=gpt2(2048), micro_batch=2, seq=512, steps=2, mfu=0.25)
+    c = CostModel(s)
+    peak = c.node.gpu.peak_flops_per_s("fp16")
+    for bucket, block in zip(c.buckets, c.shape.blocks()):
+        assert bucket.forward_s == pytest.approx(block.forward_flops(512, 2) / (peak * 0.25))
+        assert bucket.backward_s == pytest.approx(3 * bucket.forward_s)
+    assert c.mfu == 0.25
+
+
+def test_unreachable_default_mfu_is_refused_with_the_fix():
+    """An MFU whose reference traffic alone leaves no time for the matrix multiplies at
+    peak names the GPU and the fix."""
+    shape = models.get_model(gpt2(1024))
+    with pytest.raises(ValueError, match="lower default_mfu or give --mfu"):
+        ce.gemm_efficiency(0.99, (shape, 2048, 1, True), 125e12, 900e9)
+    assert 0 < ce.gemm_efficiency(0.3, (shape, 1024, 1, True), 125e12, 900e9) < 1
+    with pytest.raises(ValueError, match="MODEL@MICRO_BATCHxSEQ"):
+        ce.parse_reference("llama2-7b")
+    assert ce.parse_reference("gpt2:layers=2,hidden=64,heads=4@3x128") == (
+        "gpt2:layers=2,hidden=64,heads=4", 3, 128)
+
+
+def test_hardware_json_mfu_reference_is_checked(tmp_path):
+    """A GPU entry's mfu_reference is optional; given, it must be a non-empty string."""
+    import json
+    raw = {"gpus": {"mygpu": {
+        "fp16_flops_per_s": {"value": 1e14, "source": "x"},
+        "memory_bytes": {"value": 1e10, "source": "x"},
+        "hbm_bytes_per_s": {"value": 1e12, "source": "x"},
+        "default_mfu": {"value": 0.3, "source": "x"}, "native_pcie": "gen4",
+        "mfu_reference": ""}}}
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(hw.HardwareProfileError, match="mfu_reference"):
+        hw.load_profile(path)
+    del raw["gpus"]["mygpu"]["mfu_reference"]
+    path.write_text(json.dumps(raw))
+    assert hw.load_profile(path)["gpus"]["mygpu"].mfu_reference == ""
+
+
+def test_v100_preset_is_its_calibration_rows_mfu():
+    """The V100's default_mfu is the MFU at which the paper's headline row (10B GPT-2 on
+    one V100, 40.95 TFLOPS) simulates to itself; that row is marked as calibration."""
+    _, rows = read_rows(bundled_path())
+    (rid, (gpu, field)), = ce.CALIBRATION_ROWS.items()
+    row = next(r for r in rows if r["id"] == rid)
+    assert getattr(hw.get_gpu(gpu), field) == pytest.approx(anchor_mfu(row), rel=1e-9)
+    assert calibration_of(row) == f"{gpu} {field}"
+    s = row_settings(row)
+    assert measure(simulate(s, row["strategy"]), row["metric"], 2) == pytest.approx(
+        float(row["value"]), rel=1e-3)
+
+
+def test_unknown_reference_model_is_a_settings_error():
+    gpu = hw.get_gpu("a100-80g")
+    broken = hw.GPU(**{**{f: getattr(gpu, f) for f in (
+        "name", "bf16_flops_per_s", "fp16_flops_per_s", "memory_bytes", "hbm_bytes_per_s",
+        "native_pcie")}, "default_mfu": 0.999})
+    c = CostModel.__new__(CostModel)
+    c.settings = SimSettings()
+    with pytest.raises(SimSettingsError, match="a100-80g"):
+        c._gemm_efficiency(broken, broken.peak_flops_per_s("bf16"))
