@@ -28,8 +28,11 @@ from zfbench.core.strategies import SIM_STRATEGIES as STRATEGIES  # noqa: F401
 # shipped: DeepSpeed's shipped path (zenflow.md "Data moved per step"); full: the whole
 # gradient down every step and whole parameters up at a boundary (zfbench's engine).
 TRANSFER_MODES = ("design", "shipped", "full")
-# Where zero-infinity keeps parameters and optimizer state: host DRAM or NVMe.
-OFFLOAD_PARAMS = ("cpu", "nvme")
+# Where zero-infinity keeps its 16-bit parameters between uses (DeepSpeed's
+# offload_param.device): partitioned on the GPUs, host DRAM or NVMe; and its fp32 optimizer
+# state (offload_optimizer.device): host DRAM or NVMe.
+OFFLOAD_PARAMS = ("none", "cpu", "nvme")
+OFFLOAD_OPTIMIZER = ("cpu", "nvme")
 
 
 # `gpus`'s default: with --nodes/--gpus-per-node an unchanged `gpus` is no contradiction.
@@ -109,13 +112,16 @@ class SimSettings:
     steps: int = 40
     transfers: str = "design"
     bandwidth_scale: float = 1.0
-    # zero-infinity: where parameters and optimizer state live between uses ("cpu": host
-    # DRAM; "nvme": the node's NVMe drives), and how many buckets ahead of the one being
+    # zero-infinity: where parameters live between uses ("none": each rank's partition
+    # on its GPU; "cpu": host DRAM; "nvme": the node's NVMe drives), where the optimizer
+    # state lives (`offload_optimizer`; None: with the parameters, the host when they stay
+    # on the GPUs), and how many buckets ahead of the one being
     # computed its parameter fetches run. Default 1: DeepSpeed's stage3_prefetch_bucket_size
     # defaults to 5e7 elements (DeepSpeed config docs, ZeRO section), under one decoder
     # layer of a 7B model (202 M parameters in llama2-7b), so one whole bucket ahead is at
     # least what DeepSpeed prefetches by default (judgment).
     offload_params: str = "cpu"
+    offload_optimizer: str | None = None
     prefetch_buckets: int = 1
     # The drive model and count of the node (hardware.json "nvme_drives"; per drive). The
     # defaults are those of the a100-4x-gen4 node preset: 4 x PM1733-class gen4 U.2 drives,
@@ -124,6 +130,14 @@ class SimSettings:
     nvme_drives: int = 4
     profile: str | None = None  # a measured hardware profile (python -m zfbench.run --profile)
     hardware: str | None = None  # a hardware JSON whose entries join the presets by name
+
+    @property
+    def optimizer_placement(self) -> str:
+        """Where zero-infinity's optimizer state lives: `offload_optimizer`, else with the
+        parameters (the host when they stay on the GPUs)."""
+        if self.offload_optimizer is not None:
+            return self.offload_optimizer
+        return "cpu" if self.offload_params == "none" else self.offload_params
 
     def __post_init__(self) -> None:
         _check_int(self, "gpus", 1)
@@ -149,6 +163,10 @@ class SimSettings:
         if self.offload_params not in OFFLOAD_PARAMS:
             raise SimSettingsError(f"offload_params {self.offload_params!r} is not known; "
                                    f"choose one of: {', '.join(OFFLOAD_PARAMS)}")
+        if self.offload_optimizer is not None and \
+                self.offload_optimizer not in OFFLOAD_OPTIMIZER:
+            raise SimSettingsError(f"offload_optimizer {self.offload_optimizer!r} is not "
+                                   f"known; choose one of: {', '.join(OFFLOAD_OPTIMIZER)}")
         if self.layers is not None:
             _check_int(self, "layers", 1)
         if self.host_cores is not None:

@@ -14,7 +14,13 @@ Breaking the GPU Memory Wall for Extreme Scale Deep Learning"), on top of `CostM
 - nothing goes up at the end of a step: the next step's fetches read the host copy;
 - with `offload_params="nvme"` the 16-bit parameters and the fp32 optimizer state
   (master, m, v) live on NVMe: each fetch first reads the share from NVMe, the host
-  update reads the state and writes it back with the new 16-bit parameters.
+  update reads the state and writes it back with the new 16-bit parameters;
+- the two placements are separate settings, as DeepSpeed's `offload_param` and
+  `offload_optimizer` are (ZeRO-Infinity, Rajbhandari et al. 2021, section 5: parameters
+  and optimizer state may each go to CPU or NVMe): `offload_params="none"` keeps each
+  rank's 16-bit partition on its GPU (a fetch is the all-gather alone), so after the
+  host update the rank's new share goes up (h2d); `offload_optimizer` puts the state on
+  the host or NVMe whatever the parameters do (`SimSettings.optimizer_placement`).
 
 All functions take a `CostModel` and return per-rank quantities unless they say node.
 """
@@ -59,7 +65,23 @@ def reduce_scatter_s(c, nbytes: float) -> float:
 
 
 def uses_nvme(c) -> bool:
+    """Whether the parameters live on NVMe (each fetch reads them first)."""
     return c.settings.offload_params == "nvme"
+
+
+def state_on_nvme(c) -> bool:
+    """Whether the optimizer state lives on NVMe (the host update reads and writes it)."""
+    return c.settings.optimizer_placement == "nvme"
+
+
+def params_on_device(c) -> bool:
+    """Whether each rank's 16-bit partition stays on its GPU (nothing is fetched from the
+    host; the updated share goes up after the host update)."""
+    return c.settings.offload_params == "none"
+
+
+def any_nvme(c) -> bool:
+    return uses_nvme(c) or state_on_nvme(c)
 
 
 def state_read_bytes(c, i: int) -> float:
@@ -68,30 +90,36 @@ def state_read_bytes(c, i: int) -> float:
 
 
 def state_write_bytes(c, i: int) -> float:
-    """NVMe bytes it writes back: the fp32 state and the new 16-bit parameters."""
-    return c.share(c.buckets[i].numel) * (HOST_OPTIMIZER_STATE_BYTES + c.elem_bytes)
+    """NVMe bytes the host update of bucket i writes back: the fp32 state where it lives
+    on NVMe, and the new 16-bit parameters where they do (0: nothing on NVMe)."""
+    state = HOST_OPTIMIZER_STATE_BYTES if state_on_nvme(c) else 0.0
+    params = c.elem_bytes if uses_nvme(c) else 0.0
+    return c.share(c.buckets[i].numel) * (state + params)
 
 
 def bytes_per_step(c) -> dict[str, float]:
     """Bytes one rank moves per step, by resource (the schedule moves exactly these)."""
     nb = len(c.buckets)
     share = sum(share_bytes(c, i) for i in range(nb))
-    out = {"h2d": 2 * share, "d2h": share, "nvme_read": 0.0, "nvme_write": 0.0,
+    # fetched up twice (forward, backward); kept on the GPU, the new share goes up once
+    up = share if params_on_device(c) else 2 * share
+    out = {"h2d": up, "d2h": share, "nvme_read": 0.0, "nvme_write": 0.0,
            "allgather": 0.0, "reduce_scatter": 0.0}
     if c.gpus > 1:
         whole = sum(bucket_bytes(c, i) for i in range(nb))
         out["allgather"], out["reduce_scatter"] = 2 * whole, whole
     if uses_nvme(c):
-        out["nvme_read"] = 2 * share + sum(int(round(state_read_bytes(c, i)))
-                                           for i in range(nb))
-        out["nvme_write"] = sum(int(round(state_write_bytes(c, i))) for i in range(nb))
+        out["nvme_read"] = 2 * share
+    if state_on_nvme(c):
+        out["nvme_read"] += sum(int(round(state_read_bytes(c, i))) for i in range(nb))
+    out["nvme_write"] = sum(int(round(state_write_bytes(c, i))) for i in range(nb))
     return out
 
 
 def nvme_busy_s_per_step(c) -> float:
     """Seconds the node's drive array is busy per step with every rank's NVMe traffic, at
     the sharing rule of sims/nvme.py: a lower bound on the step time with nvme."""
-    if not uses_nvme(c):
+    if not any_nvme(c):
         return 0.0
     drive, moved = c.settings.nvme_drive(), bytes_per_step(c)
     per_rank = (moved["nvme_read"] / drive.read_bytes_per_s
@@ -103,18 +131,26 @@ def memory(c) -> dict[str, float]:
     """Device bytes per rank, host bytes and NVMe bytes for one node (of `c.nodes`).
 
     Device: the buckets in flight (the one computing and `prefetch_buckets` fetched ahead,
-    whole), two gradient buckets, and the activations. Host with parameters on cpu: the
-    16-bit parameters, the fp32 state and an fp32 gradient per parameter; with nvme the
-    fp32 gradients stay in DRAM and the parameters and state move to NVMe (the pinned
+    whole), two gradient buckets, the activations, and with parameters kept on the GPUs
+    the rank's 16-bit partition. Host: an fp32 gradient per parameter, and the 16-bit
+    parameters and the fp32 state where they are not on the GPUs or NVMe (the pinned
     staging buffers, a few buckets per rank, are left out)."""
     p, b = c.params, c.elem_bytes
     largest = max(bk.numel for bk in c.buckets)
     working = (c.settings.prefetch_buckets + 1 + GRAD_BUCKETS_ON_DEVICE) * largest * b
     device = working + c.activation_bytes()
-    state = p * (HOST_OPTIMIZER_STATE_BYTES + b)
-    grads = p * HOST_GRAD_BYTES_PER_PARAM
-    if uses_nvme(c):
-        return {"device_bytes_per_rank": device, "host_bytes": c.per_node(grads),
-                "nvme_bytes": c.per_node(state)}
-    return {"device_bytes_per_rank": device, "host_bytes": c.per_node(state + grads),
-            "nvme_bytes": 0.0}
+    host = p * HOST_GRAD_BYTES_PER_PARAM
+    nvme = 0.0
+    params, state = p * b, p * HOST_OPTIMIZER_STATE_BYTES
+    if params_on_device(c):
+        device += c.share(params)
+    elif uses_nvme(c):
+        nvme += params
+    else:
+        host += params
+    if state_on_nvme(c):
+        nvme += state
+    else:
+        host += state
+    return {"device_bytes_per_rank": device, "host_bytes": c.per_node(host),
+            "nvme_bytes": c.per_node(nvme)}

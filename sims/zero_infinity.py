@@ -30,11 +30,16 @@ seconds come from `zfbench.sims.zero3` and `CostModel`. `zero_infinity_step(sim,
   and only then is bucket i's reduce-scatter issued; after the last backward op, the
   last bucket's copy (the epilogue's). Each fetch's copy up holds the device from the
   moment it is issued until it has landed.
-- With `offload_params="nvme"` every fetch first reads the share from NVMe, and the host
-  update of each bucket reads its fp32 state from NVMe before it and writes the state and
-  the new 16-bit parameters back after it (double-buffered: a bucket's read waits for the
-  write-back of the bucket two before it); the next fetch of a bucket waits for its
-  write. The drives are the node-shared array of `zfbench.sims.nvme`.
+- With `offload_params="nvme"` every fetch first reads the share from NVMe; with the
+  optimizer state on NVMe (`offload_optimizer`, by default where the parameters are) the
+  host update of each bucket reads its fp32 state from NVMe before it and writes the
+  state (and the new 16-bit parameters, where they live there too) back after it
+  (double-buffered: a bucket's read waits for the write-back of the bucket two before
+  it); the next fetch of a bucket waits for its write. The drives are the node-shared
+  array of `zfbench.sims.nvme`.
+- With `offload_params="none"` each rank's 16-bit partition stays on its GPU: a fetch is
+  the bucket's all-gather alone, and after the host update of a bucket its new share
+  goes up (h2d), which the next fetch of that bucket waits for.
 """
 
 from __future__ import annotations
@@ -66,15 +71,18 @@ def _nvme_lanes(sim):
 def pageable(c) -> bool:
     """Whether this run's gradient and parameter copies are pageable (zfbench.sims.pageable):
     without `pin_memory`, with CPU offload; NVMe offload copies through the swapper's
-    pinned buffers."""
-    return c.pageable_copies and not zero3.uses_nvme(c)
+    pinned buffers (the optimizer state or the parameters on NVMe)."""
+    return c.pageable_copies and not zero3.any_nvme(c)
 
 
 def fetch(sim, step: int, i: int, deps, blocking: list | None = None):
-    """Bucket i's parameters onto the device: (NVMe read,) share up, all-gather. With
-    pageable buffers the share's copy up is appended to `blocking`: the issuing thread
-    waits for it."""
+    """Bucket i's parameters onto the device: (NVMe read,) share up, all-gather; with the
+    partitions kept on the GPUs the all-gather alone. With pageable buffers the share's
+    copy up is appended to `blocking`: the issuing thread waits for it."""
     c = sim.costs
+    if zero3.params_on_device(c):
+        done = sim.collective("allgather", step, zero3.bucket_bytes(c, i), list(deps))
+        return done or sim.env.all_of([d for d in deps if d is not None])
     if zero3.uses_nvme(c):
         read, _ = _nvme_lanes(sim)
         deps = [nvme.submit(read, nvme.READ, sim.rank, step, zero3.share_bytes(c, i), deps)]
@@ -114,7 +122,9 @@ def unrecorded_fetch(sim, i: int, gate, net_free):
     the last step's wait for a next step that never runs. At that moment every lane the
     fetch uses is idle but the net lane, so the wait equals the recorded fetch's."""
     c, env = sim.costs, sim.env
-    nbytes = zero3.share_bytes(c, i)
+    nbytes = 0 if zero3.params_on_device(c) else zero3.share_bytes(c, i)
+    if zero3.params_on_device(c):
+        yield from all_done(env, [gate])
     if nbytes > 0:  # as `transfer`: an empty one is done at once
         yield from all_done(env, [gate])
         if zero3.uses_nvme(c):
@@ -130,23 +140,29 @@ def unrecorded_fetch(sim, i: int, gate, net_free):
 def host_update(sim, step: int, downs) -> dict:
     """Host AdamW on the rank's share, bucket by bucket in backward order, after every
     gradient is down; returns, per bucket, the event after which its host copy (or its
-    NVMe copy) holds the new parameters."""
+    NVMe copy, or with the partitions on the GPUs the device's copy, uploaded after the
+    update) holds the new parameters. The state is read from and written back to NVMe
+    where it lives there."""
     c = sim.costs
     ready, writes = {}, []
     deps = list(downs)
     for j, i in enumerate(reversed(range(sim.nb))):
         elems = c.share(c.buckets[i].numel)
-        if zero3.uses_nvme(c):
-            read, write = _nvme_lanes(sim)
+        work_deps = deps
+        if zero3.state_on_nvme(c):
+            read, _ = _nvme_lanes(sim)
             free = writes[j - STATE_BUFFERS] if j >= STATE_BUFFERS else None
-            state = nvme.submit(read, nvme.READ, sim.rank, step,
-                                zero3.state_read_bytes(c, i), [free])
-            done = sim.host_work("host_optim", step, elems, [*deps, state])
-            writes.append(nvme.submit(write, nvme.WRITE, sim.rank, step,
-                                      zero3.state_write_bytes(c, i), [done]))
+            work_deps = [*deps, nvme.submit(read, nvme.READ, sim.rank, step,
+                                            zero3.state_read_bytes(c, i), [free])]
+        ready[i] = sim.host_work("host_optim", step, elems, work_deps)
+        back = zero3.state_write_bytes(c, i)
+        if back > 0:  # the state and/or the new parameters back to NVMe
+            _, write = _nvme_lanes(sim)
+            writes.append(nvme.submit(write, nvme.WRITE, sim.rank, step, back, [ready[i]]))
             ready[i] = writes[-1]
-        else:
-            ready[i] = sim.host_work("host_optim", step, elems, deps)
+        if zero3.params_on_device(c):  # the new share up to the rank's GPU partition
+            ready[i] = sim.transfer(sim.h2d, "h2d_param", step, zero3.share_bytes(c, i),
+                                    [ready[i]])
         if elems > 0:  # the first real chunk carries the wait for the gradients
             deps = ()
     return ready

@@ -144,6 +144,73 @@ def test_nvme_moves_parameters_and_state_through_the_drives():
     assert nvme_spans(simulate(s.with_(offload_params="cpu"), ZI).timeline) == []
 
 
+def _moved(result, rank: int, step: int) -> dict:
+    """Bytes by (lane, op) one rank moved in `step`, its NVMe lanes included."""
+    spans, _ = frames(result)
+    g = spans[(spans["rank"] == rank) & (spans["step"] == step)]
+    return g.groupby(["lane", "op"])["bytes"].sum().to_dict()
+
+
+@pytest.mark.parametrize("params, optimizer", [
+    ("none", "cpu"), ("none", "nvme"), ("cpu", "nvme"), ("nvme", "cpu"), ("nvme", None),
+    ("cpu", None)])
+def test_separate_placement_moves_what_it_places(params, optimizer):
+    """DeepSpeed's offload_param and offload_optimizer apart (ZeRO-Infinity, section 5):
+    parameters kept on the GPUs are all-gathered only and the new share goes up once
+    after the update; parameters on NVMe are read before each fetch and written after the
+    update; the state on NVMe is read before and written after each bucket's update."""
+    s = SimSettings(**SMALL, gpus=2, offload_params=params, offload_optimizer=optimizer)
+    result = simulate(s, ZI)
+    c = result.costs
+    nb = len(c.buckets)
+    shares = sum(zero3.share_bytes(c, i) for i in range(nb))
+    state = sum(round(b.numel / 2 * 12) for b in c.buckets)
+    p16 = sum(round(b.numel / 2 * 2) for b in c.buckets)
+    placed = optimizer or ("cpu" if params == "none" else params)
+    assert s.optimizer_placement == placed
+    want_read = (2 * shares if params == "nvme" else 0) + (state if placed == "nvme" else 0)
+    want_write = (state if placed == "nvme" else 0) + (p16 if params == "nvme" else 0)
+    want_up = shares if params == "none" else 2 * shares
+    got = _moved(result, 0, 2)
+    assert got.get(("h2d", "h2d_param"), 0) == want_up
+    assert got.get(("d2h", "d2h_grad"), 0) == shares
+    assert got.get(("nvme_read", "nvme_read"), 0) == pytest.approx(want_read, abs=2 * nb)
+    assert got.get(("nvme_write", "nvme_write"), 0) == pytest.approx(want_write, abs=2 * nb)
+    moved = zero3.bytes_per_step(c)
+    assert moved["h2d"] == want_up
+    assert moved["nvme_read"] == pytest.approx(want_read, abs=2 * nb)
+    assert moved["nvme_write"] == pytest.approx(want_write, abs=2 * nb)
+    # every all-gather still assembles the whole model twice a step
+    assert got[("net", "allgather")] == 2 * c.params * 2
+
+
+def test_parameters_on_the_gpus_go_up_after_the_update_and_live_there():
+    """With the partitions on the GPUs a bucket's fetch of the next step waits for its new
+    share's upload, which waits for its host update; the device holds the partition and
+    the host no 16-bit copy."""
+    s = SimSettings(**SMALL, gpus=2, offload_params="none")
+    spans, _ = frames(simulate(s, ZI))
+    host = rank_step(spans, 0, 1, "host", "host_optim")
+    up = rank_step(spans, 0, 1, "h2d", "h2d_param")
+    assert len(up) == len(host)  # one upload per bucket's update, after it
+    assert (up["t_start_s"].to_numpy() >= host["t_end_s"].to_numpy() - 1e-12).all()
+    c = CostModel(s)
+    cpu = CostModel(s.with_(offload_params="cpu"))
+    on_gpu, on_cpu = zero3.memory(c), zero3.memory(cpu)
+    assert on_gpu["device_bytes_per_rank"] - on_cpu["device_bytes_per_rank"] == \
+        pytest.approx(c.params / 2 * 2)
+    assert on_cpu["host_bytes"] - on_gpu["host_bytes"] == pytest.approx(c.params * 2)
+    both = zero3.memory(CostModel(s.with_(offload_params="cpu", offload_optimizer="nvme")))
+    assert both["nvme_bytes"] == pytest.approx(c.params * 12)
+
+
+def test_placement_values_are_checked():
+    with pytest.raises(SimSettingsError, match="offload_optimizer 'disk' is not known"):
+        SimSettings(offload_optimizer="disk")
+    with pytest.raises(SimSettingsError, match="none, cpu, nvme"):
+        SimSettings(offload_params="gpu")
+
+
 def test_nvme_slower_than_pcie_slows_the_step_and_more_drives_help():
     base = SimSettings(**{**SMALL, "steps": 6}, gpus=4)
     cpu = steady_state(base, ZI)

@@ -107,7 +107,10 @@ def zero_infinity(T: _Terms):
     periods, infos, n = found
     cycle, c = sum(periods), len(periods)
     step = cycle / c
-    if zero3.uses_nvme(z.c):
+    if zero3.params_on_device(z.c):  # fetches are all-gathers; the update goes up
+        return step, compute, False, "parameters kept on the GPUs: this form fetches " \
+            "from the host", "", n, c
+    if zero3.any_nvme(z.c):
         bound = zero3.nvme_busy_s_per_step(z.c)
         regime = "NVMe-bound" if bound > step else "bound by the step without NVMe"
         return max(step, bound), compute, False, "parameters on NVMe: a lower bound " \

@@ -13,7 +13,8 @@ simulator has no gradients, so "auto" resolves to window lengths by a stated rul
 assumption in the header and in summary.json.
 
 `--strategy zero-infinity` (DeepSpeed's ZeRO-3 with offloaded parameters, simulated only)
-takes `--offload-params cpu|nvme`, `--prefetch-buckets N` and, with nvme, `--nvme DRIVE`
+takes `--offload-params none|cpu|nvme`, `--offload-optimizer cpu|nvme` (default: with the
+parameters), `--prefetch-buckets N` and, with nvme, `--nvme DRIVE`
 and `--nvme-drives N` (presets in zfbench/data/hardware.json, per drive).
 
 `--nodes N --gpus-per-node G` simulates N nodes of G GPUs (each node its own host and
@@ -255,8 +256,10 @@ def header(case: SimSettings, flags: set, sweeps) -> str:
             + (f" x {s.grad_accum} micro-steps" if s.grad_accum > 1 else "")
             + f", {precision}; zenflow topk "
             f"{s.topk_ratio}, U={interval}, overlap={s.overlap_step}; zero-infinity "
-            f"parameters on {s.offload_params}"
-            + (f" ({s.nvme_drives} x {s.nvme})" if s.offload_params == "nvme" else "")
+            f"parameters on {'gpu' if s.offload_params == 'none' else s.offload_params}, "
+            f"optimizer state on {s.optimizer_placement}"
+            + (f" ({s.nvme_drives} x {s.nvme})"
+               if "nvme" in (s.offload_params, s.optimizer_placement) else "")
             + f", prefetch {s.prefetch_buckets}; {s.steps} steps (simulated)")
     if sweeps:
         line += "\nsweep: " + " x ".join(f"{k}={','.join(map(str, v))}" for k, v in sweeps)

@@ -67,7 +67,8 @@ BUNDLED = "zfbench/data/published/offload_measurements.csv"
 # left out of a file, or left empty in a row, for their defaults).
 COLUMNS = ("id", "source", "metric", "value", "strategy", "hardware", "gpu", "gpus", "model",
            "micro_batch", "seq", "grad_accum", "precision", "activation_checkpointing",
-           "offload_params", "bind_cores", "pin_memory", "overlap_comm", "anchor", "note")
+           "offload_params", "offload_optimizer", "bind_cores", "pin_memory", "overlap_comm",
+           "anchor", "note")
 REQUIRED = ("id", "source", "metric", "value", "strategy", "hardware", "gpus", "model",
             "micro_batch", "seq")
 OUTPUT_COLUMNS = ("simulated", "error_pct", "status", "calibration", "mfu",
@@ -173,10 +174,11 @@ def row_settings(row: dict) -> SimSettings:
             raise Unsupported(f"overlap_comm false is simulated for "
                               f"{', '.join(SERIAL_REDUCTION_STRATEGIES)} (DeepSpeed's ZeRO-2); "
                               f"leave it empty for {row['strategy']}")
-        if row["offload_params"]:
-            if row["strategy"] != "zero-infinity":
-                raise Unsupported("offload_params is a zero-infinity setting; leave it empty")
-            knobs["offload_params"] = row["offload_params"]
+        for key in ("offload_params", "offload_optimizer"):
+            if row[key]:
+                if row["strategy"] != "zero-infinity":
+                    raise Unsupported(f"{key} is a zero-infinity setting; leave it empty")
+                knobs[key] = row[key]
         settings = SimSettings(**knobs, steps=STEPS)
         if row["strategy"] == "zenflow":  # its windows: warm-up, two skipped, one measured
             settings = settings.with_(steps=steps_needed(settings))
