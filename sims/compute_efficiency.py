@@ -21,8 +21,10 @@ that the whole model's MFU at the GPU's reference shape (`GPU.mfu_reference`: th
 its `default_mfu` was measured or judged at; empty: the simulator's default scenario)
 equals `default_mfu`. At that shape nothing changes; elsewhere the shape decides.
 
-Not counted: the embedding lookup and the loss over the vocabulary (head and embedding
-blocks are matrix time only), kernel launch gaps, tile and wave quantization.
+The head block also carries the loss over the vocabulary (`LOSS_FORWARD`,
+`LOSS_BACKWARD`): both reference codes upcast the logits to fp32 and run the softmax
+cross-entropy over every vocabulary entry of every token. Not counted: the embedding
+lookup and its gradient, kernel launch gaps, tile and wave quantization.
 """
 
 from __future__ import annotations
@@ -77,6 +79,18 @@ LLAMA_ROTARY_PER_QK = 18          # per element of q and of k
 LLAMA_MLP_PER_INTERMEDIATE = 4 + 6
 
 
+# The loss, bytes per vocabulary entry per token (judgment: the same one-pass census).
+# `opt` (Megatron-LM v1's vocab-parallel cross-entropy on `output.float()`): the upcast
+# (2 + 4), the max (4), the max subtracted (4 + 4), exp in place (4 + 4), the sum (4),
+# the softmax by division in place, kept for backward (4 + 4); backward: the softmax
+# times the incoming gradient in place (4 + 4), back to 16-bit (4 + 2). `llama` (Hugging
+# Face's ForCausalLMLoss: `logits.float()`, then cross_entropy): the upcast (2 + 4),
+# log_softmax (4 + 4); backward: the NLL's dense gradient (4), log_softmax's (reads its
+# output and the gradient, writes: 4 + 4 + 4), back to 16-bit (4 + 2).
+LOSS_FORWARD = {"opt": 6 + 4 + 8 + 8 + 4 + 8, "llama": 6 + 8}
+LOSS_BACKWARD = {"opt": 8 + 6, "llama": 4 + 12 + 6}
+
+
 def backward_per_forward() -> float:
     """The opt census's backward bytes over its forward bytes for the hidden-sized and
     intermediate-sized passes (GeLU counted at 4h), the ratio the llama style borrows."""
@@ -112,10 +126,15 @@ def layer_bytes_per_token(shape: models.ModelShape, seq: int) -> tuple[float, fl
 
 def block_traffic(shape: models.ModelShape, block: models.Block, seq: int,
                   micro_batch: int, checkpointing: bool) -> BlockTraffic:
-    """The elementwise bytes of `block` for one micro-batch (decoder layers only)."""
+    """The elementwise bytes of `block` for one micro-batch: a decoder layer's, the
+    head's loss over the vocabulary (not recomputed: checkpointing covers the layers),
+    none for the embedding."""
+    tokens = seq * micro_batch
+    if block.kind == "head":
+        return BlockTraffic(LOSS_FORWARD[shape.style] * shape.vocab * tokens,
+                            LOSS_BACKWARD[shape.style] * shape.vocab * tokens)
     if block.kind != "decoder":
         return BlockTraffic(0.0, 0.0)
-    tokens = seq * micro_batch
     forward, backward = layer_bytes_per_token(shape, seq)
     return BlockTraffic(forward * tokens,
                         (backward + (forward if checkpointing else 0.0)) * tokens)

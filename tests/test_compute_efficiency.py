@@ -35,8 +35,13 @@ def test_census_by_hand():
     assert traffic.forward_bytes == fwd * 512 * 3
     assert traffic.backward_bytes == (bwd + fwd) * 512 * 3  # the recomputed forward
     assert ce.block_traffic(shape, block, 512, 3, False).backward_bytes == bwd * 512 * 3
+    # the loss over the vocabulary (50257 entries) in fp32, forward 38 B and backward
+    # 14 B per entry per token, not recomputed; the embedding carries nothing
     head = next(b for b in shape.blocks() if b.kind == "head")
-    assert ce.block_traffic(shape, head, 512, 3, True) == ce.BlockTraffic(0.0, 0.0)
+    assert ce.block_traffic(shape, head, 512, 3, True) == ce.BlockTraffic(
+        38 * 50257 * 512 * 3, 14 * 50257 * 512 * 3)
+    embed = next(b for b in shape.blocks() if b.kind == "embedding")
+    assert ce.block_traffic(shape, embed, 512, 3, True) == ce.BlockTraffic(0.0, 0.0)
 
 
 def test_llama_census_by_hand():
@@ -50,6 +55,9 @@ def test_llama_census_by_hand():
     assert ce.layer_bytes_per_token(shape, 4096)[0] == want
     assert ce.layer_bytes_per_token(shape, 1024)[1] == pytest.approx(
         want * ce.backward_per_forward())
+    head = next(b for b in shape.blocks() if b.kind == "head")  # 32000 entries, 14 + 22 B
+    assert ce.block_traffic(shape, head, 1024, 1, True) == ce.BlockTraffic(
+        14 * 32000 * 1024, 22 * 32000 * 1024)
 
 
 def _whole_mfu(c: CostModel, settings: SimSettings) -> float:

@@ -59,14 +59,15 @@ def test_end_to_end_columns_statuses_and_signed_errors(run):
 def compute_by_hand(model: str, batch: int, seq: int) -> float:
     """Forward and backward of one micro-batch on a V100 by shape: the counted FLOPs at the
     V100's GEMM efficiency, then every decoder layer's elementwise bytes (forward,
-    recomputed forward and backward: zfbench.sims.compute_efficiency's census) at its
-    HBM bandwidth."""
+    recomputed forward and backward: zfbench.sims.compute_efficiency's census) and the
+    loss's at its HBM bandwidth."""
     shape = get_model(model)
     reference, ref_batch, ref_seq = ce.parse_reference(V100.mfu_reference)
     e = ce.gemm_efficiency(V100.default_mfu, (get_model(reference), ref_seq, ref_batch, True),
                            V100.fp16_flops_per_s, V100.hbm_bytes_per_s)
     fwd, bwd = ce.layer_bytes_per_token(shape, seq)
-    moved = shape.layers * (2 * fwd + bwd) * batch * seq
+    loss = (38 + 14) * shape.vocab  # the fp32 loss over the vocabulary, per token
+    moved = (shape.layers * (2 * fwd + bwd) + loss) * batch * seq
     return counted(model, batch, seq) / (V100.fp16_flops_per_s * e) + moved / V100.hbm_bytes_per_s
 
 
