@@ -53,6 +53,13 @@ CALIBRATION_ROWS = {"zo-fig8-10b": ("v100-sxm3-32g", "default_mfu")}
 OPT_FORWARD = {"layernorm x2": 2 * 4, "q, k, v contiguous copies": 3 * 4,
                "context permute copy": 4, "dropout x2": 2 * 5, "residual add x2": 2 * 6}
 OPT_GELU_FORWARD = 4              # per intermediate element (read, write)
+# The linear layers' biases, added apart from the matmul: PyTorch 1.x's F.linear fuses
+# the bias into addmm only for 2-D inputs (`if input.dim() == 2 and bias is not None`)
+# and Megatron's inputs are [b, s, h], so each output is written, read and written again
+# (2 + 2 per element of the q/k/v, attention output, fc1 and fc2 outputs: 3h + h + 4h + h
+# = 9h). Forward only: the add passes its gradient through (the bias gradients are in
+# OPT_BACKWARD).
+OPT_BIAS_ADDS = 9 * 4
 OPT_SCORES_FORWARD = {"QK^T output": 2, "divide": 4, "mask multiply": 4,
                       "mask shift": 4, "softmax": 4, "dropout": 5, "AV input": 2}
 # Its backward: LayerNorm's reads x and dy, writes dx (+ its weight-gradient partials),
@@ -93,7 +100,8 @@ LOSS_BACKWARD = {"opt": 8 + 6, "llama": 4 + 12 + 6}
 
 def backward_per_forward() -> float:
     """The opt census's backward bytes over its forward bytes for the hidden-sized and
-    intermediate-sized passes (GeLU counted at 4h), the ratio the llama style borrows."""
+    intermediate-sized passes (GeLU counted at 4h; the bias adds, which have no backward
+    pass of their own, left out), the ratio the llama style borrows."""
     forward = sum(OPT_FORWARD.values()) + 4 * OPT_GELU_FORWARD
     backward = sum(OPT_BACKWARD.values()) + 4 * OPT_GELU_BACKWARD
     return backward / forward
@@ -113,8 +121,8 @@ def layer_bytes_per_token(shape: models.ModelShape, seq: int) -> tuple[float, fl
     h, inter = shape.hidden, shape.intermediate
     if shape.style == "opt":
         scores = shape.heads * seq  # score elements per token
-        forward = (sum(OPT_FORWARD.values()) * h + OPT_GELU_FORWARD * inter
-                   + sum(OPT_SCORES_FORWARD.values()) * scores)
+        forward = ((sum(OPT_FORWARD.values()) + OPT_BIAS_ADDS) * h
+                   + OPT_GELU_FORWARD * inter + sum(OPT_SCORES_FORWARD.values()) * scores)
         backward = (sum(OPT_BACKWARD.values()) * h + OPT_GELU_BACKWARD * inter
                     + sum(OPT_SCORES_BACKWARD.values()) * scores)
         return forward, backward
