@@ -25,8 +25,10 @@ its partition and the ranks all-gather the model (`zfbench.sims.host_step`).
 
 Here a bucket is a block of the model (`CostModel.buckets`, forward order) and a rank owns
 the part of it that overlaps its partition. Each rank is its own SimPy process, so the
-cross-rank waits (the next reduction behind the owners' copies) go through `Sync`, one
-per simulation.
+cross-rank waits (a reduction as a rendezvous of every rank, behind the previous bucket's
+owners' copies: `reduce_deps`) go through `Sync`, one per simulation; `reduce_bucket`
+issues a rank's reduction of a bucket (a reduce-scatter, or zfbench's engine's
+all-reduce).
 
 Only simulations from presets (`CostModel.calibration` None) partition this way; a
 measured profile keeps what zfbench's engine does (real/): it all-reduces every gradient
@@ -36,6 +38,8 @@ and each rank copies down and updates a 1/N share of every bucket.
 from __future__ import annotations
 
 import simpy
+
+from zfbench.sims import zero3
 
 # The strategies whose gradients go to ZeRO-2 partitions (from presets only); `device`
 # (ZeRO-2 without offload) reduce-scatters too but copies nothing.
@@ -91,6 +95,44 @@ def owners(c, i: int) -> list[int]:
     size = c.params / c.gpus
     first = min(int(start // size), c.gpus - 1)
     return [r for r in range(first, c.gpus) if r * size < end]
+
+
+def reduce_bucket(sim, t: int, i: int, reduced: list, deps=()) -> simpy.Event | None:
+    """Rank `sim` (a RankSim) reduces bucket i's gradient once `deps` have fired; the event
+    is kept in `reduced` and returned (None on one GPU). DeepSpeed's ZeRO-2
+    (`sim.reduce_scatters`, from presets) reduce-scatters it to the partitions' owners;
+    zfbench's engine all-reduces it."""
+    c = sim.costs
+    nbytes = c.buckets[i].numel * c.elem_bytes
+    if c.gpus == 1:
+        red = None
+    elif sim.reduce_scatters:
+        red = sim.net.submit(zero3.REDUCE_SCATTER_OP, t, list(deps),
+                             seconds=zero3.reduce_scatter_s(c, nbytes),
+                             nbytes=int(round(nbytes)))
+    else:
+        red = sim.collective("allreduce", t, nbytes, list(deps))
+    reduced.append(red)
+    return red
+
+
+def reduce_deps(sim, npass: int, i: int, previous: list[int]) -> list:
+    """With ZeRO-2 partitions on several GPUs, what bucket i's reduction (a collective)
+    waits for on rank `sim`: every rank's arrival at it (ranks differ: only owners copy),
+    and the copies down of the bucket reduced before it by that bucket's owners (each copy
+    precedes the next reduction on its owner's stream). Symmetric ranks arrive together:
+    nothing."""
+    c = sim.costs
+    if not sim.owned or c.gpus == 1:
+        return []
+    arrived = sim.env.event()
+    arrived.succeed()
+    sim.sync.publish(("at_reduce", npass, i, sim.rank), arrived)
+    deps = [sim.sync.event(("at_reduce", npass, i, r)) for r in range(c.gpus)]
+    if previous:
+        deps += [sim.sync.event(("down", npass, previous[-1], r))
+                 for r in sim.owners_of[previous[-1]]]
+    return deps
 
 
 class Sync:

@@ -72,7 +72,7 @@ import simpy
 
 from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel
 from zfbench.sims.emulated import device_thread_op, grad_check_s, grad_zero_s
-from zfbench.sims import pageable, partitioning, zero3
+from zfbench.sims import pageable, partitioning
 from zfbench.sims.fluid import FluidPool, Job
 from zfbench.sims.host_step import CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM
 from zfbench.sims.lanes import Lane, all_done, run_compute
@@ -309,7 +309,7 @@ class RankSim:
         yield from self.compute("forward", t, c.forward_s)
         if strategy == "device":
             reduced = []
-            yield from self.backward(t, lambda i: self._reduce_bucket(t, i, reduced),
+            yield from self.backward(t, lambda i: partitioning.reduce_bucket(self, t, i, reduced),
                                      reduce=False)
             yield from all_done(self.env, reduced)
             return
@@ -342,7 +342,7 @@ class RankSim:
         c = self.costs
         yield from self.compute("forward", t, c.forward_s)
         reduced = []
-        yield from self.backward(t, lambda i: self._reduce_bucket(t, i, reduced))
+        yield from self.backward(t, lambda i: partitioning.reduce_bucket(self, t, i, reduced))
         yield from all_done(self.env, reduced)
         if self.emulated:  # the engine's device strategy updates every parameter, no gather
             yield from self.compute("device_optim", t, c.device_step_s(c.params))
@@ -350,41 +350,6 @@ class RankSim:
         yield from self.compute("device_optim", t, c.device_step_s(c.share(c.params)))
         gathered = self.collective("allgather", t, c.model_bytes, [])
         yield from all_done(self.env, [gathered])
-
-    def _reduce_bucket(self, t: int, i: int, reduced: list, deps=()) -> simpy.Event | None:
-        """Reduce bucket i's gradient once `deps` have fired, kept in `reduced`; returns it
-        (None on one GPU). DeepSpeed's ZeRO-2 (`self.reduce_scatters`, from presets)
-        reduce-scatters it to the partitions' owners; zfbench's engine all-reduces it."""
-        c = self.costs
-        nbytes = c.buckets[i].numel * c.elem_bytes
-        if c.gpus == 1:
-            red = None
-        elif self.reduce_scatters:
-            red = self.net.submit(zero3.REDUCE_SCATTER_OP, t, list(deps),
-                                  seconds=zero3.reduce_scatter_s(c, nbytes),
-                                  nbytes=int(round(nbytes)))
-        else:
-            red = self.collective("allreduce", t, nbytes, list(deps))
-        reduced.append(red)
-        return red
-
-    def _reduce_deps(self, npass: int, i: int, previous: list[int]) -> list:
-        """With ZeRO-2 partitions on several GPUs, what bucket i's reduction (a collective)
-        waits for: every rank's arrival at it (ranks differ: only owners copy), and the
-        copies down of the bucket reduced before it by that bucket's owners (each copy
-        precedes the next reduction on its owner's stream; zfbench.sims.partitioning).
-        Symmetric ranks arrive together: nothing."""
-        c = self.costs
-        if not self.owned or c.gpus == 1:
-            return []
-        arrived = self.env.event()
-        arrived.succeed()
-        self.sync.publish(("at_reduce", npass, i, self.rank), arrived)
-        deps = [self.sync.event(("at_reduce", npass, i, r)) for r in range(c.gpus)]
-        if previous:
-            deps += [self.sync.event(("down", npass, previous[-1], r))
-                     for r in self.owners_of[previous[-1]]]
-        return deps
 
     def _shard_numel(self, i: int) -> float:
         """Elements of bucket i this rank copies down and updates: with ZeRO-2 partitions
@@ -415,7 +380,8 @@ class RankSim:
         previous: list[int] = []
 
         def after(i: int) -> simpy.Event:
-            red = self._reduce_bucket(t, i, self.reduced, self._reduce_deps(npass, i, previous))
+            red = partitioning.reduce_bucket(self, t, i, self.reduced,
+                                             partitioning.reduce_deps(self, npass, i, previous))
             previous.append(i)
             deps = [ev for ev in (red, *extra_deps_of(i)) if ev is not None]
             if round(bytes_of(i)) > 0:
