@@ -41,10 +41,11 @@ import simpy
 
 from zfbench.sims import zero3
 
-# The strategies whose gradients go to ZeRO-2 partitions (from presets only); `device`
-# (ZeRO-2 without offload) reduce-scatters too but copies nothing.
+# DeepSpeed's ZeRO-2 strategies (from presets): they reduce-scatter their gradient buckets
+# and follow `overlap_comm`; the offloading ones copy their partitions down (`device`,
+# ZeRO-2 without offload, copies nothing).
+ZERO2_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu")
 OWNED_STRATEGIES = ("zero-offload", "zero-offload-dpu")
-REDUCE_SCATTER_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu")
 
 
 def owns_partitions(c, strategy: str) -> bool:
@@ -55,7 +56,14 @@ def owns_partitions(c, strategy: str) -> bool:
 def reduce_scatters(c, strategy: str) -> bool:
     """Does `strategy` reduce-scatter its gradient buckets (DeepSpeed's ZeRO-2) under `c`,
     rather than all-reduce them (zfbench's engine)?"""
-    return strategy in REDUCE_SCATTER_STRATEGIES and c.calibration is None
+    return strategy in ZERO2_STRATEGIES and c.calibration is None
+
+
+def serial_reduction(c, strategy: str) -> bool:
+    """Do `strategy`'s bucket reductions and copies run on the compute stream under `c`
+    (DeepSpeed's ZeRO-2 with `overlap_comm` off: `CostModel.serial_grad_reduction`)?
+    ZenFlow's steps, warm-up ones included, keep their side streams."""
+    return strategy in ZERO2_STRATEGIES and c.serial_grad_reduction
 
 
 def bucket_span(c, i: int) -> tuple[float, float]:

@@ -81,8 +81,8 @@ class SimSettings:
     # is staged by the driver (zfbench.sims.pageable, with DeepSpeed's defaults by version).
     # Default True, DeepSpeed's default since deepspeedai/DeepSpeed PR #8207.
     pin_memory: bool = True
-    # DeepSpeed's ZeRO-2 `overlap_comm` (from presets, for device, zero-offload and
-    # zero-offload-dpu): True, each gradient bucket is reduced and sent down on a side
+    # DeepSpeed's ZeRO-2 `overlap_comm` (from presets, for its strategies:
+    # zfbench.sims.partitioning.ZERO2_STRATEGIES): True, each gradient bucket is reduced and sent down on a side
     # stream while backward goes on; False, both run on the compute stream, so backward
     # waits for each bucket's reduction and copy (zfbench.sims.strategies `RankSim.backward`).
     # DeepSpeed's own default is False for stages 1-2 (deepspeed/runtime/zero/config.py,

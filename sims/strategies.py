@@ -83,9 +83,6 @@ from zfbench.core.trace import Timeline
 
 # The strategies whose step runs with gradient accumulation (grad_accum > 1).
 GRAD_ACCUM_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu")
-# DeepSpeed's ZeRO-2 strategies, whose reductions and copies follow `overlap_comm`
-# (SimSettings.overlap_comm)
-SERIAL_REDUCTION_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu")
 
 
 class RankSim:
@@ -278,10 +275,7 @@ class RankSim:
                    "zero-offload-dpu": self.dpu_step, "zenflow": self.zenflow_step,
                    "zero-infinity": lambda t: zero_infinity_step(self, t)}[strategy]
         self.state: dict = {}
-        # ZeRO-2's reduce-and-copy on the compute stream (overlap_comm off); zenflow's
-        # steps, warm-up ones included, keep their side streams
-        self.serial_reduction = (self.costs.serial_grad_reduction
-                                 and strategy in SERIAL_REDUCTION_STRATEGIES)
+        self.serial_reduction = partitioning.serial_reduction(self.costs, strategy)
         self.reduce_scatters = partitioning.reduce_scatters(self.costs, strategy)
         self.owned = partitioning.owns_partitions(self.costs, strategy)
         if self.owned:

@@ -81,6 +81,7 @@ def params_on_device(c) -> bool:
 
 
 def any_nvme(c) -> bool:
+    """Whether anything (parameters or optimizer state) lives on NVMe."""
     return uses_nvme(c) or state_on_nvme(c)
 
 

@@ -59,7 +59,7 @@ from zfbench.sims import compute_efficiency
 from zfbench.sims.host_step import CALIBRATION_ROWS
 from zfbench.sims.settings import node_knobs
 from zfbench.sims.simulator import default_skip_steps, simulate, steps_needed
-from zfbench.sims.strategies import SERIAL_REDUCTION_STRATEGIES
+from zfbench.sims.partitioning import ZERO2_STRATEGIES
 
 PROG = "python -m zfbench.validate --published"
 BUNDLED = "zfbench/data/published/offload_measurements.csv"
@@ -170,9 +170,9 @@ def row_settings(row: dict) -> SimSettings:
                      overlap_comm=_bool(row, "overlap_comm", True))
         if row["precision"]:
             knobs["precision"] = row["precision"]
-        if not knobs["overlap_comm"] and row["strategy"] not in SERIAL_REDUCTION_STRATEGIES:
+        if not knobs["overlap_comm"] and row["strategy"] not in ZERO2_STRATEGIES:
             raise Unsupported(f"overlap_comm false is simulated for "
-                              f"{', '.join(SERIAL_REDUCTION_STRATEGIES)} (DeepSpeed's ZeRO-2); "
+                              f"{', '.join(ZERO2_STRATEGIES)} (DeepSpeed's ZeRO-2); "
                               f"leave it empty for {row['strategy']}")
         for key in ("offload_params", "offload_optimizer"):
             if row[key]:
