@@ -21,6 +21,8 @@
 #   validate/                  python -m zfbench.validate --device cuda: engine against
 #                              simulator on the GPU (VALIDATE_MIN minutes at most, default 15)
 #   status.txt                 each step's exit code (a failed step does not stop the rest)
+# DEFAULT_STEPS=N gives run_default --steps N (the shape stays the GPU-sized default);
+# GPU_PRESET (default: the preset of the GPU torch names, else h100-sxm) is predict's --gpu.
 # ONLY="profile validate" runs only the named steps (cuda_tests run_default run_model
 # profile predict validate), e.g. to fit each call of a time-limited session.
 set -uo pipefail
@@ -29,7 +31,8 @@ PY=${GPU_PY:-python3}
 MODEL=${MODEL:-qwen2.5-1.5b}
 SEQ=${SEQ:-1024}
 STEPS=${STEPS:-24}
-GPU_PRESET=${GPU_PRESET:-h100-sxm}
+GPU_PRESET=${GPU_PRESET:-}  # default: the preset of the GPU torch names (else h100-sxm)
+DEFAULT_STEPS=${DEFAULT_STEPS:-}  # run_default's --steps (default: the run's own)
 VALIDATE_MIN=${VALIDATE_MIN:-15}
 ONLY=${ONLY:-}
 
@@ -86,6 +89,7 @@ if ! this_checkout; then
 fi
 export PYTHONUNBUFFERED=1
 NAME=$($PY -c "import torch, re; print(re.sub(r'[^A-Za-z0-9._-]+', '-', torch.cuda.get_device_name()))")
+[ -n "$GPU_PRESET" ] || GPU_PRESET=$($PY -c "import torch; from zfbench.run.report import gpu_preset; print(gpu_preset(torch.cuda.get_device_name()) or 'h100-sxm')")
 OUT="bench/results/gpu/$NAME"
 mkdir -p "$OUT"
 [ -n "$ONLY" ] || : > "$OUT/status.txt"  # ONLY: append to the earlier steps' codes
@@ -105,7 +109,10 @@ step() {  # step NAME COMMAND...: run, log, record the exit code, go on
   echo "$name $rc" >> "$OUT/status.txt"
 }
 step cuda_tests $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py
-step run_default $PY -m zfbench.run --device cuda --quiet --out "$OUT/run_default"
+STEPS_FLAG=()
+[ -z "$DEFAULT_STEPS" ] || STEPS_FLAG=(--steps "$DEFAULT_STEPS")
+step run_default $PY -m zfbench.run --device cuda ${STEPS_FLAG[@]+"${STEPS_FLAG[@]}"} --quiet \
+  --out "$OUT/run_default"
 step "run_$MODEL" $PY -m zfbench.run --device cuda --model "$MODEL" --seq "$SEQ" \
   --precision bf16 --steps "$STEPS" --quiet --out "$OUT/run_$MODEL"
 step profile $PY -m zfbench.run --device cuda --model "$MODEL" --seq "$SEQ" \

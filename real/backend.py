@@ -296,6 +296,32 @@ def unregister_pinned(buf: torch.Tensor) -> None:
         torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
 
 
+CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2  # CUDA driver API, cuda.h: CUpointer_attribute
+CU_MEMORYTYPE_HOST = 1  # cuda.h: CUmemorytype (page-locked host memory)
+
+
+def is_page_locked(buf: torch.Tensor) -> bool:
+    """Whether the CUDA driver holds `buf`'s host memory page-locked (torch's pinned
+    allocator or `register_pinned`). torch's `is_pinned()` is not enough on every
+    version: torch 2.11 (cu130) answered False for `register_pinned` buffers on an H200
+    machine whose copies from them ran at 55 GB/s (bench/results/gpu/), so this also
+    asks the driver (cuPointerGetAttribute); False without CUDA."""
+    if buf.is_pinned():
+        return True
+    if buf.is_cuda or buf.numel() == 0 or not torch.cuda.is_available():
+        return False
+    import ctypes
+
+    torch.cuda.init()  # the driver answers within the current (torch's primary) context
+    driver = ctypes.CDLL("libcuda.so.1")
+    driver.cuPointerGetAttribute.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64)
+    driver.cuPointerGetAttribute.restype = ctypes.c_int
+    kind = ctypes.c_uint(0)
+    err = driver.cuPointerGetAttribute(ctypes.byref(kind), CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                       buf.data_ptr())
+    return err == 0 and kind.value == CU_MEMORYTYPE_HOST
+
+
 def _tensors_in(state):
     """Every tensor in a nested state dict."""
     if isinstance(state, torch.Tensor):

@@ -8,26 +8,46 @@ CPUs: on a 2-core AMD EPYC (Zen 4, torch 2.13 CPU build) 50M elements took 0.25 
 against 0.027 s same-dtype, one thread (issue 25 measured 8x on 175M). `accumulate_`
 therefore converts mixed-dtype input chunk by chunk into a small fp32 scratch buffer
 that stays in cache, then adds same-dtype (0.039 s on that machine); same-dtype input is
-one `add_`. bench/kernels.py measures both paths side by side on the machine at hand.
+one `add_`. A chunk is CHUNK_ELEMS per thread of the calling thread's torch pool: torch
+splits each op over its threads, so a chunk of one fixed size leaves every thread a
+smaller share as threads grow, and the per-chunk Python and thread-sync costs dominate
+(an H200 machine's 8 host threads accumulated at 2.9 G elements/s in a run, slower than
+its host AdamW at 3.2 G parameters/s; alone, 256M elements: 4.85 G/s with one fixed
+chunk, 8.04 G/s per-thread, bench/results/gpu/NVIDIA-H200/). bench/kernels.py measures
+both paths side by side on the machine at hand.
 """
 
 from __future__ import annotations
 
 import torch
 
-# elements converted per chunk: 1 MiB of fp32, within a core's L2 on current x86 and
-# Arm server cores (judgment; bench/kernels.py times it beside the mixed-dtype add_)
+# elements converted per chunk and thread: 1 MiB of fp32 each, within a core's L2 on
+# current x86 and Arm server cores (judgment; on a 2-core Zen 4 EPYC, 128M elements at
+# 2 threads: 2.5, 3.8, 4.0 and 2.3 G elements/s at 64K, 256K, 1M and 4M per thread;
+# bench/kernels.py times it beside the mixed-dtype add_)
 CHUNK_ELEMS = 1 << 18
 
 
+def chunk_elems_here() -> int:
+    """The default chunk for the calling thread: CHUNK_ELEMS per thread of its torch pool
+    (the host lane's worker sets its own)."""
+    return CHUNK_ELEMS * max(1, torch.get_num_threads())
+
+
 def accumulate_(window: torch.Tensor, grads: torch.Tensor, alpha: float = 1.0,
-                chunk_elems: int = CHUNK_ELEMS) -> torch.Tensor:
-    """`window += alpha * grads` in place (1-D, same length); returns `window`."""
+                chunk_elems: int | None = None) -> torch.Tensor:
+    """`window += alpha * grads` in place (1-D, same length); returns `window`.
+    `chunk_elems` (default CHUNK_ELEMS per thread of this thread's torch pool) bounds
+    the fp32 scratch of mixed-dtype input."""
     if window.shape != grads.shape:
         raise ValueError(f"window {tuple(window.shape)} and gradients "
                          f"{tuple(grads.shape)} differ in shape")
     if grads.dtype == window.dtype:
         return window.add_(grads, alpha=alpha)
+    if chunk_elems is None:
+        chunk_elems = chunk_elems_here()
+    if chunk_elems < 1:
+        raise ValueError(f"chunk_elems must be >= 1, got {chunk_elems}")
     n = window.numel()
     scratch = torch.empty(min(n, chunk_elems), dtype=window.dtype, device=window.device)
     for lo in range(0, n, chunk_elems):

@@ -150,6 +150,16 @@ class CostModel:
         the device thread, parameters go up from the host worker, as the engine does."""
         return self.calibration is not None and self.calibration.get("transfers") == "emulated"
 
+    @property
+    def engine_grad_passes(self) -> bool:
+        """The profile is zfbench's engine's (CPU lane or GPU): each step it checks every
+        gradient for non-finite values after backward and zeroes them at the end, two
+        device passes it measured (`grad_check_s_per_elem`, `grad_zero_s_per_elem`). From
+        presets (DeepSpeed's ZeRO) they are not simulated: on a GPU they are memory passes
+        of milliseconds beside steps of seconds."""
+        cal = self.calibration or {}
+        return "grad_check_s_per_elem" in cal and "grad_zero_s_per_elem" in cal
+
     # -- sizes ------------------------------------------------------------------------
     @property
     def gpus(self) -> int:

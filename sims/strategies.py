@@ -178,8 +178,9 @@ class RankSim:
         DeepSpeed's ZeRO-2 strategies without `overlap_comm`, always
         (`CostModel.serial_grad_reduction`). Emulated, as the
         engine there: with several ranks the device thread all-reduces the whole gradient
-        buffer (`reduce`: at the accumulation boundary), then checks every gradient for
-        non-finite values."""
+        buffer (`reduce`: at the accumulation boundary). With a profile of zfbench's engine
+        (`CostModel.engine_grad_passes`, on a CPU lane or a GPU), it then checks every
+        gradient for non-finite values, as the engine does."""
         for i in reversed(range(self.nb)):
             yield from self.compute("backward", step, self.costs.buckets[i].backward_s)
             if not self.emulated:
@@ -189,10 +190,10 @@ class RankSim:
                     # backward's kernels (zfbench.sims.pageable); without overlap_comm
                     # the bucket's reduction and copy run on the compute stream
                     yield from all_done(self.env, [copy])
-        if self.emulated:
-            if reduce:
-                yield from all_done(self.env, [self.collective(
-                    "allreduce", step, self.costs.model_bytes, [])])
+        if self.emulated and reduce:
+            yield from all_done(self.env, [self.collective(
+                "allreduce", step, self.costs.model_bytes, [])])
+        if self.costs.engine_grad_passes:
             yield from self.compute("device_optim", step, grad_check_s(self.costs))
 
     def apply_update(self, step: int, landed, keep_columns: bool = False):
@@ -291,8 +292,9 @@ class RankSim:
             self.timeline.mark_step(self.rank, t, start, self.env.now)
 
     def after_step(self, t: int):
-        """Device work that closes every step: emulated, the engine zeroes every gradient."""
-        if self.emulated:
+        """Device work that closes every step: with a profile of zfbench's engine, which
+        zeroes every gradient (`CostModel.engine_grad_passes`)."""
+        if self.costs.engine_grad_passes:
             yield from self.compute("device_optim", t, grad_zero_s(self.costs))
 
     def accumulate(self, strategy: str, t: int, micro: int):

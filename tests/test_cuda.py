@@ -7,6 +7,7 @@ import torch
 
 from engine_helpers import BiasMLP, batches, make_engine, params_of, train_steps
 from engine_helpers import config as base_config
+from zfbench.real.backend import is_page_locked
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
               pytest.mark.slow]  # trains the engine for real
@@ -66,9 +67,19 @@ def test_bf16_cuda_engine_matches_bf16_cpu_engine(strategy):
         assert torch.allclose(p, results["cuda"][name], rtol=2 ** -6, atol=2 ** -8), name
 
 
+def test_the_page_lock_check_tells_locked_from_pageable_memory():
+    from zfbench.real.backend import register_pinned, unregister_pinned
+    assert not is_page_locked(torch.zeros(1 << 16))
+    assert is_page_locked(torch.zeros(1 << 16, pin_memory=True))
+    registered = register_pinned(1 << 16, torch.bfloat16)
+    assert is_page_locked(registered) and is_page_locked(registered[100:])
+    unregister_pinned(registered)
+    assert not is_page_locked(registered)
+
+
 def test_host_buffers_are_pinned_on_cuda():
     engine = make_engine(BiasMLP(), config("zenflow", **ZF), device="cuda")
-    assert engine.strategy.host.master.is_pinned()
+    assert is_page_locked(engine.strategy.host.master)
     assert engine.flat_params.is_cuda and engine.strategy.upload.is_cuda
     engine.close()
 
@@ -120,8 +131,8 @@ def test_bf16_crosses_the_link_as_bf16():
     engine = make_engine(BiasMLP(), cfg, device="cuda")
     train_steps(engine, ((i.cuda(), l.cuda()) for i, l in batches()), 4)
     wires = engine.strategy._wires  # pinned while the engine is open (close unpins)
-    assert wires["d2h"].dtype == torch.bfloat16 and wires["d2h"].is_pinned()
-    assert wires["h2d"].dtype == torch.bfloat16 and wires["h2d"].is_pinned()
+    assert wires["d2h"].dtype == torch.bfloat16 and is_page_locked(wires["d2h"])
+    assert wires["h2d"].dtype == torch.bfloat16 and is_page_locked(wires["h2d"])
     # registered exactly: no caching-allocator rounding up to a power of two
     n = engine.shard_hi - engine.shard_lo
     assert wires["d2h"].numel() == n
@@ -204,7 +215,7 @@ def test_rate_probe_copies_between_the_gpu_and_pinned_wires_of_its_dtype():
     probe = RateProbe(n, torch.bfloat16, 1, torch.device("cuda"))
     assert probe.dev.is_cuda and probe.up.is_cuda and probe.dev.dtype == torch.bfloat16
     for wire in (probe.down_wire, probe.up_wire):
-        assert wire.dtype == torch.bfloat16 and wire.is_pinned() and wire.numel() == n
+        assert wire.dtype == torch.bfloat16 and is_page_locked(wire) and wire.numel() == n
     assert set(probe.streams) == {"d2h", "h2d"}
     rates = probe.measure(2)
     assert all(v > 0 for v in rates.values()), rates

@@ -24,3 +24,30 @@ def test_accumulate_equals_one_add_whatever_the_chunks(n, chunk, dtype, alpha):
 def test_shapes_that_differ_are_refused():
     with pytest.raises(ValueError, match="differ in shape"):
         host_accum.accumulate_(torch.zeros(4), torch.zeros(5))
+
+
+def test_the_default_chunk_gives_every_thread_of_the_pool_its_share():
+    import threading
+
+    seen = {}
+
+    def worker(threads):
+        torch.set_num_threads(threads)  # per thread, as the host lane's worker sets it
+        seen[threads] = host_accum.chunk_elems_here()
+
+    for threads in (1, 3):
+        t = threading.Thread(target=worker, args=(threads,))
+        t.start()
+        t.join()
+    assert seen == {1: host_accum.CHUNK_ELEMS, 3: 3 * host_accum.CHUNK_ELEMS}
+
+
+def test_default_chunks_add_the_same_as_one_add(monkeypatch):
+    monkeypatch.setattr(host_accum, "CHUNK_ELEMS", 5)  # many chunks over 1001 elements
+    window = torch.randn(1001)
+    grads = torch.randn(1001).to(torch.bfloat16)
+    want = window.clone().add_(grads.float(), alpha=0.5)
+    host_accum.accumulate_(window, grads, 0.5)
+    assert torch.equal(window, want)
+    with pytest.raises(ValueError, match="chunk_elems"):
+        host_accum.accumulate_(window, grads, chunk_elems=0)

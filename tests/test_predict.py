@@ -40,13 +40,16 @@ def test_inference_recovers_the_rates_it_was_simulated_with(tmp_path_factory, mo
     measured = measured_from(base, truth, tmp, split=False)
     fitted = infer(base, measured, tmp)[0]
     assert fitted.reached and fitted.case == "nominal"
-    assert fitted.scales.mfu == pytest.approx(mfu, rel=0.01)
+    # compute by shape: the elementwise part does not scale with mfu, so a compute time
+    # within the default tolerance leaves mfu a little wider on small shapes
+    assert fitted.scales.mfu == pytest.approx(mfu, rel=0.03)
     for part in ("compute_s", "io_s", "stall_s"):  # within 0.5 % of the part or the step
         miss = fitted.simulated[part] - getattr(measured, part)
         assert abs(miss) <= 0.005 * max(getattr(measured, part), measured.step_s), part
     # fitted tightly, the rates themselves come back wherever their part is not tiny
     tight = fit(base, measured, "nominal", tmp, tol=1e-5, max_iter=80)
     assert tight.reached
+    assert tight.scales.mfu == pytest.approx(mfu, rel=0.002)
     for part, scale, truth_scale in (("stall_s", tight.scales.host, host),
                                      ("io_s", tight.scales.d2h, link)):
         if getattr(measured, part) > 0.05 * measured.step_s:
