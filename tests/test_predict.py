@@ -358,3 +358,14 @@ def test_a_slower_inferred_cpu_adam_leaves_the_dram_a_faster_one_raises_it(tmp_p
     assert dram(fast)["value"] == pytest.approx(1.5 * preset)
     adam = next(iter(slow["hosts"].values()))["adam_params_per_s_per_core"]["value"]
     assert adam == pytest.approx(0.7 * host.adam_params_per_s_per_core)
+
+
+def test_a_gpu_run_on_a_smaller_host_than_the_preset_is_told_what_the_preset_decides():
+    from zfbench.predict.command import run_host_note
+    base = SimSettings(model="qwen2.5-1.5b", gpus=1, host="epyc-7763-milan")
+    gpu_run = {"emulated": False, "run_host_threads": 8, "run_cpu_count": 16}
+    note = run_host_note(gpu_run, base)
+    assert "8 threads of 16 cores" in note and "epyc-7763-milan (128 cores)" in note
+    assert run_host_note({**gpu_run, "emulated": True}, base) is None  # its own note
+    assert run_host_note({**gpu_run, "run_host_threads": 128}, base) is None
+    assert run_host_note({**gpu_run, "run_host_threads": None}, base) is None

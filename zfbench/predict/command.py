@@ -310,6 +310,10 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
         print("note: that run's accelerator was the CPU-emulated lane, whose compute and host "
               "share cores; the prediction treats them as a GPU and a host that do not "
               "(python -m zfbench.validate checks the emulated engine against the simulator)")
+    host_note = run_host_note(settings, base) if args.from_run is not None else None
+    if host_note is not None:
+        print(host_note)
+        head["host_note"] = host_note
     if measured_zenflow is not None:
         zf = next(r for r in rows if r["strategy"] == "zenflow")
         error = zf["step_time_s"] / measured_zenflow["step_time_s"] - 1
@@ -333,6 +337,30 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
         print(f"wrote {args.out}/summary.csv, summary.json, range.csv, inferred.json, "
               f"inferred_hardware.json, steps.csv, spans, trace.json")
     return 0
+
+
+def run_host_note(settings: dict, base: SimSettings) -> str | None:
+    """For a run on a real GPU whose host lane had fewer threads than the --host preset
+    has cores: what the prediction takes from the preset. A ZeRO-Offload row pins the
+    host's AdamW rate, not its memory streaming, so ZenFlow's per-step host accumulation
+    runs at the preset's DRAM bandwidth on all its cores (on a 16-core H200 machine the
+    prediction was 0.22 s against 1.34 s measured, bench/results/gpu/NVIDIA-H200)."""
+    threads = settings.get("run_host_threads")
+    if settings.get("emulated") or not threads:
+        return None
+    host = base.parts()[2]
+    cores = host.cores
+    if threads >= cores:
+        return None
+    machine = (f" of {settings['run_cpu_count']} cores" if settings.get("run_cpu_count")
+               else "")
+    return (f"note: that run's host lane had {threads} threads{machine}; the prediction's "
+            f"host is the --host preset {host.name} ({cores} cores), whose AdamW rate the "
+            f"ZeRO-Offload row scales but whose memory bandwidth it cannot measure: ZenFlow's "
+            f"host accumulation every step is taken at the preset's, so the prediction can "
+            f"be far too fast for a smaller host. For that run's own host rates: python -m "
+            f"zfbench.run --profile --out DIR, then python -m zfbench.simulate --profile "
+            f"DIR/profile.json")
 
 
 if __name__ == "__main__":

@@ -192,7 +192,9 @@ def read_run(path: str | Path) -> tuple[Breakdown, dict, dict | None]:
                           spread_s=spread or None, copy_latency_s=copy_latency(path))
     machine = summary.get("machine") or {}
     emulated = summary["settings"].get("device") == "cpu" or not machine.get("cuda_device")
-    return breakdown, {**summary["settings"], "emulated": emulated}, rows.get("zenflow")
+    return breakdown, {**summary["settings"], "emulated": emulated,
+                       "run_host_threads": base.get("host_threads"),
+                       "run_cpu_count": machine.get("cpu_count")}, rows.get("zenflow")
 
 
 def _spread(values) -> float:
