@@ -53,6 +53,19 @@ and its delayed update alike (they share `copy_grads_in_partition`). The clip an
 memory-bound streaming passes (`CLIP_BYTES_PER_ELEM`, `CONVERT_BYTES_PER_ELEM`), at the
 per-core streaming rate of host accumulation, capped by DRAM like every host job.
 
+The fused upload of DeepSpeed 0.3 to 0.8 (`SimSettings.fused_param_upload`). From
+ZeRO-Offload's release (deepspeedai/DeepSpeed PRs #365 and #367, September 2020) until
+PR #3097 ("Disable Stage 1&2 CPUAdam pathways", March 2023), ZeRO-2's offload step called
+`optimizer.step(fp16_param_groups=...)` with fp16 weights: the C++ CPU-Adam
+(csrc/adam/cpu_adam.cpp, `Adam_Optimizer::Step`) walks the partition in tiles of
+`FUSED_TILE_ELEMS` elements, writes each tile's new fp32 parameters into one of two
+pinned buffers as it goes, and launches `launch_param_update`, a device kernel that reads
+that buffer over PCIe and writes the fp16 weights, on a stream, before it starts the next
+tile. So there is no host conversion pass, each tile's parameters go up while the next
+tile's Adam runs (the wire carries fp32: `FUSED_WIRE_BYTES`), and a tile's buffer is
+written again two tiles later. The rows of the ZeRO-Offload paper (fp16, 2020) ran this
+path; DeepSpeed today (and bf16 always) runs the blocking conversion above.
+
 What the ZenFlow blog's Figure 3 "CPU parameter update 4600 ms" covers (judgment): the
 host's whole optimizer step, clip + CPU-Adam + conversion: the figure shows the GPU idle
 from the gradients' arrival to the parameters' upload (500 ms, a phase of its own) with no
@@ -84,6 +97,11 @@ CONVERT_BYTES_PER_ELEM = 6.0
 # it (`src_tensor.float()` on the device, then `dest_tensor.copy_(src_tensor)` into the
 # host's fp32 gradient partition), unless fp16_master_weights_and_gradients is set.
 GRAD_WIRE_BYTES = 4.0
+# The fused upload (module docstring): elements per tile, csrc/includes/cpu_adam.h of
+# DeepSpeed 0.3 (`#define TILE (1024 * 1024 * 1024)`); bytes per element on the link, the
+# fp32 tile buffer that `launch_param_update` reads (the device converts to fp16).
+FUSED_TILE_ELEMS = 1024 ** 3
+FUSED_WIRE_BYTES = 4.0
 # One core's streaming rate in bytes/s, the judgment behind ACCUM_ELEMS_PER_CORE_S (~10 B
 # per accumulated element): a pass of b bytes per element runs at this / b elements/s.
 CORE_STREAM_BYTES_PER_S = ACCUM_ELEMS_PER_CORE_S * 10.0
@@ -144,3 +162,9 @@ def calibrated_adam_rate(params: float, seconds: float, cores_per_rank: float,
     `cores_per_rank` cores whose `numa_factor` was `factor` (all ranks updating at the same
     time, each on its cores)."""
     return params / ((seconds - other_s) * cores_per_rank * factor)
+
+
+def fused_tiles(elems: float) -> list[float]:
+    """The tiles, in elements, that the fused CPU-Adam walks a partition of `elems` in."""
+    whole, rest = divmod(float(elems), FUSED_TILE_ELEMS)
+    return [float(FUSED_TILE_ELEMS)] * int(whole) + ([rest] if rest > 0 else [])

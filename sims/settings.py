@@ -89,6 +89,12 @@ class SimSettings:
     # `overlap_comm_valid`: on only for stage 3); the default here is True, as zfbench's
     # engine runs on a GPU. No effect with a measured profile.
     overlap_comm: bool = True
+    # DeepSpeed 0.3 to 0.8's fp16 CPU-Adam with the fused upload (zfbench.sims.host_step):
+    # each tile of the partition goes up, converted on the device, while the next tile's
+    # Adam runs, with no host conversion pass. False: DeepSpeed since PR #3097 (2023), the
+    # blocking conversion then one upload. fp16 only (DeepSpeed took it for fp16 weights);
+    # zero-offload and its delayed update from presets; no effect with a measured profile.
+    fused_param_upload: bool = False
     net: str = "nvlink3"
     gpus_per_switch: int = 2
     micro_batch: int = GPU_NODE.micro_batch
@@ -177,6 +183,10 @@ class SimSettings:
         if self.transfers not in TRANSFER_MODES:
             raise SimSettingsError(f"transfers {self.transfers!r} is not known; "
                                    f"choose one of: {', '.join(TRANSFER_MODES)}")
+        if self.fused_param_upload and self.precision != "fp16":
+            raise SimSettingsError(f"fused_param_upload is DeepSpeed's fp16 CPU-Adam path "
+                                   f"(0.3 to 0.8); precision is {self.precision}: set "
+                                   f"precision fp16 or leave fused_param_upload off")
         if self.mfu is not None and not 0 < self.mfu <= 1:
             raise SimSettingsError(f"mfu must be in (0, 1], got {self.mfu}")
         if self.host_accum_per_core is not None and not self.host_accum_per_core > 0:

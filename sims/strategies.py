@@ -72,7 +72,7 @@ import simpy
 
 from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel
 from zfbench.sims.emulated import device_thread_op, grad_check_s, grad_zero_s
-from zfbench.sims import pageable, partitioning
+from zfbench.sims import host_step, pageable, partitioning
 from zfbench.sims.fluid import FluidPool, Job
 from zfbench.sims.host_step import CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM
 from zfbench.sims.lanes import Lane, all_done, run_compute
@@ -255,10 +255,25 @@ class RankSim:
         c = self.costs
         part = c.share(c.params)
         clip = self.host_work("host_clip", step, part, deps)
+        if c.settings.fused_param_upload:
+            return self.fused_host_update(step, part, clip)
         adam = self.host_work("host_optim", step, part, [clip])
         convert = self.host_work("host_convert", step, part, [adam])
         up = self.transfer(self.h2d, "h2d_param", step, part * c.elem_bytes, [convert])
         landed = self.gather_when_ready(step, c.model_bytes, up) or up
+        return landed, dict.fromkeys(range(self.nb), adam)
+
+    def fused_host_update(self, step: int, part: float, clip: simpy.Event):
+        """DeepSpeed 0.3 to 0.8's fp16 CPU-Adam (zfbench.sims.host_step): tile by tile,
+        each tile's fp32 parameters up (converted on the device) while the next tile's
+        Adam runs, a tile's buffer reused two tiles later; the all-gather after the last."""
+        adam, ups = clip, []
+        for k, elems in enumerate(host_step.fused_tiles(part)):
+            reuse = [ups[k - 2]] if k >= 2 else []  # its buffer's previous tile is up
+            adam = self.host_work("host_optim", step, elems, [adam] + reuse)
+            ups.append(self.transfer(self.h2d, "h2d_param", step,
+                                     elems * host_step.FUSED_WIRE_BYTES, [adam]))
+        landed = self.gather_when_ready(step, self.costs.model_bytes, ups[-1]) or ups[-1]
         return landed, dict.fromkeys(range(self.nb), adam)
 
     def offload_update(self, step: int, deps):

@@ -6,6 +6,7 @@ import pytest
 from zfbench.core import hardware as hw
 from zfbench.sims import host_step as hs
 from zfbench.sims.costs import CostModel, SimSettings
+from zfbench.sims.settings import SimSettingsError
 from zfbench.sims.settings import node_knobs
 from zfbench.sims.simulator import simulate
 from zfbench.validate.published import bundled_path, measure, read_rows, row_settings
@@ -137,3 +138,57 @@ def test_zero_offload_gradients_go_down_as_fp32_from_presets():
         deepspeed_host_step = False
         elem_bytes = 2
     assert CostModel.grad_wire_bytes.fget(Fake()) == 2
+
+
+def test_fused_tiles_cover_the_partition():
+    assert hs.fused_tiles(2.5 * hs.FUSED_TILE_ELEMS) == [hs.FUSED_TILE_ELEMS] * 2 + [
+        0.5 * hs.FUSED_TILE_ELEMS]
+    assert hs.fused_tiles(hs.FUSED_TILE_ELEMS) == [hs.FUSED_TILE_ELEMS]
+    assert sum(hs.fused_tiles(12345.0)) == 12345.0
+
+
+@pytest.mark.parametrize("strategy", ["zero-offload", "zero-offload-dpu"])
+def test_fused_upload_sends_each_tile_while_the_next_tiles_adam_runs(monkeypatch, strategy):
+    """DeepSpeed 0.3-0.8's fp16 CPU-Adam (fused_param_upload): per tile, Adam then its
+    fp32 parameters up; no conversion pass; a tile's Adam waits for the upload of the
+    tile two before it (two buffers); the gradients and the step otherwise as before."""
+    s = SimSettings(**node_knobs("dgx2-v100", 2), model="tinyllama-1.1b", precision="fp16",
+                    fused_param_upload=True, steps=3)
+    res = simulate(s, strategy)
+    part = res.costs.share(res.costs.params)
+    monkeypatch.setattr(hs, "FUSED_TILE_ELEMS", int(part // 4) + 1)  # 4 tiles a step
+    res = simulate(s, strategy)
+    spans = res.timeline.spans_frame()
+    one = spans[(spans["rank"] == 0) & (spans["step"] == 2)]
+    adam = one[one["op"] == "host_optim"].sort_values("t_start_s")
+    up = one[one["op"] == "h2d_param"].sort_values("t_start_s")
+    assert "host_convert" not in set(one["op"]) and len(adam) == len(up) == 4
+    assert up["bytes"].sum() == pytest.approx(part * hs.FUSED_WIRE_BYTES, abs=8)
+    a_end, u_start, u_end = (adam["t_end_s"].values, up["t_start_s"].values,
+                             up["t_end_s"].values)
+    a_start = adam["t_start_s"].values
+    assert (u_start >= a_end - 1e-12).all()  # a tile goes up after its Adam
+    assert (a_start[2:] >= u_end[:2] - 1e-12).all()  # its buffer: the tile two before is up
+    assert u_start[0] < a_end[1]  # the first tile is on its way while the second's Adam runs
+
+
+def test_fused_upload_is_an_fp16_setting():
+    with pytest.raises(SimSettingsError, match="fused_param_upload.*fp16"):
+        SimSettings(**node_knobs("a100-4x-gen4", 4), model="tiny", fused_param_upload=True)
+
+
+def test_fused_upload_column_of_the_published_rows():
+    """The papers' fp16 offload rows (2020-2021) ran DeepSpeed 0.3's fused CPU-Adam; Table
+    4's CPU-Adam microbenchmark (no upload), the blogs' bf16 rows and the other strategies
+    do not set it, and a row of another strategy that sets it is unsupported."""
+    from zfbench.validate.published import Unsupported
+    _, rows = read_rows(bundled_path())
+    for row in rows:
+        fused = row["precision"] == "fp16" and row["strategy"] in (
+            "zero-offload", "zero-offload-dpu") and row["metric"] != "host_adam_time_s"
+        assert row["fused_param_upload"] == ("true" if fused else ""), row["id"]
+        if fused:
+            assert row_settings(row).fused_param_upload and row["precision"] == "fp16"
+    pt = next(r for r in rows if r["id"] == "zo-fig14-b1-pt")
+    with pytest.raises(Unsupported, match="fused_param_upload.*leave it empty for device"):
+        row_settings({**pt, "fused_param_upload": "true"})

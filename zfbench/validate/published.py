@@ -68,7 +68,7 @@ BUNDLED = "zfbench/data/published/offload_measurements.csv"
 COLUMNS = ("id", "source", "metric", "value", "strategy", "hardware", "gpu", "gpus", "model",
            "micro_batch", "seq", "grad_accum", "precision", "activation_checkpointing",
            "offload_params", "offload_optimizer", "bind_cores", "pin_memory", "overlap_comm",
-           "anchor", "note")
+           "fused_param_upload", "anchor", "note")
 REQUIRED = ("id", "source", "metric", "value", "strategy", "hardware", "gpus", "model",
             "micro_batch", "seq")
 OUTPUT_COLUMNS = ("simulated", "error_pct", "status", "calibration", "mfu",
@@ -77,6 +77,7 @@ METRICS = ("tflops_per_gpu", "step_time_s", "backward_time_s", "host_adam_time_s
            "host_step_time_s")
 HOST_STEP_OPS = ("host_clip", "host_optim", "host_convert")
 ANCHOR_METRICS = ("tflops_per_gpu", "step_time_s")
+FUSED_UPLOAD_STRATEGIES = ("zero-offload", "zero-offload-dpu")
 STEPS, SKIP_STEPS = 4, 2  # steps simulated per row and left out of the averages
 ANCHOR_ROUNDS = 5
 GRAD_OPS = ("backward", "allreduce", "reduce_scatter", "d2h_grad")
@@ -167,13 +168,18 @@ def row_settings(row: dict) -> SimSettings:
                      activation_checkpointing=_bool(row, "activation_checkpointing", True),
                      bind_cores=_bool(row, "bind_cores", False),
                      pin_memory=_bool(row, "pin_memory", True),
-                     overlap_comm=_bool(row, "overlap_comm", True))
+                     overlap_comm=_bool(row, "overlap_comm", True),
+                     fused_param_upload=_bool(row, "fused_param_upload", False))
         if row["precision"]:
             knobs["precision"] = row["precision"]
         if not knobs["overlap_comm"] and row["strategy"] not in ZERO2_STRATEGIES:
             raise Unsupported(f"overlap_comm false is simulated for "
                               f"{', '.join(ZERO2_STRATEGIES)} (DeepSpeed's ZeRO-2); "
                               f"leave it empty for {row['strategy']}")
+        if knobs["fused_param_upload"] and row["strategy"] not in FUSED_UPLOAD_STRATEGIES:
+            raise Unsupported(f"fused_param_upload is DeepSpeed's ZeRO-2 offload step "
+                              f"({', '.join(FUSED_UPLOAD_STRATEGIES)}); leave it empty for "
+                              f"{row['strategy']}")
         for key in ("offload_params", "offload_optimizer"):
             if row[key]:
                 if row["strategy"] != "zero-infinity":
