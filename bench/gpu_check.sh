@@ -14,12 +14,13 @@
 #                              step accounting, bf16 staging)
 #   run_default/               python -m zfbench.run --device cuda (all four strategies)
 #   run_<model>/               the same at a real size: MODEL (default qwen2.5-1.5b) full
-#                              depth, bf16, seq SEQ (default 1024), STEPS steps
+#                              depth, bf16, seq SEQ (default 1024), STEPS steps (default 12)
 #   profile/                   python -m zfbench.run --profile at that size
 #   predict/                   python -m zfbench.predict --from-run run_<model>: ZenFlow
 #                              predicted from the ZeRO-Offload row, beside the measured one
 #   validate/                  python -m zfbench.validate --device cuda: engine against
-#                              simulator on the GPU (VALIDATE_MIN minutes at most, default 15)
+#                              simulator on the GPU (VALIDATE_MIN minutes at most, default 1.5:
+#                              one shape; more with a longer device lease)
 #   status.txt                 each step's exit code (a failed step does not stop the rest)
 # DEFAULT_STEPS=N gives run_default --steps N (the shape stays the GPU-sized default);
 # GPU_PRESET (default: the preset of the GPU torch names, else h100-sxm) is predict's --gpu.
@@ -30,10 +31,13 @@ cd "$(dirname "$0")/.."
 PY=${GPU_PY:-python3}
 MODEL=${MODEL:-qwen2.5-1.5b}
 SEQ=${SEQ:-1024}
-STEPS=${STEPS:-24}
+# The defaults fit one 10-minute device call: on one H200 the check took 470 s with 8
+# steps and VALIDATE_MIN=1.5 (bench/results/gpu/NVIDIA-H200); 12 steps (the fewest that
+# measure zenflow a full window) add about 90 s (estimated from those runs' step times).
+STEPS=${STEPS:-12}
 GPU_PRESET=${GPU_PRESET:-}  # default: the preset of the GPU torch names (else h100-sxm)
-DEFAULT_STEPS=${DEFAULT_STEPS:-}  # run_default's --steps (default: the run's own)
-VALIDATE_MIN=${VALIDATE_MIN:-15}
+DEFAULT_STEPS=${DEFAULT_STEPS:-12}  # run_default's --steps (empty: the run's own, 30)
+VALIDATE_MIN=${VALIDATE_MIN:-1.5}
 ONLY=${ONLY:-}
 
 if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
