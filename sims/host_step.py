@@ -3,7 +3,8 @@ that only a measurement can give.
 
 One concept: how fast a rank's host-side optimizer work (DeepSpeed's CPU-Adam over the
 rank's partition, the host gradient accumulation) runs on a GPU node, given the cores
-the rank's threads run on and where its memory lives. It applies where no profile was
+the rank's threads run on and where its memory lives, and in what order DeepSpeed's
+ZeRO-2 offload step runs it (`deepspeed_update`, called by `sims/strategies.py`). It applies where no profile was
 measured (`CostModel.calibration is None`); a profile measures these rates on the very
 machine, and this module leaves them alone.
 
@@ -168,3 +169,35 @@ def fused_tiles(elems: float) -> list[float]:
     """The tiles, in elements, that the fused CPU-Adam walks a partition of `elems` in."""
     whole, rest = divmod(float(elems), FUSED_TILE_ELEMS)
     return [float(FUSED_TILE_ELEMS)] * int(whole) + ([rest] if rest > 0 else [])
+
+
+def deepspeed_update(sim, step: int, deps):
+    """DeepSpeed's ZeRO-2 offload step on the host of `sim` (a `RankSim`; module
+    docstring): unscale/clip over the rank's fp32 gradient partition, CPU-Adam over all of
+    it, the fp32 master into the 16-bit pinned buffer, then the partition up in one copy
+    and the all-gather (or, with `fused_param_upload`, `fused_update`); returns the event
+    of the gather (or upload) and, per bucket, the Adam event (the host is done with the
+    gradient there)."""
+    c = sim.costs
+    part = c.share(c.params)
+    clip = sim.host_work("host_clip", step, part, deps)
+    if c.settings.fused_param_upload:
+        return fused_update(sim, step, part, clip)
+    adam = sim.host_work("host_optim", step, part, [clip])
+    convert = sim.host_work("host_convert", step, part, [adam])
+    up = sim.transfer(sim.h2d, "h2d_param", step, part * c.elem_bytes, [convert])
+    landed = sim.gather_when_ready(step, c.model_bytes, up) or up
+    return landed, dict.fromkeys(range(sim.nb), adam)
+
+
+def fused_update(sim, step: int, part: float, clip):
+    """DeepSpeed 0.3 to 0.8's fp16 CPU-Adam (module docstring): tile by tile, each tile's
+    fp32 parameters up (converted on the device) while the next tile's Adam runs, a
+    tile's buffer reused two tiles later; the all-gather after the last."""
+    adam, ups = clip, []
+    for k, elems in enumerate(fused_tiles(part)):
+        reuse = [ups[k - 2]] if k >= 2 else []  # its buffer's previous tile is up
+        adam = sim.host_work("host_optim", step, elems, [adam] + reuse)
+        ups.append(sim.transfer(sim.h2d, "h2d_param", step, elems * FUSED_WIRE_BYTES, [adam]))
+    landed = sim.gather_when_ready(step, sim.costs.model_bytes, ups[-1]) or ups[-1]
+    return landed, dict.fromkeys(range(sim.nb), adam)

@@ -246,42 +246,12 @@ class RankSim:
             last = self.gather_when_ready(step, c.model_bytes, last) or last
         return last, chunks
 
-    def deepspeed_host_update(self, step: int, deps):
-        """DeepSpeed's ZeRO-2 offload step on the host (zfbench.sims.host_step): unscale/clip
-        over the rank's fp32 gradient partition, CPU-Adam over all of it, the fp32 master
-        into the 16-bit pinned buffer, then the partition up in one copy and the
-        all-gather; returns the event of the gather (or upload) and, per bucket, the Adam
-        event (the host is done with the gradient there)."""
-        c = self.costs
-        part = c.share(c.params)
-        clip = self.host_work("host_clip", step, part, deps)
-        if c.settings.fused_param_upload:
-            return self.fused_host_update(step, part, clip)
-        adam = self.host_work("host_optim", step, part, [clip])
-        convert = self.host_work("host_convert", step, part, [adam])
-        up = self.transfer(self.h2d, "h2d_param", step, part * c.elem_bytes, [convert])
-        landed = self.gather_when_ready(step, c.model_bytes, up) or up
-        return landed, dict.fromkeys(range(self.nb), adam)
-
-    def fused_host_update(self, step: int, part: float, clip: simpy.Event):
-        """DeepSpeed 0.3 to 0.8's fp16 CPU-Adam (zfbench.sims.host_step): tile by tile,
-        each tile's fp32 parameters up (converted on the device) while the next tile's
-        Adam runs, a tile's buffer reused two tiles later; the all-gather after the last."""
-        adam, ups = clip, []
-        for k, elems in enumerate(host_step.fused_tiles(part)):
-            reuse = [ups[k - 2]] if k >= 2 else []  # its buffer's previous tile is up
-            adam = self.host_work("host_optim", step, elems, [adam] + reuse)
-            ups.append(self.transfer(self.h2d, "h2d_param", step,
-                                     elems * host_step.FUSED_WIRE_BYTES, [adam]))
-        landed = self.gather_when_ready(step, self.costs.model_bytes, ups[-1]) or ups[-1]
-        return landed, dict.fromkeys(range(self.nb), adam)
-
     def offload_update(self, step: int, deps):
         """ZeRO-Offload's host update and upload: DeepSpeed's whole-partition step on a
         node from presets, zfbench's engine's chunked one with a measured profile."""
         c = self.costs
         if c.deepspeed_host_step:
-            return self.deepspeed_host_update(step, deps)
+            return host_step.deepspeed_update(self, step, deps)
         shard = lambda i: c.share(c.buckets[i].numel)  # noqa: E731
         return self.host_update(step, deps, shard, self._shard_bytes, shard)
 
