@@ -94,3 +94,16 @@ def test_table_cells_units_and_empty_values():
                       "host_capacity_bytes": 2 * gib}) == "NO (host 3/2 GiB)"
     assert fits_cell({"fits": math.nan}) == "-"
     assert render(["a", "bb"], [["xxx", "y"]]).splitlines() == ["  a  bb", "xxx   y"]
+
+
+def test_a_gpu_run_says_when_zero_offload_had_part_of_the_cores():
+    from zfbench.run.report import host_share_note
+    rows = [{"strategy": "zero-offload", "host_threads": 8},
+            {"strategy": "zero-offload-dpu", "host_threads": 8},
+            {"strategy": "zenflow", "host_threads": 8}, {"strategy": "device", "host_threads": 8}]
+    note = host_share_note(rows, True, 16)
+    assert "zero-offload and zero-offload-dpu ran the host AdamW on 8 of the rank's 16" in note
+    assert "zenflow" not in note.split(" ran ")[0]
+    assert host_share_note(rows, False, 16) is None  # the CPU lanes: the split is the point
+    assert host_share_note(rows, True, 8) is None  # already every core
+    assert host_share_note(rows[2:], True, 16) is None  # no ZeRO-Offload row

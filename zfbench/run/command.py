@@ -75,9 +75,9 @@ from zfbench.core.provenance import provenance
 from zfbench.run.probe import (SHAPE_FLAGS, decide_precision, describe_scenario,
                                is_default_scenario, size_default)
 from zfbench.report import add_speedups, format_table
-from zfbench.run.report import (MEMORY_NOTE, StepWork, describe_config, measurement_window,
-                                memory_columns, memory_room, peak_flops, project,
-                                summary_row, write_outputs)
+from zfbench.run.report import (MEMORY_NOTE, StepWork, describe_config, host_share_note,
+                                measurement_window, memory_columns, memory_room,
+                                peak_flops, project, summary_row, write_outputs)
 from zfbench.core.trace import write_json_atomic
 
 from zfbench.run.defaults import DEFAULT_SEQ, gpu_sized
@@ -427,6 +427,11 @@ def run_all(args, spec, shape, strategies, elem, configs, ctx=None) -> int:
         return 0
     add_speedups(rows)
     print(format_table(rows, loss=True))
+    if use_cuda:
+        from zfbench.real.distributed import available_cores
+        note = host_share_note(rows, True, max(1, available_cores() // ranks))
+        if note is not None:
+            print(note, file=sys.stderr)
     if args.profile or args.project or expect:
         if calibration is not None:
             profile_path = calibration.finish(args.out or Path("runs/profile"))

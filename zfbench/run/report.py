@@ -86,6 +86,25 @@ class StepWork:
     peak_flops_per_s: float | None = None
 
 
+def host_share_note(rows: list[dict], on_cuda: bool, rank_cores: int) -> str | None:
+    """On a GPU, zero-offload's and its delayed update's host lane runs on the CPU lanes'
+    share of the rank's cores, where DeepSpeed's ZeRO-Offload runs CPU-Adam on all of them
+    (its ZenFlow optimizer process alone takes the unreserved share): the line that says
+    so beside the table, or None (docs/design.md, "Known limit")."""
+    if not on_cuda:
+        return None
+    short = [r for r in rows if r["strategy"] in ("zero-offload", "zero-offload-dpu")
+             and r.get("host_threads") and r["host_threads"] < rank_cores]
+    if not short:
+        return None
+    names = " and ".join(r["strategy"] for r in short)
+    threads = short[0]["host_threads"]
+    return (f"note: {names} ran the host AdamW on {threads} of the rank's {rank_cores} "
+            f"cores (zfbench's split of the cores); DeepSpeed's ZeRO-Offload uses all "
+            f"{rank_cores}, so its host step would be faster than here and ZenFlow's "
+            f"speedup over it smaller (docs/design.md, 'Known limit')")
+
+
 def gpu_preset(device_name: str) -> str | None:
     """The hardware preset (zfbench/data/hardware.json) whose datasheet describes the GPU
     torch names `device_name`, or None: NVL and Grace-Hopper parts, and any other GPU,

@@ -47,7 +47,6 @@ import csv
 import json
 import math
 import os
-import sys
 import time
 from importlib import resources
 from pathlib import Path
