@@ -24,6 +24,8 @@
 #   status.txt                 each step's exit code (a failed step does not stop the rest)
 # DEFAULT_STEPS=N gives run_default --steps N (the shape stays the GPU-sized default);
 # GPU_PRESET (default: the preset of the GPU torch names, else h100-sxm) is predict's --gpu.
+# PACK=FILE.tgz packs bench/results/gpu/<gpu-name>/ into one file at the end (a lent
+# machine whose files come back a few at a time).
 # ONLY="profile validate" runs only the named steps (cuda_tests run_default run_model
 # profile predict validate), e.g. to fit each call of a time-limited session.
 set -uo pipefail
@@ -39,6 +41,7 @@ GPU_PRESET=${GPU_PRESET:-}  # default: the preset of the GPU torch names (else h
 DEFAULT_STEPS=${DEFAULT_STEPS:-12}  # run_default's --steps (empty: the run's own, 30)
 VALIDATE_MIN=${VALIDATE_MIN:-1.5}
 ONLY=${ONLY:-}
+PACK=${PACK:-}  # a .tgz path: the results folder packed into one file at the end
 
 if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "gpu-check: $PY's torch sees no CUDA device; run this where one is (GPU_PY=... to pick the python)" >&2
@@ -127,4 +130,7 @@ step validate $PY -m zfbench.validate --device cuda --budget-min "$VALIDATE_MIN"
   --out "$OUT/validate"
 echo "== gpu-check: wrote $OUT (exit codes in status.txt)"
 cat "$OUT/status.txt"
+if [ -n "$PACK" ]; then  # one file to carry back from a lent machine
+  tar czf "$PACK" -C bench/results/gpu "$NAME" && echo "== gpu-check: packed $OUT into $PACK"
+fi
 ! grep -qv ' 0$' "$OUT/status.txt"
