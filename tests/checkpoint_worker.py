@@ -11,6 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from engine_helpers import BiasMLP, batches, config, make_engine, train_steps  # noqa: E402
 
+DONE_MARK = "checkpoint_worker: done, rank"
 ZENFLOW = dict(topk_ratio=0.25, update_interval=4, overlap_step=True,
                select_strategy="step", select_interval=8)
 
@@ -52,6 +53,8 @@ def main() -> None:
         out[f"fp32 selected {n}"] = w.values.clone()
     torch.save(out, args.out + (f".rank{rank}" if "RANK" in os.environ else ""))
     engine.close()
+    # everything of this rank is done: what follows is the interpreter's teardown
+    print(f"{DONE_MARK} {rank}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ parameters after N more steps equal those of a run that never stopped."""
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -56,12 +57,35 @@ def test_load_refuses_a_checkpoint_of_another_strategy(tmp_path):
     assert "written by strategy 'zero-offload'" in proc.stderr
 
 
+# Seen in 2 of 13 CI runs (2026-11, torch 2.13 CPU build, gloo, 2 cores) and outside
+# pytest in 2 of about 190 launches of this worker (session 12: resumed zero-offload-dpu runs):
+# both ranks print their done mark (all their Python, engine.close() included, has run),
+# then one aborts in the interpreter's teardown, "terminate called without an active
+# exception" (a C++ thread still joinable, although real/distributed.py destroys the
+# process group at exit), and torchrun stops the other. A launch whose ranks all printed
+# their done mark before that abort is run once more, with a warning, so the comparison
+# below still runs; any other failure fails the test. docs/design.md names the defect.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def _aborted_in_teardown(done: subprocess.CompletedProcess) -> bool:
+    from checkpoint_worker import DONE_MARK
+    return (done.returncode != 0 and TEARDOWN_ABORT in done.stderr
+            and all(f"{DONE_MARK} {rank}" in done.stderr for rank in (0, 1)))
+
+
 def torchrun(*args: str) -> subprocess.CompletedProcess:
     from test_torchrun import free_port
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-                           "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-                           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(WORKER), *args],
-                          capture_output=True, text=True, timeout=300)
+    for attempt in (1, 2):
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes",
+                               "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+                               "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(WORKER),
+                               *args], capture_output=True, text=True, timeout=300)
+        if attempt == 2 or not _aborted_in_teardown(done):
+            return done
+        warnings.warn(f"torchrun {' '.join(args)}: both ranks finished, then aborted in the "
+                      f"interpreter's teardown ({TEARDOWN_ABORT}); running it once more")
+    return done
 
 
 @pytest.mark.parametrize("strategy", ["zenflow", "zero-offload-dpu"])
@@ -101,3 +125,15 @@ def test_resuming_on_another_number_of_ranks_is_refused_in_one_line(tmp_path):
     done = torchrun("--strategy", "zenflow", "--steps", "1", "--load", str(tmp_path / "c"),
                     "--out", str(tmp_path / "b.pt"))
     assert done.returncode != 0 and "is incomplete" in done.stderr
+
+
+def test_only_a_teardown_abort_after_every_rank_finished_is_run_again():
+    from checkpoint_worker import DONE_MARK
+
+    def launch(rc: int, stderr: str) -> subprocess.CompletedProcess:
+        return subprocess.CompletedProcess([], rc, "", stderr)
+    both = f"{DONE_MARK} 0\n{DONE_MARK} 1\n{TEARDOWN_ABORT}\n"
+    assert _aborted_in_teardown(launch(1, both))
+    assert not _aborted_in_teardown(launch(0, both))  # it did not fail
+    assert not _aborted_in_teardown(launch(1, f"{DONE_MARK} 0\n{TEARDOWN_ABORT}"))  # rank 1 not done
+    assert not _aborted_in_teardown(launch(1, f"{DONE_MARK} 0\n{DONE_MARK} 1\nTraceback"))
