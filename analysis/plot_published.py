@@ -45,7 +45,8 @@ def counted_rows(ok: pd.DataFrame) -> pd.DataFrame:
     reproduce themselves by construction) left out, as `validate --published` does."""
     if "calibration" not in ok:
         return ok
-    return ok[ok["calibration"].fillna("").astype(str).str.strip() == ""]
+    # read back from CSV, an all-empty column is float NaN: no text to fill it with
+    return ok[ok["calibration"].astype(object).fillna("").astype(str).str.strip() == ""]
 
 
 def published_facts(df: pd.DataFrame) -> dict:
