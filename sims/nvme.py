@@ -1,6 +1,8 @@
-"""The node's NVMe drives as a shared resource of the simulation (zero-infinity with nvme).
+"""Each node's NVMe drives as a shared resource of the simulation (zero-infinity with nvme).
 
-This module owns how NVMe reads and writes share a node's drives. The drives form one
+This module owns how NVMe reads and writes share a node's drives. Every node has its own
+array (the DGX-2's drives are the node's; ZeRO-Infinity's NVMe runs over many nodes, each
+rank swapping its partition to its own node's drives), shared by that node's ranks only. The drives form one
 striped array (DeepSpeed's `nvme_path` on a RAID-0 of the node's drives, as ZeRO-Infinity
 is run), and every rank's reads and writes share its *drive time*: with k jobs active,
 each gets `drives / k` drives' worth of time, and moves `read_bytes_per_s` (or
@@ -67,18 +69,21 @@ class NvmeNode:
 
 
 # One array per simulated node. The simulator builds one timeline per run and shares it
-# among the ranks, so the timeline identifies the node without a change to its wiring.
+# among the ranks, so the timeline identifies the run without a change to its wiring; a
+# rank's node is its index over the GPUs per node, as the simulator assigns host pools.
 _NODES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def node_nvme(env: simpy.Environment, timeline, costs) -> NvmeNode:
-    """The node's array for this run (made by the first rank that asks)."""
-    node = _NODES.get(timeline)
+def node_nvme(env: simpy.Environment, timeline, costs, rank: int) -> NvmeNode:
+    """The array of `rank`'s node in this run (made by the first of its ranks that asks)."""
+    arrays = _NODES.setdefault(timeline, {})
+    index = rank // costs.gpus_per_node
+    node = arrays.get(index)
     if node is None:
         s = costs.settings
         drive = s.nvme_drive()
-        node = _NODES[timeline] = NvmeNode(env, timeline, drive.read_bytes_per_s,
-                                           drive.write_bytes_per_s, s.nvme_drives)
+        node = arrays[index] = NvmeNode(env, timeline, drive.read_bytes_per_s,
+                                        drive.write_bytes_per_s, s.nvme_drives)
     return node
 
 

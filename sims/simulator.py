@@ -92,11 +92,6 @@ def simulate(settings: SimSettings, strategy: str) -> SimResult:
         raise SimSettingsError(f"grad_accum {settings.grad_accum} is simulated for "
                                f"{', '.join(GRAD_ACCUM_STRATEGIES)}, not {strategy} (its "
                                f"accumulation path is not modelled); use grad_accum 1")
-    if settings.nodes > 1 and strategy == "zero-infinity" and \
-            "nvme" in (settings.offload_params, settings.optimizer_placement):
-        raise SimSettingsError("zero-infinity with NVMe offload (--offload-params or "
-                               "--offload-optimizer nvme) is simulated on one node only (its "
-                               "drive array is one node's); use --nodes 1 or cpu offload")
     started = time.perf_counter()
     costs = CostModel(settings)
     # Time starts at 0.0, not SimPy's int 0, so every span's times are floats (the same

@@ -10,11 +10,23 @@ Breaking the GPU Memory Wall for Extreme Scale Deep Learning"), on top of `CostM
   rank's link carries 1/N, so the node's links work in parallel); once for forward and
   once more for backward, so 2 x P x b / N bytes up per rank per step;
 - each bucket's gradient is reduce-scattered as backward produces it and the rank's
-  share goes down (P x b / N per rank per step); the host AdamW updates that share;
+  share goes down; the host AdamW updates that share. From presets the share goes down in
+  fp32 (P x 4 / N per rank per step), as the DeepSpeed ZeRO-Infinity ran converts it on
+  the device first (stage3.py's `partition_previous_reduced_grads`, 2021: with the state
+  on the host `async_inplace_copy_grad_to_fp32_buffer_from_gpu`, `param.grad.float()`
+  then the copy into the fp32 gradient; with the state on NVMe `param.grad.float()` handed
+  to the optimizer swapper); with a measured profile in the 16-bit dtype
+  (`CostModel.grad_wire_bytes`);
 - nothing goes up at the end of a step: the next step's fetches read the host copy;
 - with `offload_params="nvme"` the 16-bit parameters and the fp32 optimizer state
   (master, m, v) live on NVMe: each fetch first reads the share from NVMe, the host
   update reads the state and writes it back with the new 16-bit parameters;
+- with the optimizer state on NVMe the fp32 gradient share goes there too: once down it is
+  written to NVMe (`swap_out_gradients`), and the host update reads it back with the
+  state (`swap_in_optimizer_state` swaps in the sub-group's gradients after flushing the
+  gradient writes), so the host holds no gradient buffer for the model (the partition
+  buffer of 16-bit gradients exists only with gradient accumulation, which this
+  strategy does not simulate);
 - the two placements are separate settings, as DeepSpeed's `offload_param` and
   `offload_optimizer` are (ZeRO-Infinity, Rajbhandari et al. 2021, section 5: parameters
   and optimizer state may each go to CPU or NVMe): `offload_params="none"` keeps each
@@ -34,8 +46,12 @@ from zfbench.core.memory_model import FP32_BYTES, HOST_GRAD_BUFFERS, HOST_OPTIMI
 # Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
 # Models", section 3.1), the same number the engine's estimate and zero-offload use.
 # DeepSpeed's CPU-offloaded ZeRO keeps an fp32 copy of each gradient share for the host
-# optimizer: one fp32 gradient buffer per parameter, as the memory model counts zero-offload.
+# optimizer: one fp32 gradient buffer per parameter, as the memory model counts zero-offload
+# (on NVMe instead where the optimizer state is: `GRAD_SWAP_BYTES_PER_PARAM`).
 HOST_GRAD_BYTES_PER_PARAM = HOST_GRAD_BUFFERS["zero-offload"] * FP32_BYTES
+# The fp32 gradient swapped out to NVMe with the optimizer state (DeepSpeed's optimizer
+# swapper holds gradients in the optimizer's dtype, fp32).
+GRAD_SWAP_BYTES_PER_PARAM = FP32_BYTES
 # Gradient buckets resident on the device during backward: the one being produced and the
 # one being reduce-scattered and copied down (judgment: DeepSpeed's reduce bucket is
 # double-buffered by its separate reduction stream).
@@ -46,6 +62,21 @@ def share_bytes(c, i: int) -> int:
     """Bytes of the rank's share of bucket i's 16-bit parameters (or gradient): what one
     fetch moves up, and one gradient down, rounded as a transfer is."""
     return int(round(c.share(c.buckets[i].numel) * c.elem_bytes))
+
+
+def grad_share_bytes(c, i: int) -> int:
+    """Bytes of the rank's share of bucket i's gradient on its way down: fp32 from presets
+    (converted on the device before the copy), the 16-bit dtype with a measured profile
+    (`CostModel.grad_wire_bytes`)."""
+    return int(round(c.share(c.buckets[i].numel) * c.grad_wire_bytes))
+
+
+def grad_swap_bytes(c, i: int) -> float:
+    """NVMe bytes of the rank's fp32 gradient share of bucket i: written once it is down
+    and read back before its update where the optimizer state is on NVMe (0 elsewhere)."""
+    if not state_on_nvme(c):
+        return 0.0
+    return c.share(c.buckets[i].numel) * GRAD_SWAP_BYTES_PER_PARAM
 
 
 def bucket_bytes(c, i: int) -> float:
@@ -86,8 +117,9 @@ def any_nvme(c) -> bool:
 
 
 def state_read_bytes(c, i: int) -> float:
-    """NVMe bytes the host update of bucket i reads first: the fp32 state of the share."""
-    return c.share(c.buckets[i].numel) * HOST_OPTIMIZER_STATE_BYTES
+    """NVMe bytes the host update of bucket i reads first: the fp32 state of the share and
+    its fp32 gradient (swapped out after it came down)."""
+    return c.share(c.buckets[i].numel) * HOST_OPTIMIZER_STATE_BYTES + grad_swap_bytes(c, i)
 
 
 def state_write_bytes(c, i: int) -> float:
@@ -104,7 +136,8 @@ def bytes_per_step(c) -> dict[str, float]:
     share = sum(share_bytes(c, i) for i in range(nb))
     # fetched up twice (forward, backward); kept on the GPU, the new share goes up once
     up = share if params_on_device(c) else 2 * share
-    out = {"h2d": up, "d2h": share, "nvme_read": 0.0, "nvme_write": 0.0,
+    down = sum(grad_share_bytes(c, i) for i in range(nb))
+    out = {"h2d": up, "d2h": down, "nvme_read": 0.0, "nvme_write": 0.0,
            "allgather": 0.0, "reduce_scatter": 0.0}
     if c.gpus > 1:
         whole = sum(bucket_bytes(c, i) for i in range(nb))
@@ -113,7 +146,8 @@ def bytes_per_step(c) -> dict[str, float]:
         out["nvme_read"] = 2 * share
     if state_on_nvme(c):
         out["nvme_read"] += sum(int(round(state_read_bytes(c, i))) for i in range(nb))
-    out["nvme_write"] = sum(int(round(state_write_bytes(c, i))) for i in range(nb))
+    out["nvme_write"] = sum(int(round(state_write_bytes(c, i))) + int(round(grad_swap_bytes(c, i)))
+                            for i in range(nb))
     return out
 
 
@@ -133,15 +167,15 @@ def memory(c) -> dict[str, float]:
 
     Device: the buckets in flight (the one computing and `prefetch_buckets` fetched ahead,
     whole), two gradient buckets, the activations, and with parameters kept on the GPUs
-    the rank's 16-bit partition. Host: an fp32 gradient per parameter, and the 16-bit
-    parameters and the fp32 state where they are not on the GPUs or NVMe (the pinned
-    staging buffers, a few buckets per rank, are left out)."""
+    the rank's 16-bit partition. Host: an fp32 gradient per parameter (on NVMe where the
+    state is), and the 16-bit parameters and the fp32 state where they are not on the GPUs
+    or NVMe (the pinned staging buffers, a few buckets per rank, are left out)."""
     p, b = c.params, c.elem_bytes
     largest = max(bk.numel for bk in c.buckets)
     working = (c.settings.prefetch_buckets + 1 + GRAD_BUCKETS_ON_DEVICE) * largest * b
     device = working + c.activation_bytes()
-    host = p * HOST_GRAD_BYTES_PER_PARAM
-    nvme = 0.0
+    host = 0.0 if state_on_nvme(c) else p * HOST_GRAD_BYTES_PER_PARAM
+    nvme = p * GRAD_SWAP_BYTES_PER_PARAM if state_on_nvme(c) else 0.0
     params, state = p * b, p * HOST_OPTIMIZER_STATE_BYTES
     if params_on_device(c):
         device += c.share(params)

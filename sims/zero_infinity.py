@@ -12,7 +12,9 @@ seconds come from `zfbench.sims.zero3` and `CostModel`. `zero_infinity_step(sim,
 - After each backward op the bucket's gradient is reduce-scattered (net; recorded as op
   `allreduce` with the reduce-scatter's time and bytes: the span vocabulary has no
   reduce-scatter op yet) and the rank's share goes down (d2h `d2h_grad`).
-- Once every gradient is down, the host AdamW updates the rank's share bucket by bucket
+- Once every gradient is down (with the optimizer state on NVMe: once every gradient
+  share, written to NVMe as it came down, is there: DeepSpeed flushes its gradient
+  writes before the first swap-in), the host AdamW updates the rank's share bucket by bucket
   in backward order (host lane, `host_optim`, shared with the other ranks' as in
   zero-offload). Nothing goes up: the next step's fetch of bucket i reads the host copy,
   so it waits for bucket i's update (bucket 0, needed first, is updated last).
@@ -32,11 +34,12 @@ seconds come from `zfbench.sims.zero3` and `CostModel`. `zero_infinity_step(sim,
   moment it is issued until it has landed.
 - With `offload_params="nvme"` every fetch first reads the share from NVMe; with the
   optimizer state on NVMe (`offload_optimizer`, by default where the parameters are) the
-  host update of each bucket reads its fp32 state from NVMe before it and writes the
-  state (and the new 16-bit parameters, where they live there too) back after it
+  host update of each bucket reads its fp32 state and fp32 gradient from NVMe before it
+  and writes the state (and the new 16-bit parameters, where they live there too) back
+  after it
   (double-buffered: a bucket's read waits for the write-back of the bucket two before
-  it); the next fetch of a bucket waits for its write. The drives are the node-shared
-  array of `zfbench.sims.nvme`.
+  it); the next fetch of a bucket waits for its write. The drives are the array of the
+  rank's node (`zfbench.sims.nvme`: one per node, shared by that node's ranks).
 - With `offload_params="none"` each rank's 16-bit partition stays on its GPU: a fetch is
   the bucket's all-gather alone, and after the host update of a bucket its new share
   goes up (h2d), which the next fetch of that bucket waits for.
@@ -63,7 +66,7 @@ def _nvme_lanes(sim):
     """The rank's NVMe (read, write) lanes on the node's array, made on first use."""
     lanes = sim.state.get("nvme_lanes")
     if lanes is None:
-        node = nvme.node_nvme(sim.env, sim.timeline, sim.costs)
+        node = nvme.node_nvme(sim.env, sim.timeline, sim.costs, sim.rank)
         lanes = sim.state["nvme_lanes"] = node.lanes(sim.rank)
     return lanes
 
@@ -104,9 +107,17 @@ def reduce_scatter(sim, step: int, i: int):
 
 
 def copy_down(sim, step: int, i: int, reduced):
-    """The rank's share of bucket i's gradient down once `reduced` has fired."""
-    return sim.transfer(sim.d2h, "d2h_grad", step, zero3.share_bytes(sim.costs, i),
-                        [reduced])
+    """The rank's share of bucket i's gradient down once `reduced` has fired (in fp32
+    from presets: zfbench.sims.zero3.grad_share_bytes), then, where the optimizer state
+    is on NVMe, written there; the event after which the share is where the update
+    reads it."""
+    c = sim.costs
+    down = sim.transfer(sim.d2h, "d2h_grad", step, zero3.grad_share_bytes(c, i), [reduced])
+    swap = zero3.grad_swap_bytes(c, i)
+    if swap <= 0:
+        return down
+    _, write = _nvme_lanes(sim)
+    return nvme.submit(write, nvme.WRITE, sim.rank, step, swap, [down])
 
 
 def grad_down(sim, step: int, i: int):
@@ -128,7 +139,7 @@ def unrecorded_fetch(sim, i: int, gate, net_free):
     if nbytes > 0:  # as `transfer`: an empty one is done at once
         yield from all_done(env, [gate])
         if zero3.uses_nvme(c):
-            yield nvme.node_nvme(env, sim.timeline, c).pool.run(
+            yield nvme.node_nvme(env, sim.timeline, c, sim.rank).pool.run(
                 Job(nvme.READ, sim.rank, nbytes))
         yield env.timeout(sim.latency_s)
         yield sim.pool.run(Job("h2d", sim.rank, nbytes))

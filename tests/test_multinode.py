@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, assume, given, settings as hsettings, strategies as st
 
-from zfbench.sims import collectives
+from zfbench.sims import collectives, zero3
+from zfbench.sims.nvme import nvme_spans
 from zfbench.sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
 from zfbench.sims.simulator import simulate
 from zfbench.core import hardware
@@ -120,10 +121,45 @@ def test_cli_refuses_contradicting_gpus_in_one_line(capsys):
     assert "--gpus-per-node" in capsys.readouterr().err
 
 
-def test_zero_infinity_on_nvme_is_one_node_only():
-    s = SimSettings(nodes=2, gpus_per_node=2, offload_params="nvme", layers=2, steps=8)
-    with pytest.raises(SimSettingsError, match="one node only"):
-        simulate(s, "zero-infinity")
+def _alone_reads(spans, rank: int):
+    """`rank`'s NVMe reads that overlap none of its own writes: (seconds, bytes) each."""
+    writes = [(t0, t1) for r, lane, _, _, t0, t1, _ in spans if r == rank and lane == "nvme_write"]
+    return [(t1 - t0, n) for r, lane, _, _, t0, t1, n in spans
+            if r == rank and lane == "nvme_read" and n > 0
+            and all(t1 <= w0 or t0 >= w1 for w0, w1 in writes)]
+
+
+def test_zero_infinity_on_nvme_swaps_to_each_nodes_own_drives():
+    """Over several nodes each node's ranks share that node's drive array only. One rank a
+    node: its reads that overlap none of its own writes run at the whole array's rate,
+    although the other node's rank reads at the same moments (on one node the two ranks'
+    reads share one array and such reads run at half of it)."""
+    knobs = dict(offload_params="nvme", layers=2, steps=4)
+    two_nodes = SimSettings(nodes=2, gpus_per_node=1, **knobs)
+    one_node = SimSettings(gpus=2, **knobs)
+    full = two_nodes.nvme_drive().read_bytes_per_s * two_nodes.nvme_drives
+    for s, rate in ((two_nodes, full), (one_node, full / 2)):
+        spans = nvme_spans(simulate(s, "zero-infinity").timeline)
+        # the two ranks read at the same moments (the case a shared array would slow)
+        reads = {r: [(t0, t1) for rr, lane, _, _, t0, t1, _ in spans
+                     if rr == r and lane == "nvme_read"] for r in (0, 1)}
+        assert any(a0 < b1 and b0 < a1 for a0, a1 in reads[0] for b0, b1 in reads[1])
+        alone = _alone_reads(spans, 0)
+        assert alone
+        for seconds, nbytes in alone:
+            assert seconds == pytest.approx(nbytes / rate, rel=1e-9)
+
+
+def test_nvme_bound_per_node_is_that_nodes_ranks_traffic():
+    """Two nodes of two ranks: each rank's share halves against one node of two, and each
+    node's array carries its own two ranks' traffic, so the drive time per step halves."""
+    knobs = dict(offload_params="nvme", layers=2, steps=4)
+    one = zero3.nvme_busy_s_per_step(CostModel(SimSettings(gpus=2, **knobs)))
+    two = zero3.nvme_busy_s_per_step(CostModel(SimSettings(nodes=2, gpus_per_node=2, **knobs)))
+    assert two == pytest.approx(one / 2, rel=1e-6)
+    fits = CostModel(SimSettings(nodes=2, gpus_per_node=2, **knobs)).fits("zero-infinity")
+    whole = CostModel(SimSettings(gpus=2, **knobs)).fits("zero-infinity")
+    assert fits["nvme_bytes"] == pytest.approx(whole["nvme_bytes"] / 2, rel=1e-9)
 
 
 def test_cli_runs_two_nodes(capsys):

@@ -122,7 +122,6 @@ def test_serial_reductions_gate_every_rank_on_the_owners_copies():
     bucket before it comes first. So every rank's backward holds every bucket's copy:
     at least its compute plus, per bucket, its owners' copy."""
     result = simulate(_settings(4, overlap_comm=False, model=DEEP), "zero-offload")
-    c = result.costs
     spans = result.timeline.spans_frame()
     step = spans[spans["step"] == 2]
     starts = [step[(step["rank"] == r) & (step["op"] == "reduce_scatter")]

@@ -135,8 +135,9 @@ def expected_bytes(s: SimSettings, strategy: str, t: int, rank: int = 0) -> tupl
     W, U, S = s.full_warm_up_rounds, s.update_interval, s.select_interval
     if strategy == "device":
         return 0, 0
-    if strategy == "zero-infinity":  # every bucket fetched twice (forward, backward), no upload
-        return share(full), 2 * share(full)
+    if strategy == "zero-infinity":  # every bucket fetched twice (forward, backward), no
+        # upload; from presets the gradient shares go down as fp32 (sims/zero3.py)
+        return sum(int(round(x / n * 4)) for x in full), 2 * share(full)
     if strategy in ("zero-offload", "zero-offload-dpu") or t < W:  # DeepSpeed's host step
         # from presets (zenflow's warm-up steps too): the gradients go down as fp32
         # (GRAD_WIRE_BYTES), the partition goes up in one copy after the whole update

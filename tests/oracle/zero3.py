@@ -42,15 +42,14 @@ class _Zero3:
             [c.buckets[i].backward_s for i in reversed(range(self.nb))]
         self.adam = c.cores_per_rank * c.adam_units_per_core_s
 
-    def _xfer(self, i: int, rate: float):
-        n = zero3.share_bytes(self.c, i)
+    def _xfer(self, n: int, rate: float):
         return None if n <= 0 else (self.T.lat, n / rate)
 
     def up(self, i: int):
-        return self._xfer(i, self.T.rh)
+        return self._xfer(zero3.share_bytes(self.c, i), self.T.rh)
 
-    def down(self, i: int):
-        return self._xfer(i, self.T.rd)
+    def down(self, i: int):  # the gradient share, fp32 from presets
+        return self._xfer(zero3.grad_share_bytes(self.c, i), self.T.rd)
 
     def gather(self, i: int):
         return (0.0, self.c.allgather_s(zero3.bucket_bytes(self.c, i)))

@@ -283,7 +283,7 @@ def sources(plan: Plan) -> dict[str, str]:
                          f"of {models}, zfbench/data/paper_zero_offload_bars.json, each fitted "
                          f"on its node and ZenFlow simulated there; like `python -m "
                          f"zfbench.predict --paper --steps {plan.steps}`)",
-        "published": f"`data/published.csv` ("
+        "published": "`data/published.csv` ("
                      + (f"rows {', '.join(plan.published_ids)} of " if plan.published_ids
                         else "every row of ")
                      + f"{validate_published.BUNDLED}, each simulated; like `python -m "
