@@ -20,8 +20,12 @@ BAND = 0.15  # the band drawn around simulated = published
 # Colour-blind-safe qualitative colours (Paul Tol's "bright"), one per source in order.
 SOURCE_COLOURS = ("#4477AA", "#EE6677", "#228833", "#CCBB44", "#66CCEE", "#AA3377",
                   "#BBBBBB", "#000000")
+# One log-log panel per kind of quantity (a panel without rows is left out).
 PANELS = (("throughput", ("tflops_per_gpu",), "throughput per GPU (TFLOP/s)"),
-          ("time", ("step_time_s", "backward_time_s", "host_adam_time_s"), "time (s)"))
+          ("whole run", ("pflops_total", "samples_per_s", "tokens_per_s"),
+           "throughput of all GPUs (PFLOP/s, samples/s or tokens/s)"),
+          ("time", ("step_time_s", "backward_time_s", "host_adam_time_s",
+                    "host_step_time_s"), "time (s)"))
 
 
 def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -81,8 +85,10 @@ def plot_published(df: pd.DataFrame) -> Figure:
     ok = ok_rows(df)
     sources = list(dict.fromkeys(ok["source"]))
     colour = {s: SOURCE_COLOURS[i % len(SOURCE_COLOURS)] for i, s in enumerate(sources)}
-    fig, axes = new_figure(1, 2, figsize=(8.4, 5.6))
-    for ax, (_, metrics, what) in zip(axes[0], PANELS):
+    panels = [(metrics, what) for _, metrics, what in PANELS
+              if ok["metric"].isin(metrics).any()] or [PANELS[0][1:]]
+    fig, axes = new_figure(1, len(panels), figsize=(4.2 * len(panels), 5.6))
+    for ax, (metrics, what) in zip(axes[0], panels):
         rows = ok[ok["metric"].isin(metrics)]
         if rows.empty:
             ax.set_visible(False)

@@ -32,8 +32,8 @@ to its lanes with the dependencies the real engine has:
   parameters go up. With `overlap_step` the device waits, at the next boundary, for the
   previous window's update only (one window stale); without it, at once.
 
-With gradient accumulation (`grad_accum` A > 1; device, zero-offload and zero-offload-dpu)
-a step is A micro-steps: A - 1 accumulation micro-steps (`accumulate`), then the strategy's
+With gradient accumulation (`grad_accum` A > 1; device, zero-offload and zero-offload-dpu
+here, zero-infinity in zfbench.sims.zero_infinity the same way) a step is A micro-steps: A - 1 accumulation micro-steps (`accumulate`), then the strategy's
 own step as the last. A micro-step runs forward and backward, each bucket's gradient
 all-reduced (device: the ZeRO-2 reduction happens every micro-step). The offloading
 strategies accumulate as DeepSpeed's ZeRO-2 CPU offload does
@@ -82,7 +82,7 @@ from zfbench.core.trace import Timeline
 
 
 # The strategies whose step runs with gradient accumulation (grad_accum > 1).
-GRAD_ACCUM_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu")
+GRAD_ACCUM_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zero-infinity")
 
 
 class RankSim:
@@ -267,7 +267,8 @@ class RankSim:
         if self.owned:
             self.owned_numels = partitioning.owned_numels(self.costs, self.rank)
             self.owners_of = [partitioning.owners(self.costs, i) for i in range(self.nb)]
-        accum = self.costs.settings.grad_accum
+        # zero-infinity runs its micro-steps inside its step (zfbench.sims.zero_infinity)
+        accum = 1 if strategy == "zero-infinity" else self.costs.settings.grad_accum
         for t in range(steps):
             start = self.env.now
             for micro in range(accum - 1):

@@ -131,19 +131,21 @@ def state_write_bytes(c, i: int) -> float:
 
 
 def bytes_per_step(c) -> dict[str, float]:
-    """Bytes one rank moves per step, by resource (the schedule moves exactly these)."""
-    nb = len(c.buckets)
+    """Bytes one rank moves per step, by resource (the schedule moves exactly these), a
+    step being `grad_accum` micro-steps A."""
+    nb, accum = len(c.buckets), c.settings.grad_accum
     share = sum(share_bytes(c, i) for i in range(nb))
-    # fetched up twice (forward, backward); kept on the GPU, the new share goes up once
-    up = share if params_on_device(c) else 2 * share
+    # fetched up twice (forward, backward) each micro-step; kept on the GPU, the new share
+    # goes up once; with accumulation A - 1 16-bit sums come up and go down
+    up = share if params_on_device(c) else 2 * accum * share
     down = sum(grad_share_bytes(c, i) for i in range(nb))
-    out = {"h2d": up, "d2h": down, "nvme_read": 0.0, "nvme_write": 0.0,
-           "allgather": 0.0, "reduce_scatter": 0.0}
+    out = {"h2d": up + (accum - 1) * share, "d2h": down + (accum - 1) * share,
+           "nvme_read": 0.0, "nvme_write": 0.0, "allgather": 0.0, "reduce_scatter": 0.0}
     if c.gpus > 1:
         whole = sum(bucket_bytes(c, i) for i in range(nb))
-        out["allgather"], out["reduce_scatter"] = 2 * whole, whole
+        out["allgather"], out["reduce_scatter"] = 2 * accum * whole, accum * whole
     if uses_nvme(c):
-        out["nvme_read"] = 2 * share
+        out["nvme_read"] = 2 * accum * share
     if state_on_nvme(c):
         out["nvme_read"] += sum(int(round(state_read_bytes(c, i))) for i in range(nb))
     out["nvme_write"] = sum(int(round(state_write_bytes(c, i))) + int(round(grad_swap_bytes(c, i)))
@@ -168,13 +170,16 @@ def memory(c) -> dict[str, float]:
     Device: the buckets in flight (the one computing and `prefetch_buckets` fetched ahead,
     whole), two gradient buckets, the activations, and with parameters kept on the GPUs
     the rank's 16-bit partition. Host: an fp32 gradient per parameter (on NVMe where the
-    state is), and the 16-bit parameters and the fp32 state where they are not on the GPUs
-    or NVMe (the pinned staging buffers, a few buckets per rank, are left out)."""
+    state is), with gradient accumulation the 16-bit sums (`grads_in_partition`), and the
+    16-bit parameters and the fp32 state where they are not on the GPUs or NVMe (the
+    pinned staging buffers, a few buckets per rank, are left out)."""
     p, b = c.params, c.elem_bytes
     largest = max(bk.numel for bk in c.buckets)
     working = (c.settings.prefetch_buckets + 1 + GRAD_BUCKETS_ON_DEVICE) * largest * b
     device = working + c.activation_bytes()
     host = 0.0 if state_on_nvme(c) else p * HOST_GRAD_BYTES_PER_PARAM
+    if c.settings.grad_accum > 1:
+        host += p * b
     nvme = p * GRAD_SWAP_BYTES_PER_PARAM if state_on_nvme(c) else 0.0
     params, state = p * b, p * HOST_OPTIMIZER_STATE_BYTES
     if params_on_device(c):

@@ -40,6 +40,15 @@ seconds come from `zfbench.sims.zero3` and `CostModel`. `zero_infinity_step(sim,
   (double-buffered: a bucket's read waits for the write-back of the bucket two before
   it); the next fetch of a bucket waits for its write. The drives are the array of the
   rank's node (`zfbench.sims.nvme`: one per node, shared by that node's ranks).
+- With gradient accumulation (`grad_accum` A > 1) the step is A micro-steps, each
+  fetching every bucket for its forward and its backward (the parameters do not change
+  between them); the micro-steps' reduced shares are summed as DeepSpeed's ZeRO-3 of
+  2021 does (stage3.py `partition_previous_reduced_grads` ->
+  `async_accumulate_grad_in_cpu_via_gpu`, into `grads_in_partition`, a 16-bit host buffer
+  of the rank's partition that exists only with accumulation): from the second
+  micro-step on a share's 16-bit sum comes up and is added on the device, every
+  micro-step but the last sends the sum down in 16 bits, and the last sends the step's
+  gradient as above (`send_grad`). The add on the device is left out (as zero-offload's).
 - With `offload_params="none"` each rank's 16-bit partition stays on its GPU: a fetch is
   the bucket's all-gather alone, and after the host update of a bucket its new share
   goes up (h2d), which the next fetch of that bucket waits for.
@@ -106,13 +115,13 @@ def reduce_scatter(sim, step: int, i: int):
                           nbytes=int(round(nbytes)))
 
 
-def copy_down(sim, step: int, i: int, reduced):
-    """The rank's share of bucket i's gradient down once `reduced` has fired (in fp32
+def copy_down(sim, step: int, i: int, deps: list):
+    """The rank's share of bucket i's gradient down once `deps` have fired (in fp32
     from presets: zfbench.sims.zero3.grad_share_bytes), then, where the optimizer state
     is on NVMe, written there; the event after which the share is where the update
     reads it."""
     c = sim.costs
-    down = sim.transfer(sim.d2h, "d2h_grad", step, zero3.grad_share_bytes(c, i), [reduced])
+    down = sim.transfer(sim.d2h, "d2h_grad", step, zero3.grad_share_bytes(c, i), deps)
     swap = zero3.grad_swap_bytes(c, i)
     if swap <= 0:
         return down
@@ -120,11 +129,23 @@ def copy_down(sim, step: int, i: int, reduced):
     return nvme.submit(write, nvme.WRITE, sim.rank, step, swap, [down])
 
 
-def grad_down(sim, step: int, i: int):
-    """Bucket i's gradient reduce-scattered, then the rank's share down; returns the
-    events of both (the reduce-scatter's None on one GPU)."""
-    reduced = reduce_scatter(sim, step, i)
-    return reduced, copy_down(sim, step, i, reduced)
+def send_grad(sim, step: int, i: int, reduced, micro: int, held: dict):
+    """The rank's reduced share of bucket i in micro-step `micro` of the step, as
+    DeepSpeed's ZeRO-3 accumulates (`async_accumulate_grad_in_cpu_via_gpu`, the same
+    round trip as ZeRO-2's: module docstring): from the second micro-step on the 16-bit
+    sum held on the host comes up first (once its last copy down has landed) to be
+    added on the device; every micro-step but the last sends the sum down in 16 bits
+    (`held[i]`: the event it is on the host); the last sends the step's gradient
+    (`copy_down`). Returns the event of the copy down."""
+    c = sim.costs
+    deps = [reduced]
+    if micro > 0:  # recorded as `h2d_param`, as ZeRO-2's accumulation round trip is
+        deps = [sim.transfer(sim.h2d, "h2d_param", step, zero3.share_bytes(c, i),
+                             [reduced, held.get(i)])]
+    if micro < c.settings.grad_accum - 1:
+        held[i] = sim.transfer(sim.d2h, "d2h_grad", step, zero3.share_bytes(c, i), deps)
+        return held[i]
+    return copy_down(sim, step, i, deps)
 
 
 def unrecorded_fetch(sim, i: int, gate, net_free):
@@ -181,7 +202,8 @@ def host_update(sim, step: int, downs) -> dict:
 
 def zero_infinity_step(sim, t: int):
     c, st, env = sim.costs, sim.state, sim.env
-    ops = op_buckets(sim.nb)
+    accum, per_micro = c.settings.grad_accum, 2 * sim.nb
+    ops = op_buckets(sim.nb) * accum  # every micro-step's forward, then its backward
     d = c.settings.prefetch_buckets
     fetched = st.pop(("fetched", t), {})  # fetches of this step the previous one issued
     issued = max(fetched, default=-1) + 1
@@ -195,28 +217,35 @@ def zero_infinity_step(sim, t: int):
             into[k] = fetch(sim, step, ops[k], [gates.get(ops[k])], blocking)
         return max(first, last + 1)
 
-    downs, reduced, pending = [], None, None
+    downs, reduced, pending, held = [], None, None, {}
+
+    def send(i: int, reduced, micro: int):
+        sent = send_grad(sim, t, i, reduced, micro, held)
+        if micro == accum - 1:  # the step's gradient, which the host update waits for
+            downs.append(sent)
+        return sent
+
     for k, i in enumerate(ops):
         blocking: list = []  # pageable copies up the device's thread waits for
         issued = issue(k + d, t, fetched, issued, ready, blocking)
         yield from all_done(env, [*blocking, fetched.pop(k)])
         b = c.buckets[i]
-        if k < sim.nb:
+        micro, position = divmod(k, per_micro)
+        if position < sim.nb:
             yield from sim.compute("forward", t, b.forward_s)
+            continue
+        yield from sim.compute("backward", t, b.backward_s)
+        if pageable(c):  # the previous bucket's copy first, blocking (docstring)
+            if pending is not None:
+                yield from all_done(env, [send(*pending)])
+            reduced = reduce_scatter(sim, t, i)
+            pending = (i, reduced, micro)
+            if position == per_micro - 1:  # the epilogue's copy of the last bucket
+                yield from all_done(env, [send(*pending)])
+                pending = None
         else:
-            yield from sim.compute("backward", t, b.backward_s)
-            if pageable(c):  # the previous bucket's copy first, blocking (docstring)
-                if pending is not None:
-                    downs.append(copy_down(sim, t, *pending))
-                    yield from all_done(env, [downs[-1]])
-                reduced = reduce_scatter(sim, t, i)
-                pending = (i, reduced)
-            else:
-                reduced, down = grad_down(sim, t, i)
-                downs.append(down)
-    if pending is not None:  # the epilogue's copy of the last bucket
-        downs.append(copy_down(sim, t, *pending))
-        yield from all_done(env, [downs[-1]])
+            reduced = reduce_scatter(sim, t, i)
+            send(i, reduced, micro)
     updated = host_update(sim, t, downs)
     if t + 1 < c.settings.steps:
         nxt: dict = {}

@@ -173,7 +173,7 @@ def test_bad_anchor_and_metric_are_unsupported_rows():
     assert vp.simulate_row(row, by_id, {})["status"] == \
         "unsupported: anchor 'nothere' names no row of the file"
     row = {**by_id["zo"], "anchor": "adam"}  # a host-Adam row cannot fix the GPU's MFU
-    assert "an anchor gives tflops_per_gpu or step_time_s" in \
+    assert "an anchor gives a step time or a throughput (step_time_s, tflops_per_gpu" in \
         vp.simulate_row(row, by_id, {})["status"]
     row = {**by_id["pt"], "metric": "joules"}
     assert vp.simulate_row(row, by_id, {})["status"].startswith("unsupported: metric 'joules'")
@@ -184,7 +184,10 @@ def test_bundled_dataset_is_complete():
     assert columns == list(vp.COLUMNS) and len(rows) == 42
     ids = {r["id"] for r in rows}
     assert all(r["anchor"] in ids for r in rows if r["anchor"])
-    assert {r["metric"] for r in rows} == set(vp.METRICS)
+    # the papers' rows state per-GPU throughput and times (the whole-run throughputs are
+    # for rows a user adds: docs/published.md)
+    assert {r["metric"] for r in rows} == set(vp.METRICS) - {"pflops_total", "samples_per_s",
+                                                             "tokens_per_s"}
     for r in rows:  # every row is expressible
         vp.row_settings(r)
 
@@ -244,3 +247,56 @@ def test_backward_time_by_hand():
     c = device.costs
     first_bucket = c.buckets[0].numel * 4 / 12e9
     assert bwd + first_bucket <= offload <= bwd + c.params * 4 / 12e9 + 1e-3
+
+
+def _row(by_id: dict, name: str, **changes) -> dict:
+    row = dict(zip(vp.COLUMNS, [""] * len(vp.COLUMNS)))
+    row.update({k: v for k, v in by_id[name].items() if k in vp.COLUMNS})
+    row.update({k: str(v) for k, v in changes.items()})
+    return row
+
+
+def test_throughput_metrics_are_one_step_time_in_other_units():
+    """Two GPUs, eight micro-steps of 4 x 512: every throughput metric of one simulated
+    run is what a step does in its units over the same step time."""
+    _, rows = vp.read_rows(FIXTURE)
+    row = _row({r["id"]: r for r in rows}, "zo-accum", gpus=2)
+    result = vp.simulate(vp.row_settings(row), "zero-offload")
+    step = vp.measure(result, "step_time_s", vp.SKIP_STEPS)
+    flops = counted(SMALL, 4, 512, 8)  # per GPU per step
+    assert vp.measure(result, "tflops_per_gpu", vp.SKIP_STEPS) == \
+        pytest.approx(flops / step / 1e12, rel=1e-12)
+    assert vp.measure(result, "pflops_total", vp.SKIP_STEPS) == \
+        pytest.approx(2 * flops / step / 1e15, rel=1e-12)
+    assert vp.measure(result, "samples_per_s", vp.SKIP_STEPS) == \
+        pytest.approx(2 * 4 * 8 / step, rel=1e-12)
+    assert vp.measure(result, "tokens_per_s", vp.SKIP_STEPS) == \
+        pytest.approx(2 * 4 * 8 * 512 / step, rel=1e-12)
+
+
+@pytest.mark.parametrize("metric, value", [
+    ("samples_per_s", 4 / 0.05), ("tokens_per_s", 4 * 512 / 0.05),
+    ("tflops_per_gpu", None), ("pflops_total", None)])
+def test_an_anchor_in_any_throughput_gives_the_step_time_anchors_mfu(metric, value):
+    """The fixture's anchor measures a 0.05 s step; the same measurement stated as a
+    throughput fixes the same MFU."""
+    _, rows = vp.read_rows(FIXTURE)
+    by_id = {r["id"]: r for r in rows}
+    if value is None:
+        value = counted(SMALL, 4, 512) / 0.05 / (1e12 if metric == "tflops_per_gpu" else 1e15)
+    stated = _row(by_id, "pt", metric=metric, value=repr(value))
+    assert vp.anchor_mfu(stated) == pytest.approx(vp.anchor_mfu(_row(by_id, "pt")), rel=1e-9)
+
+
+def test_figure_draws_one_panel_per_kind_of_quantity():
+    import pandas as pd
+
+    from zfbench.analysis.plot_published import plot_published
+
+    base = {"source": "P, arXiv 1, Figure 1", "strategy": "device", "value": 10.0,
+            "simulated": 11.0, "error_pct": 10.0, "status": "ok", "calibration": ""}
+    per_gpu = pd.DataFrame([{**base, "id": "a", "metric": "tflops_per_gpu"}])
+    both = pd.concat([per_gpu, pd.DataFrame([{**base, "id": "b", "metric": "tokens_per_s"},
+                                             {**base, "id": "c", "metric": "step_time_s"}])])
+    assert len(plot_published(per_gpu).axes) == 1
+    assert len(plot_published(both).axes) == 3

@@ -430,3 +430,72 @@ def test_the_closed_form_is_exact_on_most_flat_link_draws(flat_file):
                         steps=1)
         exact += steady_state(s, ZI).exact
     assert exact / 60 > 0.8
+
+
+# -- gradient accumulation ---------------------------------------------------------------
+@pytest.mark.parametrize("pin", [True, False])
+def test_accumulation_moves_the_sums_through_the_host_buffer(pin):
+    """A = 3 micro-steps on 2 GPUs: every micro-step fetches every bucket twice and
+    reduce-scatters it; 2 of them send the 16-bit sum down and 2 bring it back up (2 B a
+    parameter of the share each), the last sends the fp32 gradient (4 B); per step
+    exactly what zero3.bytes_per_step says, pinned or pageable."""
+    accum = 3
+    s = SimSettings(**SMALL, gpus=2, grad_accum=accum, pin_memory=pin)
+    result = simulate(s, ZI)
+    c = result.costs
+    nb = len(c.buckets)
+    shares = sum(zero3.share_bytes(c, i) for i in range(nb))
+    grads = sum(zero3.grad_share_bytes(c, i) for i in range(nb))
+    want = zero3.bytes_per_step(c)
+    assert want["h2d"] == 2 * accum * shares + (accum - 1) * shares
+    assert want["d2h"] == (accum - 1) * shares + grads
+    got = _moved(result, 0, 2)
+    assert got[("h2d", "h2d_param")] == want["h2d"]
+    assert got[("d2h", "d2h_grad")] == want["d2h"]
+    assert got[("net", "allgather")] == want["allgather"] == 2 * accum * c.params * 2
+    assert got[("net", "reduce_scatter")] == want["reduce_scatter"] == accum * c.params * 2
+    spans, _ = frames(result)
+    comp = rank_step(spans, 0, 2, "compute")
+    assert list(comp["op"]) == (["forward"] * nb + ["backward"] * nb) * accum
+
+
+def test_accumulated_sums_come_up_before_they_go_down_and_the_update_waits_for_the_last():
+    """One GPU (no reduce-scatter), A = 3: in the first micro-step bucket i's 16-bit sum
+    goes down as soon as its backward op ends; in the later ones its held sum comes up
+    first, so the copy down starts at least one share's upload later; the last
+    micro-step's copies are the fp32 gradients, and the host update starts after them."""
+    accum = 3
+    s = SimSettings(**SMALL, gpus=1, grad_accum=accum)
+    result = simulate(s, ZI)
+    c = result.costs
+    nb = len(c.buckets)
+    spans, _ = frames(result)
+    downs = rank_step(spans, 0, 2, "d2h", "d2h_grad")
+    backs = rank_step(spans, 0, 2, "compute", "backward")
+    host = rank_step(spans, 0, 2, "host", "host_optim")
+    assert len(downs) == len(backs) == accum * nb
+    up_rate = c.node.link.h2d_bytes_per_s
+    for k in range(accum * nb):
+        m, i = divmod(k, nb)
+        bucket = nb - 1 - i  # backward order
+        gap = downs["t_start_s"][k] - backs["t_end_s"][k]
+        wire = zero3.grad_share_bytes(c, bucket) if m == accum - 1 else \
+            zero3.share_bytes(c, bucket)
+        assert downs["bytes"][k] == wire
+        if m == 0:
+            assert gap == pytest.approx(0.0, abs=1e-9)
+        else:
+            assert gap >= zero3.share_bytes(c, bucket) / up_rate * (1 - 1e-9)
+    assert host["t_start_s"].min() >= downs["t_end_s"].max() - 1e-12
+
+
+def test_accumulation_costs_at_least_its_compute_and_holds_the_sums_on_the_host():
+    s = SimSettings(**SMALL, gpus=2)
+    one = simulate(s, ZI).timeline.steps_frame()
+    three = simulate(s.with_(grad_accum=3), ZI).timeline.steps_frame()
+    c = CostModel(s)
+    compute = sum(b.forward_s + b.backward_s for b in c.buckets)
+    assert three["wall_s"].iloc[-1] >= 3 * compute
+    assert three["wall_s"].iloc[-1] > one["wall_s"].iloc[-1]
+    plain, accumulating = zero3.memory(c), zero3.memory(CostModel(s.with_(grad_accum=3)))
+    assert accumulating["host_bytes"] - plain["host_bytes"] == pytest.approx(c.params * 2)

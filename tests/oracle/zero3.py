@@ -100,6 +100,10 @@ def zero_infinity(T: _Terms):
     """(step, compute, exact, reason, regime, settle periods, cycle periods)."""
     z = _Zero3(T)
     compute = sum(z.comp)
+    accum = z.c.settings.grad_accum
+    if accum > 1:  # this form is one micro-step a step: its compute is a lower bound
+        return accum * compute, accum * compute, False, "gradient accumulation: this " \
+            "form has one micro-step a step (its compute taken as a lower bound)", "", 0, 1
     found = _fixed_point(z.step, (0.0, NEG, NEG, NEG, NEG))
     if found is None:
         return compute, compute, False, "the step map never settles", "", _MAX_PERIODS, 1

@@ -18,6 +18,10 @@ Metrics, read from steady-state steps (after `SKIP_STEPS`) of rank 0:
   vocabulary projection) times 3 for forward + backward, times 4 with activation
   checkpointing (the recomputed forward counts, as the ZeRO papers count it), times the
   tokens of a step (micro_batch x seq x grad_accum);
+- `pflops_total`: the same counted FLOPs of every GPU together per step over the step
+  time, in 10^15/s (the ZeRO-Infinity paper's aggregate "petaflops");
+- `samples_per_s`, `tokens_per_s`: sequences (micro_batch x grad_accum per GPU) and tokens
+  (times seq) of all GPUs per step over the step time;
 - `backward_time_s`: from the start of the step's last backward (after its last forward)
   to the end of the last span of that backward's gradients: the backward compute, its
   reductions (`allreduce`, `reduce_scatter`) and its copies down (`d2h_grad`), i.e. until
@@ -34,7 +38,8 @@ anchor's measurement. The anchor row is simulated at one MFU m0 for every block 
 the whole model's MFU by shape, zfbench.sims.compute_efficiency); its
 forward+backward compute time per step is C (which scales as 1/MFU) and the rest of its
 step O = step - C (optimizer, exposed collectives). The anchor's measured step time P
-(its `step_time_s`, or counted FLOPs / `tflops_per_gpu`) then gives MFU m = m0 C / (P - O);
+(its `step_time_s`, or the step time its throughput metric implies) then gives MFU
+m = m0 C / (P - O);
 the anchor is simulated again at m and the rule repeated until m moves by less than
 1e-6 of itself (at most `ANCHOR_ROUNDS` times; on one GPU the first m is already exact).
 Every row also gets `simulated_no_anchor` and `error_pct_no_anchor`, by shape.
@@ -72,10 +77,12 @@ REQUIRED = ("id", "source", "metric", "value", "strategy", "hardware", "gpus", "
             "micro_batch", "seq")
 OUTPUT_COLUMNS = ("simulated", "error_pct", "status", "calibration", "mfu",
                   "simulated_no_anchor", "error_pct_no_anchor", "fits")
-METRICS = ("tflops_per_gpu", "step_time_s", "backward_time_s", "host_adam_time_s",
+# Rates of a whole step (each a function of the step time; module docstring).
+THROUGHPUT_METRICS = ("tflops_per_gpu", "pflops_total", "samples_per_s", "tokens_per_s")
+METRICS = ("step_time_s", *THROUGHPUT_METRICS, "backward_time_s", "host_adam_time_s",
            "host_step_time_s")
 HOST_STEP_OPS = ("host_clip", "host_optim", "host_convert")
-ANCHOR_METRICS = ("tflops_per_gpu", "step_time_s")
+ANCHOR_METRICS = ("step_time_s", *THROUGHPUT_METRICS)
 FUSED_UPLOAD_STRATEGIES = ("zero-offload", "zero-offload-dpu")
 STEPS, SKIP_STEPS = 4, 2  # steps simulated per row and left out of the averages
 ANCHOR_ROUNDS = 5
@@ -205,6 +212,26 @@ def counted_flops(settings: SimSettings, costs: CostModel) -> float:
             * s.micro_batch * s.seq * s.grad_accum)
 
 
+def work_per_step(settings: SimSettings, costs: CostModel, metric: str) -> float:
+    """What one step does in the units of a throughput metric (THROUGHPUT_METRICS), so
+    that the metric is this over the step time."""
+    s = settings
+    if metric == "tflops_per_gpu":
+        return counted_flops(s, costs) / 1e12
+    if metric == "pflops_total":
+        return counted_flops(s, costs) * s.ranks / 1e15
+    samples = s.ranks * s.micro_batch * s.grad_accum
+    return samples * (s.seq if metric == "tokens_per_s" else 1)
+
+
+def implied_step_s(settings: SimSettings, costs: CostModel, metric: str,
+                   value: float) -> float:
+    """The step time a published `step_time_s` or throughput `value` stands for."""
+    if metric == "step_time_s":
+        return value
+    return work_per_step(settings, costs, metric) / value
+
+
 def _per_step(result, skip: int):
     spans = result.timeline.spans_frame()
     steps = result.timeline.steps_frame()
@@ -218,8 +245,8 @@ def measure(result, metric: str, skip: int) -> float:
     step_s = float(steps["wall_s"].mean())
     if metric == "step_time_s":
         return step_s
-    if metric == "tflops_per_gpu":
-        return counted_flops(result.settings, result.costs) / step_s / 1e12
+    if metric in THROUGHPUT_METRICS:
+        return work_per_step(result.settings, result.costs, metric) / step_s
     values = []
     for _, group in spans.groupby("step"):
         if metric in ("host_adam_time_s", "host_step_time_s"):
@@ -250,12 +277,11 @@ def anchor_mfu(anchor: dict) -> float:
     docstring); Unsupported when none in (0, 1] does."""
     if anchor["metric"] not in ANCHOR_METRICS:
         raise Unsupported(f"anchor {anchor['id']} measures {anchor['metric']}; an anchor "
-                          f"gives {' or '.join(ANCHOR_METRICS)}")
+                          f"gives a step time or a throughput ({', '.join(ANCHOR_METRICS)})")
     settings = row_settings(anchor)
     costs = CostModel(settings)
     published = published_value(anchor)
-    target = published if anchor["metric"] == "step_time_s" else \
-        counted_flops(settings, costs) / (published * 1e12)
+    target = implied_step_s(settings, costs, anchor["metric"], published)
     mfu = costs.mfu
     skip = skip_of(settings, anchor["strategy"])
     for _ in range(ANCHOR_ROUNDS):
