@@ -2,7 +2,11 @@
 
 `simulate(settings, strategy)` wires a `CostModel` to a SimPy environment: one fluid pool
 per node (its links and its host, shared by that node's ranks only), one `RankSim` per GPU, and runs every rank's strategy
-process for `settings.steps` steps. The result carries the timeline (spans and step
+process for `settings.steps` steps. Over several nodes, where the ranks of every node
+repeat node 0's exactly (`nodes_repeat`: nodes share only the collectives, whose
+durations are fixed, and nothing makes a rank depend on its node's index), only node 0's
+ranks are simulated: the other nodes' timelines would be copies (a 512-GPU ZeRO-Infinity
+run in seconds instead of minutes); `every_node=True` simulates them all. The result carries the timeline (spans and step
 intervals) and the per-step quantities the summary needs that a timeline alone does not
 hold (FLOPs per step, host optimizer parameters per step). Same input, same output:
 SimPy breaks ties in scheduling order, and nothing here is random.
@@ -19,6 +23,7 @@ import simpy
 
 from zfbench.sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
 from zfbench.sims.fluid import FluidPool, NodeCapacities, node_rates
+from zfbench.sims import partitioning
 from zfbench.sims.partitioning import Sync
 from zfbench.sims.emulated import emulated_rates
 from zfbench.sims.strategies import GRAD_ACCUM_STRATEGIES, RankSim
@@ -84,7 +89,15 @@ def capacities(costs: CostModel, node_index: int = 0) -> NodeCapacities:
         first_rank=node_index * costs.gpus_per_node)
 
 
-def simulate(settings: SimSettings, strategy: str) -> SimResult:
+def nodes_repeat(costs: CostModel, strategy: str) -> bool:
+    """Whether every node's ranks run exactly as node 0's: from presets, on GPU nodes, for
+    strategies whose ranks are alike (not ZeRO-2's partitions, whose owners differ
+    across the whole run and wait for each other: zfbench.sims.partitioning)."""
+    return (costs.calibration is None and not costs.emulated
+            and not partitioning.owns_partitions(costs, strategy))
+
+
+def simulate(settings: SimSettings, strategy: str, every_node: bool = False) -> SimResult:
     if strategy not in STRATEGIES:
         raise SimSettingsError(f"unknown strategy {strategy!r}; choose one of: "
                                f"{', '.join(STRATEGIES)}")
@@ -97,8 +110,12 @@ def simulate(settings: SimSettings, strategy: str) -> SimResult:
     # Time starts at 0.0, not SimPy's int 0, so every span's times are floats (the same
     # values: 0 + x == 0.0 + x) and a timeline's files hold one type per column.
     env = simpy.Environment(initial_time=0.0)
+    simulated_nodes = settings.nodes
+    if settings.nodes > 1 and not every_node and nodes_repeat(costs, strategy):
+        simulated_nodes = 1
     timeline = Timeline("simulated", meta={"strategy": strategy, **settings.as_dict(),
-                                           "ranks": settings.ranks})
+                                           "ranks": settings.ranks,
+                                           "simulated_nodes": simulated_nodes})
 
     def node_pool(index: int) -> FluidPool:
         rate_fn = node_rates(capacities(costs, index))
@@ -109,9 +126,9 @@ def simulate(settings: SimSettings, strategy: str) -> SimResult:
     # One host per node: each node's ranks share its own pool (PCIe switches, cores, DRAM);
     # ranks of different nodes share nothing but the collectives' fixed durations.
     per_node = costs.gpus_per_node
-    pools = [node_pool(k) for k in range(settings.nodes)]
+    pools = [node_pool(k) for k in range(simulated_nodes)]
     sync = Sync(env)  # the ranks' cross-rank waits (zfbench.sims.partitioning)
-    for rank in range(settings.ranks):  # a CPU-emulated accelerator: costs.emulated
+    for rank in range(simulated_nodes * per_node):  # CPU-emulated: costs.emulated
         env.process(RankSim(env, timeline, pools[rank // per_node], costs, rank, sync)
                     .run(strategy, settings.steps))
     # The run allocates millions of short-lived objects and creates no reference cycles

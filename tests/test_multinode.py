@@ -139,7 +139,7 @@ def test_zero_infinity_on_nvme_swaps_to_each_nodes_own_drives():
     one_node = SimSettings(gpus=2, **knobs)
     full = two_nodes.nvme_drive().read_bytes_per_s * two_nodes.nvme_drives
     for s, rate in ((two_nodes, full), (one_node, full / 2)):
-        spans = nvme_spans(simulate(s, "zero-infinity").timeline)
+        spans = nvme_spans(simulate(s, "zero-infinity", every_node=True).timeline)
         # the two ranks read at the same moments (the case a shared array would slow)
         reads = {r: [(t0, t1) for rr, lane, _, _, t0, t1, _ in spans
                      if rr == r and lane == "nvme_read"] for r in (0, 1)}
@@ -185,3 +185,29 @@ def test_simulation_matches_oracle_over_several_nodes(s, strategy):
 
     assume(steady_state(s, strategy).exact)
     assert_agrees(s, strategy)
+
+
+@pytest.mark.parametrize("strategy, knobs", [
+    ("device", {}), ("zenflow", {"steps": 12}), ("zero-infinity", {}),
+    ("zero-infinity", {"offload_params": "nvme"})])
+def test_repeating_nodes_are_simulated_once_and_exactly(strategy, knobs):
+    """Where every node's ranks run as node 0's, simulating node 0 alone gives exactly
+    the spans and steps that node's ranks have in the simulation of every node."""
+    s = SimSettings(nodes=3, gpus_per_node=2, layers=2, **{"steps": 4, **knobs})
+    alone, every = simulate(s, strategy), simulate(s, strategy, every_node=True)
+    assert alone.timeline.meta["simulated_nodes"] == 1
+    assert every.timeline.meta["simulated_nodes"] == 3
+    for frame in ("spans_frame", "steps_frame"):
+        got = getattr(alone.timeline, frame)()
+        full = getattr(every.timeline, frame)()
+        assert set(full["rank"]) == set(range(6)) and set(got["rank"]) == {0, 1}
+        mine = full[full["rank"] < 2].reset_index(drop=True)
+        assert got.reset_index(drop=True).equals(mine)
+
+
+def test_zero2_partitions_simulate_every_node():
+    """ZeRO-2's partition owners differ across the whole run: every node is simulated."""
+    s = SimSettings(nodes=2, gpus_per_node=2, layers=2, steps=4)
+    result = simulate(s, "zero-offload")
+    assert result.timeline.meta["simulated_nodes"] == 2
+    assert set(result.timeline.spans_frame()["rank"]) == set(range(4))
