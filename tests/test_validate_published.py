@@ -177,6 +177,10 @@ def test_bad_anchor_and_metric_are_unsupported_rows():
         vp.simulate_row(row, by_id, {})["status"]
     row = {**by_id["pt"], "metric": "joules"}
     assert vp.simulate_row(row, by_id, {})["status"].startswith("unsupported: metric 'joules'")
+    # a strategy the simulator does not have is named before any of its settings
+    row = {**by_id["zo"], "strategy": "l2l", "overlap_comm": "false"}
+    assert vp.simulate_row(row, by_id, {})["status"].startswith(
+        "unsupported: strategy 'l2l' is not simulated; choose one of device, ")
 
 
 def test_bundled_dataset_is_complete():

@@ -58,7 +58,7 @@ from pathlib import Path
 
 from zfbench.cli_checks import CliError, OneLineParser, check_input_file, check_out_dir, fail
 from zfbench.core.progress import progress
-from zfbench.sims.costs import CostModel, SimSettings, SimSettingsError
+from zfbench.sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
 from zfbench.sims import compute_efficiency
 from zfbench.sims.host_step import CALIBRATION_ROWS
 from zfbench.sims.settings import node_knobs
@@ -162,6 +162,9 @@ def row_settings(row: dict) -> SimSettings:
     """The simulation of one row, its compute by shape (Unsupported with the reason)."""
     if row["metric"] not in METRICS:
         raise Unsupported(f"metric {row['metric']!r} is not one of {', '.join(METRICS)}")
+    if row["strategy"] not in STRATEGIES:
+        raise Unsupported(f"strategy {row['strategy']!r} is not simulated; choose one of "
+                          f"{', '.join(STRATEGIES)}")
     if not row["hardware"]:
         raise Unsupported("hardware is empty; name a node preset (python -c 'from "
                           "zfbench.core.hardware import node_names; print(node_names())')")
