@@ -9,9 +9,9 @@ seconds come from `zfbench.sims.zero3` and `CostModel`. `zero_infinity_step(sim,
   then all-gathered (net `allgather`; none on one GPU). Fetches are issued in op order,
   `prefetch_buckets` ahead of the op the device is about to compute (the device issues
   fetch k+d just before waiting for fetch k), so at most d+1 buckets are in flight.
-- After each backward op the bucket's gradient is reduce-scattered (net; recorded as op
-  `allreduce` with the reduce-scatter's time and bytes: the span vocabulary has no
-  reduce-scatter op yet) and the rank's share goes down (d2h `d2h_grad`).
+- After each backward op the bucket's gradient is reduce-scattered (net,
+  `reduce_scatter`) and the rank's share goes down (d2h `d2h_grad`; in fp32 from
+  presets, zfbench.sims.zero3 `grad_share_bytes`).
 - Once every gradient is down (with the optimizer state on NVMe: once every gradient
   share, written to NVMe as it came down, is there: DeepSpeed flushes its gradient
   writes before the first swap-in), the host AdamW updates the rank's share bucket by bucket
