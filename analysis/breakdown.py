@@ -82,10 +82,13 @@ def summarize(spans: pd.DataFrame, steps: pd.DataFrame, skip_steps: int = 0,
               host_optim_params_per_step: float | None = None,
               flops_per_step: float | None = None,
               peak_flops_per_s: float | None = None,
-              table: pd.DataFrame | None = None) -> dict:
+              table: pd.DataFrame | None = None, ranks: int | None = None) -> dict:
     """Mean per-step figures over steps >= `skip_steps`, averaged over ranks, plus the
     achieved rates (link GB/s per direction, host Adam parameters/s, compute utilization).
-    `table`: `step_breakdown(spans, steps)` when the caller already has it."""
+    `table`: `step_breakdown(spans, steps)` when the caller already has it. `ranks`: the
+    run's rank count where the timeline holds only some of its ranks, the others alike
+    (a simulation's repeating nodes: zfbench.sims.simulator); the whole run's figures
+    (`ranks`, PCIe bytes of all ranks over the model's) count them all."""
     if table is None:
         table = step_breakdown(spans, steps)
     kept = table[table["step"] >= skip_steps]
@@ -93,13 +96,14 @@ def summarize(spans: pd.DataFrame, steps: pd.DataFrame, skip_steps: int = 0,
         raise ValueError(f"no steps left after skipping {skip_steps}; run more steps")
     first, last = int(kept["step"].min()), int(kept["step"].max())
     n_steps = last - first + 1
-    n_ranks = kept["rank"].nunique()
+    in_timeline = kept["rank"].nunique()
+    n_ranks = in_timeline if ranks is None else ranks
     mean = kept[["wall_s", "compute_s", "exposed_io_s", "host_wait_s", "stall_s",
                  "d2h_bytes", "h2d_bytes", "net_bytes", "host_busy_s"]].mean()
     step_time = float(mean["wall_s"])
     window = spans[(spans["step"] >= first) & (spans["step"] <= last)]
     busy = window.assign(d=window["t_end_s"] - window["t_start_s"]).groupby(
-        ["lane", "op"])["d"].sum() / n_ranks / n_steps
+        ["lane", "op"])["d"].sum() / in_timeline / n_steps
     out = {
         "steps_measured": n_steps, "ranks": n_ranks,
         "step_time_s": step_time,

@@ -211,3 +211,26 @@ def test_zero2_partitions_simulate_every_node():
     result = simulate(s, "zero-offload")
     assert result.timeline.meta["simulated_nodes"] == 2
     assert set(result.timeline.spans_frame()["rank"]) == set(range(4))
+
+
+@pytest.mark.parametrize("strategy", ["device", "zero-infinity"])
+def test_repeating_nodes_summary_is_the_whole_runs(strategy):
+    """The summary of node 0 simulated alone is the summary of every node simulated:
+    per-rank means and the whole run's figures (its ranks, all ranks' PCIe bytes over
+    the model's) alike."""
+    import math
+
+    from zfbench.simulation import summary_row
+
+    s = SimSettings(nodes=2, gpus_per_node=2, layers=2, steps=4,
+                    **({"offload_params": "nvme"} if strategy == "zero-infinity" else {}))
+    alone = summary_row(simulate(s, strategy))
+    every = summary_row(simulate(s, strategy, every_node=True))
+    assert alone.keys() == every.keys() and alone["ranks"] == every["ranks"] == 4
+    for key, value in every.items():
+        if isinstance(value, float) and math.isnan(value):
+            assert math.isnan(alone[key]), key
+        elif isinstance(value, float):
+            assert alone[key] == pytest.approx(value, rel=1e-12), key
+        else:
+            assert alone[key] == value, key

@@ -96,7 +96,7 @@ def summary_row(result: SimResult, spans=None, steps=None, table=None) -> dict:
     row.update(summarize(spans, steps, result.skip_steps,
                          c.model_bytes, result.host_optim_params_per_step(),
                          None if c.calibration else result.flops_per_step(),
-                         c.flops_per_s / c.mfu, table=table))
+                         c.flops_per_s / c.mfu, table=table, ranks=result.settings.ranks))
     s = result.settings
     row["steps_left_out"] = result.skip_steps
     row["achieved_flops_per_s"] = result.flops_per_step() / row["step_time_s"]
