@@ -8,9 +8,10 @@ optimizer), pins three of the simulator's unknowns on the node at hand:
   FLOPs at the GEMM efficiency that gives it plus the elementwise traffic,
   zfbench.sims.compute_efficiency), scaled until the simulated compute is the measured;
 - the effective PCIe rates (`d2h_bytes_per_s`, `h2d_bytes_per_s` of the inferred link);
-- the host's AdamW rate (`adam_params_per_s_per_core` and the DRAM bandwidth of the
-  inferred host, scaled together: one host factor, which gradient accumulation also
-  follows).
+- the host's AdamW rate (`adam_params_per_s_per_core` of the inferred host, scaled by
+  one host factor; its DRAM bandwidth rises with a factor above 1 and keeps the preset's
+  below it, and host gradient accumulation keeps its per-core streaming rate: a slower
+  CPU-Adam says nothing about memory streaming, see `write_hardware`).
 `fit` finds them by simulating the ZeRO-Offload step with the same shape and node and
 scaling each rate by simulated / measured part until all three parts agree (the parts
 are nearly independent, so this fixed-point iteration converges in a few rounds).
