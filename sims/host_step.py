@@ -4,9 +4,9 @@ that only a measurement can give.
 One concept: how fast a rank's host-side optimizer work (DeepSpeed's CPU-Adam over the
 rank's partition, the host gradient accumulation) runs on a GPU node, given the cores
 the rank's threads run on and where its memory lives, and in what order DeepSpeed's
-ZeRO-2 offload step runs it (`deepspeed_update`, called by `sims/strategies.py`). It applies where no profile was
-measured (`CostModel.calibration is None`); a profile measures these rates on the very
-machine, and this module leaves them alone.
+ZeRO-2 offload step runs it (`deepspeed_update`, called by `sims/strategies.py`). It
+applies where no profile was measured (`CostModel.calibration is None`); a profile
+measures these rates on the very machine, and this module leaves them alone.
 
 Core binding and sockets. DeepSpeed's launcher binds each rank's threads to its own
 cores only with `--bind_cores_to_rank` (off by default); then a rank whose cores fit in

@@ -1,14 +1,15 @@
 """Run one strategy on one simulated node: build the SimPy world, run it, return the timeline.
 
 `simulate(settings, strategy)` wires a `CostModel` to a SimPy environment: one fluid pool
-per node (its links and its host, shared by that node's ranks only), one `RankSim` per GPU, and runs every rank's strategy
-process for `settings.steps` steps. Over several nodes, where the ranks of every node
-repeat node 0's exactly (`nodes_repeat`: nodes share only the collectives, whose
-durations are fixed, and nothing makes a rank depend on its node's index), only node 0's
-ranks are simulated: the other nodes' timelines would be copies (a 512-GPU ZeRO-Infinity
-run in seconds instead of minutes); `every_node=True` simulates them all. The result carries the timeline (spans and step
-intervals) and the per-step quantities the summary needs that a timeline alone does not
-hold (FLOPs per step, host optimizer parameters per step). Same input, same output:
+per node (its links and its host, shared by that node's ranks only), one `RankSim` per
+GPU, and runs every rank's strategy process for `settings.steps` steps. Over several
+nodes, where the ranks of every node repeat node 0's exactly (`nodes_repeat`: nodes
+share only the collectives, whose durations are fixed, and nothing makes a rank depend
+on its node's index), only node 0's ranks are simulated: the other nodes' timelines would
+be copies (a 512-GPU ZeRO-Infinity run in seconds instead of minutes); `every_node=True`
+simulates them all. The result carries the timeline (spans and step intervals) and the
+per-step quantities the summary needs that a timeline alone does not hold (FLOPs per
+step, host optimizer parameters per step). Same input, same output:
 SimPy breaks ties in scheduling order, and nothing here is random.
 """
 
@@ -93,8 +94,8 @@ def nodes_repeat(costs: CostModel, strategy: str) -> bool:
     """Whether every node's ranks run exactly as node 0's: from presets, on GPU nodes, for
     strategies whose ranks are alike (not ZeRO-2's partitions, whose owners differ
     across the whole run and wait for each other: zfbench.sims.partitioning)."""
-    return (costs.calibration is None and not costs.emulated
-            and not partitioning.owns_partitions(costs, strategy))
+    # (a CPU-emulated run has a profile: calibration is not None)
+    return costs.calibration is None and not partitioning.owns_partitions(costs, strategy)
 
 
 def simulate(settings: SimSettings, strategy: str, every_node: bool = False) -> SimResult:

@@ -33,9 +33,10 @@ to its lanes with the dependencies the real engine has:
   previous window's update only (one window stale); without it, at once.
 
 With gradient accumulation (`grad_accum` A > 1; device, zero-offload and zero-offload-dpu
-here, zero-infinity in zfbench.sims.zero_infinity the same way) a step is A micro-steps: A - 1 accumulation micro-steps (`accumulate`), then the strategy's
-own step as the last. A micro-step runs forward and backward, each bucket's gradient
-all-reduced (device: the ZeRO-2 reduction happens every micro-step). The offloading
+here, zero-infinity in zfbench.sims.zero_infinity the same way) a step is A micro-steps:
+A - 1 accumulation micro-steps (`accumulate`), then the strategy's own step as the last.
+A micro-step runs forward and backward, each bucket's gradient all-reduced (device: the
+ZeRO-2 reduction happens every micro-step). The offloading
 strategies accumulate as DeepSpeed's ZeRO-2 CPU offload does
 (`async_accumulate_grad_in_cpu_via_gpu` in its stage_1_and_2.py): the rank's share of
 each bucket lives in a pinned 16-bit host buffer between micro-steps; from the second

@@ -24,9 +24,8 @@ Breaking the GPU Memory Wall for Extreme Scale Deep Learning"), on top of `CostM
 - with the optimizer state on NVMe the fp32 gradient share goes there too: once down it is
   written to NVMe (`swap_out_gradients`), and the host update reads it back with the
   state (`swap_in_optimizer_state` swaps in the sub-group's gradients after flushing the
-  gradient writes), so the host holds no gradient buffer for the model (the partition
-  buffer of 16-bit gradients exists only with gradient accumulation, which this
-  strategy does not simulate);
+  gradient writes), so the host holds no fp32 gradient buffer for the model (only, with
+  gradient accumulation, the 16-bit sums: zfbench.sims.zero_infinity);
 - the two placements are separate settings, as DeepSpeed's `offload_param` and
   `offload_optimizer` are (ZeRO-Infinity, Rajbhandari et al. 2021, section 5: parameters
   and optimizer state may each go to CPU or NVMe): `offload_params="none"` keeps each

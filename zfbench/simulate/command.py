@@ -17,8 +17,8 @@ takes `--offload-params none|cpu|nvme`, `--offload-optimizer cpu|nvme` (default:
 parameters), `--prefetch-buckets N` and, with nvme, `--nvme DRIVE`
 and `--nvme-drives N` (presets in zfbench/data/hardware.json, per drive).
 
-`--nodes N --gpus-per-node G` simulates N nodes of G GPUs (each node its own host, drives and
-PCIe), joined by `--inter-net` (per-GPU NIC presets; two-level collectives,
+`--nodes N --gpus-per-node G` simulates N nodes of G GPUs (each node its own host,
+drives and PCIe), joined by `--inter-net` (per-GPU NIC presets; two-level collectives,
 sims/collectives.py); `--gpus` is one node's rank count and must agree (N x G) if given.
 
 `--profile FILE` (from `python -m zfbench.run --profile`) simulates the profile's machine
