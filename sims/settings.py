@@ -349,6 +349,32 @@ def node_knobs(name: str, gpus: int | None = None) -> dict:
             "gpus": gpus, "inter_net": node.inter_net.name}
 
 
+# The knobs a node preset sets (`node_knobs`); a run on a preset takes these from it.
+NODE_KNOBS = ("gpu", "pcie", "host", "net", "gpus_per_switch", "nvme", "nvme_drives", "gpus",
+              "nodes", "gpus_per_node", "inter_net")
+
+
+def on_node(name: str, given: dict) -> dict:
+    """The knobs `given` (what a user set) on the node preset `name`, the commands'
+    `--node`: the node's GPU, link, host, networks, switch pairing and drives where
+    `given` names none. `gpus` is then the run's total (above the node's count: whole
+    nodes joined by its `inter_net`, as `node_knobs`); `nodes` N alone means N whole
+    nodes; `gpus_per_node` is the node's own count and may not say otherwise."""
+    node = hardware.get_node(name)
+    per_node, nodes, total = given.get("gpus_per_node"), given.get("nodes"), given.get("gpus")
+    if per_node is not None and per_node != node.gpus:
+        raise SimSettingsError(f"--gpus-per-node {per_node} contradicts node {name} "
+                               f"({node.gpus} GPUs a node); leave it out, or give --gpus")
+    if nodes is not None:
+        if total is not None and total != nodes * node.gpus:
+            raise SimSettingsError(f"--gpus {total} contradicts --nodes {nodes} of node "
+                                   f"{name} ({nodes} x {node.gpus} = {nodes * node.gpus} "
+                                   f"GPUs); with a node preset --gpus is the run's total")
+        total = nodes * node.gpus
+    rest = {k: v for k, v in given.items() if k not in ("gpus", "nodes", "gpus_per_node")}
+    return {**node_knobs(name, total), **rest}
+
+
 def _check_int(settings: SimSettings, name: str, minimum: int) -> None:
     value = getattr(settings, name)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

@@ -40,9 +40,12 @@ def test_inference_recovers_the_rates_it_was_simulated_with(tmp_path_factory, mo
     measured = measured_from(base, truth, tmp, split=False)
     fitted = infer(base, measured, tmp)[0]
     assert fitted.reached and fitted.case == "nominal"
-    # compute by shape: the elementwise part does not scale with mfu, so a compute time
-    # within the default tolerance leaves mfu a little wider on small shapes
-    assert fitted.scales.mfu == pytest.approx(mfu, rel=0.03)
+    # the fit stops once compute is within 0.5 % of the step: where compute is a small
+    # part of a stalled step that leaves it (and mfu, which moves only the matrix part of
+    # compute, the elementwise part not scaling with it: x2 covers that part up to half)
+    # a few percent off
+    compute_slack = 0.005 * max(measured.compute_s, measured.step_s) / measured.compute_s
+    assert fitted.scales.mfu == pytest.approx(mfu, rel=max(0.03, 2 * compute_slack))
     for part in ("compute_s", "io_s", "stall_s"):  # within 0.5 % of the part or the step
         miss = fitted.simulated[part] - getattr(measured, part)
         assert abs(miss) <= 0.005 * max(getattr(measured, part), measured.step_s), part

@@ -4,9 +4,10 @@ Method. A ZeRO-Offload step measured on your cluster (GPU compute, exposed PCIe 
 and the stall: the GPU waiting for the host AdamW) pins three unknowns of the simulator on
 your node: the GPU's model FLOPs utilization, the effective PCIe rates, and the host's
 AdamW rate. They are found by simulating ZeRO-Offload with your shape on the named node
-(--gpu, --pcie, --host, --gpus) and scaling each rate until the simulated parts equal the
-measured ones (zfbench.predict.fit). The fitted node is written as a hardware file, every number
-with how it was inferred, and every strategy, ZenFlow included, is then simulated on it.
+(--node, or --gpu, --pcie, --host, --gpus) and scaling each rate until the simulated parts
+equal the measured ones (zfbench.predict.fit). The fitted node is written as a hardware
+file, every number with how it was inferred, and every strategy, ZenFlow included, is then
+simulated on it.
 What one measurement cannot separate is said and bounded: a single exposed-transfer time
 does not say how it divides between gradients down and parameters up, so the prediction
 is also made with only one direction slower and the range is printed (a DeepSpeed log or a
@@ -42,6 +43,7 @@ from pathlib import Path
 import pandas as pd
 
 from zfbench.sims.costs import STRATEGIES, SimSettings, SimSettingsError
+from zfbench.sims.settings import on_node
 from zfbench.predict.fit import Breakdown, Fit, infer, on_hardware_file
 from zfbench.sims.simulator import steps_needed
 from zfbench.predict import inputs as predict_inputs
@@ -70,6 +72,10 @@ def build_parser() -> OneLineParser:
             p.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                            metavar="V", help=f"default: {getattr(defaults, name)}")
     p.add_argument("--batch", dest="micro_batch", help="alias of --micro-batch")
+    p.add_argument("--node", metavar="NAME",
+                   help="a node preset the measurement ran on (python -m zfbench.simulate "
+                        "--help lists them): its GPU, link, host, networks and drives, each "
+                        "flag given overriding its part; --gpus is then the run's total")
     p.add_argument("--out", type=Path, help="directory for the files")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -272,6 +278,9 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
         given = given_knobs(args)
         measured_zenflow = None
         if args.paper:
+            if args.node:
+                raise CliError("--node: --paper simulates each bar on the node of the "
+                               "paper's figure; leave --node out")
             SimSettings(**given)  # the flags' values checked before any work
         else:
             if args.from_run is not None:
@@ -283,6 +292,8 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
                             predict_inputs.read_deepspeed_log(args.deepspeed_log,
                                                               args.skip_steps))
                 knobs = given
+            if args.node:
+                knobs = on_node(args.node, knobs)
             if knobs.get("precision") == "fp32":  # the fit finds compute: no peak needed
                 knobs = on_hardware_file(knobs, Path(workdir.name) / "presets.json")
             base = SimSettings(**knobs)

@@ -17,6 +17,11 @@ takes `--offload-params none|cpu|nvme`, `--offload-optimizer cpu|nvme` (default:
 parameters), `--prefetch-buckets N` and, with nvme, `--nvme DRIVE`
 and `--nvme-drives N` (presets in zfbench/data/hardware.json, per drive).
 
+`--node NAME` puts the run on a node preset of zfbench/data/hardware.json (its GPU, link,
+host, networks, switch pairing and drives; a flag given overrides its part): `--node
+dgx2-v100 --gpus 64` is four DGX-2s, `--gpus` being the run's total with a preset, and
+`--sweep node=a100-4x-gen4,h100-8x-gen5` compares presets in one table.
+
 `--nodes N --gpus-per-node G` simulates N nodes of G GPUs (each node its own host,
 drives and PCIe), joined by `--inter-net` (per-GPU NIC presets; two-level collectives,
 sims/collectives.py); `--gpus` is one node's rank count and must agree (N x G) if given.
@@ -60,7 +65,9 @@ import itertools
 import sys
 from pathlib import Path
 
+from zfbench.core import hardware
 from zfbench.sims.costs import STRATEGIES, SimSettings, SimSettingsError
+from zfbench.sims.settings import NODE_KNOBS, on_node
 from zfbench.sims.simulator import steps_needed
 from zfbench.sims.strategies import GRAD_ACCUM_STRATEGIES
 from zfbench.cli_checks import (ZENFLOW_KNOBS, CliError, OneLineParser, check_out_dir,
@@ -84,10 +91,12 @@ def parse_sweep(text: str) -> tuple[str, list]:
     knob, values = text.split("=", 1)
     knob = knob.strip().replace("-", "_")
     knob = ALIASES.get(knob, knob)
-    if knob not in KNOBS:
-        raise SimSettingsError(f"--sweep: unknown knob {knob!r}; knobs are: "
+    if knob not in KNOBS and knob != "node":
+        raise SimSettingsError(f"--sweep: unknown knob {knob!r}; knobs are: node, "
                                f"{', '.join(KNOBS)}")
-    parsed = [parse_value(knob, v.strip()) for v in values.split(",") if v.strip()]
+    parse = (lambda v: hardware.get_node(v).name) if knob == "node" else \
+        (lambda v: parse_value(knob, v))
+    parsed = [parse(v.strip()) for v in values.split(",") if v.strip()]
     if not parsed:
         raise SimSettingsError(f"--sweep {knob}: no values given")
     return knob, parsed
@@ -120,6 +129,12 @@ def build_parser() -> OneLineParser:
                        metavar=type(default).__name__.upper() if default is not None else "V",
                        help=f"default: {default}{extra}")
     p.add_argument("--batch", dest="micro_batch", help="alias of --micro-batch")
+    p.add_argument("--node", metavar="NAME",
+                   help=f"a node preset ({', '.join(hardware.node_names())}): its GPU, "
+                        f"PCIe link, host, networks, switch pairing and drives, each flag "
+                        f"given overriding its part; --gpus is then the run's total (above "
+                        f"the node's GPUs: whole nodes joined by its inter_net), --nodes N "
+                        f"N whole nodes")
     p.add_argument("--strategy", choices=STRATEGIES + ("all",), default="all")
     p.add_argument("--sweep", action="append", default=[],
                    help="KNOB=v1,v2,... e.g. pcie=gen3,gen4,gen5; repeat for a grid")
@@ -176,13 +191,24 @@ def profile_defaults(path: str) -> dict:
     return out
 
 
-def build_cases(given: dict, sweeps: list[tuple[str, list]]) -> list[tuple[dict, SimSettings]]:
-    """(labels, settings) for every combination of the swept values, each validated."""
+def build_cases(given: dict, sweeps: list[tuple[str, list]],
+                node: str | None = None) -> list[tuple[dict, SimSettings]]:
+    """(labels, settings) for every combination of the swept values, each validated; on
+    the node preset `node` (or the swept `node`), its knobs where none is given."""
     knobs = [k for k, _ in sweeps]
+    if node is not None and "node" in knobs:
+        raise SimSettingsError("give --node or --sweep node=..., not both")
     cases = []
     for combo in itertools.product(*(values for _, values in sweeps)):
         labels = dict(zip(knobs, combo))
-        knobs_of_case = {**given, **labels}
+        knobs_of_case = {**given, **{k: v for k, v in labels.items() if k != "node"}}
+        node_of_case = labels.get("node", node)
+        if node_of_case is not None:
+            try:
+                knobs_of_case = on_node(node_of_case, knobs_of_case)
+            except SimSettingsError as err:
+                raise SimSettingsError(f"{case_label(labels) + ': ' if labels else ''}"
+                                       f"{err}") from None
         if "update_interval" in labels and labels["update_interval"] != "auto" and \
                 "auto_windows" not in labels:  # --auto-windows is for the auto cases
             knobs_of_case.pop("auto_windows", None)
@@ -272,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         check_out_dir(args.out)
         given = settings_from_args(args)
         sweeps = parse_sweeps(args.sweep)
-        cases = build_cases(given, sweeps)  # every case validated before any simulation
+        node = hardware.get_node(args.node).name if args.node else None
+        cases = build_cases(given, sweeps, node)  # every case validated before simulating
         strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
         strategies = accumulating(cases, strategies, args.strategy == "all")
         for _, case in cases:
@@ -297,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             rows, results = run(cases, strategies, args.quiet, jobs, plan,
                                 meanwhile=machine)  # torch's import beside the runs
             print(format_table(rows, [k for k, _ in sweeps]))
-            write_outputs(args.out, summary_head(argv, given, sweeps, cases), rows,
+            write_outputs(args.out, summary_head(argv, given, sweeps, cases, node), rows,
                           results, trace=trace, fmt=fmt, staging=stage)
     except OSError as err:
         return fail(f"writing {args.out}: {err}")
@@ -307,13 +334,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def summary_head(argv, given: dict, sweeps, cases) -> dict:
-    """summary.json's header: the settings every case shares, the sweep, what "auto"
-    resolved to per case, and the provenance."""
+def summary_head(argv, given: dict, sweeps, cases, node: str | None = None) -> dict:
+    """summary.json's header: the settings every case shares (with a node preset, `node`
+    and the knobs it set where every case has the same), the sweep, what "auto" resolved
+    to per case, and the provenance."""
     from zfbench.core.provenance import provenance
 
     knobs = [k for k, _ in sweeps]
     shared = {k: v for k, v in {**DEFAULTS.as_dict(), **given}.items() if k not in knobs}
+    if node is not None or "node" in knobs:
+        for k in NODE_KNOBS:
+            values = {getattr(case, k) for _, case in cases}
+            if len(values) == 1 and k not in knobs:
+                shared[k] = values.pop()
+            else:
+                shared.pop(k, None)
+        if node is not None:
+            shared["node"] = node
     if "nodes" not in knobs and "gpus_per_node" not in knobs:  # `gpus` is one node's
         shared["ranks"] = cases[0][1].ranks
     return {"settings": shared,  # every case's; the swept knobs are under "sweep"
