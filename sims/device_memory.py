@@ -16,9 +16,26 @@ This is how the ZeRO-Offload paper (Ren et al., arXiv 2101.06840, Figure 8 / Tab
 10-13B GPT-2 shapes on one 32 GB V100. It applies to simulations from presets (DeepSpeed's
 layout); a profile of zfbench's own engine keeps the engine's full gradient buffer
 (CostModel.memory_per_rank).
+
+ZeRO-3 (the `zero-infinity` strategy, stage3.py) keeps no whole model on the device: its
+coordinator gathers a module's parameters (a Linear's weight and bias, the embedding)
+before the module runs and frees them after it, prefetching the next modules' while one
+computes but never past `stage3_max_live_parameters` live beyond the module in use; each
+gradient goes into one reduce bucket (`reduce_bucket_size`, one per communication dtype)
+once produced, a parameter's own gradient whole until it is moved there:
+
+    device = (M + min(d x L, MAX_LIVE)) x b + (min(REDUCE_BUCKET_ELEMS, P) + M) x b
+             + activations
+
+with M the largest module, L the largest decoder layer (the simulator fetches a layer at a
+time) and d its `prefetch_buckets` (layers fetched ahead). So a layer wider than the GPU
+(a trillion-parameter shape: 7.9 G parameters a layer at hidden 25600) still fits as the
+ZeRO-Infinity paper trains it; the schedule's timing stays per layer (docs/design.md).
 """
 
 from __future__ import annotations
+
+from zfbench.core import models
 
 # DeepSpeed's default `reduce_bucket_size` (elements): 5e8 (DeepSpeed configuration docs,
 # zero_optimization.reduce_bucket_size, "Default: 5e8").
@@ -32,3 +49,26 @@ def zero_offload_device_bytes(params: int, elem_bytes: int, activation_bytes: fl
     """Device bytes per rank of ZeRO-Offload / DPU (module docstring's formula)."""
     grads = GRAD_BUCKETS * min(REDUCE_BUCKET_ELEMS, params) * elem_bytes
     return params * elem_bytes + grads + activation_bytes
+
+
+# DeepSpeed's default `stage3_max_live_parameters` (elements): 1e9 (DeepSpeed configuration
+# docs, zero_optimization.stage3_max_live_parameters, "Default: 1e9"; the same default in
+# the 2021 stage3.py that ZeRO-Infinity shipped in).
+MAX_LIVE_PARAMETERS = 1_000_000_000
+
+
+def largest_module_numel(shape: models.ModelShape) -> int:
+    """The most parameters ZeRO-3 gathers for one module: a weight matrix (Linear or
+    embedding) with its bias."""
+    biases = {v.name: v.numel for v in shape.vectors()}
+    return max(m.numel + biases.get(f"{m.name}.bias", 0) for m in shape.matrices())
+
+
+def zero3_device_bytes(shape: models.ModelShape, layer_numel: int, prefetch_layers: int,
+                       elem_bytes: int, activation_bytes: float) -> float:
+    """Device bytes per rank of ZeRO-3's working set, without any parameter partition
+    kept on the device (module docstring's formula)."""
+    module = largest_module_numel(shape)
+    params = module + min(prefetch_layers * layer_numel, MAX_LIVE_PARAMETERS)
+    grads = min(REDUCE_BUCKET_ELEMS, shape.total_params) + module
+    return (params + grads) * elem_bytes + activation_bytes

@@ -39,6 +39,7 @@ All functions take a `CostModel` and return per-rank quantities unless they say 
 from __future__ import annotations
 
 from zfbench.core.memory_model import FP32_BYTES, HOST_GRAD_BUFFERS, HOST_OPTIMIZER_STATE_BYTES
+from zfbench.sims import device_memory
 
 # The fp32 optimizer state per parameter, master weights, momentum and variance, is the
 # memory model's HOST_OPTIMIZER_STATE_BYTES (12 B: mixed-precision Adam's K = 12 in
@@ -51,10 +52,6 @@ HOST_GRAD_BYTES_PER_PARAM = HOST_GRAD_BUFFERS["zero-offload"] * FP32_BYTES
 # The fp32 gradient swapped out to NVMe with the optimizer state (DeepSpeed's optimizer
 # swapper holds gradients in the optimizer's dtype, fp32).
 GRAD_SWAP_BYTES_PER_PARAM = FP32_BYTES
-# Gradient buckets resident on the device during backward: the one being produced and the
-# one being reduce-scattered and copied down (judgment: DeepSpeed's reduce bucket is
-# double-buffered by its separate reduction stream).
-GRAD_BUCKETS_ON_DEVICE = 2
 
 
 def share_bytes(c, i: int) -> int:
@@ -166,16 +163,17 @@ def nvme_busy_s_per_step(c) -> float:
 def memory(c) -> dict[str, float]:
     """Device bytes per rank, host bytes and NVMe bytes for one node (of `c.nodes`).
 
-    Device: the buckets in flight (the one computing and `prefetch_buckets` fetched ahead,
-    whole), two gradient buckets, the activations, and with parameters kept on the GPUs
-    the rank's 16-bit partition. Host: an fp32 gradient per parameter (on NVMe where the
+    Device: DeepSpeed's ZeRO-3 working set (the module computing, `prefetch_buckets`
+    layers fetched ahead up to its live-parameter cap, the reduce bucket:
+    `device_memory.zero3_device_bytes`), the activations, and with parameters kept on
+    the GPUs the rank's 16-bit partition. Host: an fp32 gradient per parameter (on NVMe where the
     state is), with gradient accumulation the 16-bit sums (`grads_in_partition`), and the
     16-bit parameters and the fp32 state where they are not on the GPUs or NVMe (the
     pinned staging buffers, a few buckets per rank, are left out)."""
     p, b = c.params, c.elem_bytes
     largest = max(bk.numel for bk in c.buckets)
-    working = (c.settings.prefetch_buckets + 1 + GRAD_BUCKETS_ON_DEVICE) * largest * b
-    device = working + c.activation_bytes()
+    device = device_memory.zero3_device_bytes(c.shape, largest, c.settings.prefetch_buckets,
+                                              b, c.activation_bytes())
     host = 0.0 if state_on_nvme(c) else p * HOST_GRAD_BYTES_PER_PARAM
     if c.settings.grad_accum > 1:
         host += p * b

@@ -12,7 +12,8 @@ from zfbench.sims.costs import CostModel, SimSettings, SimSettingsError
 from zfbench.sims.nvme import nvme_spans
 from oracle import steady_state
 from zfbench.sims.simulator import simulate
-from zfbench.sims import zero3
+from zfbench.sims import device_memory, zero3
+from zfbench.sims.settings import node_knobs
 from zfbench.core import hardware, models
 from zfbench.run.command import main as run_main
 
@@ -323,8 +324,14 @@ def test_memory_holds_only_working_buckets_on_the_device():
     c = CostModel(s)
     P, largest = c.params, max(b.numel for b in c.buckets)
     mem = c.memory_per_rank(ZI)
-    assert mem["device_bytes_per_rank"] == pytest.approx((1 + 1 + 2) * largest * 2
-                                                         + c.activation_bytes())
+    # DeepSpeed's ZeRO-3 working set: the largest module (the embedding, 32000 x 6656,
+    # above gate/up/down's 17920 x 6656) in use, one layer (535 M, under the 1e9 live
+    # cap) prefetched, the 5e8 reduce bucket and one module's gradient
+    # (sims/device_memory.py)
+    module = 32000 * 6656
+    assert largest == 4 * 6656 * 6656 + 3 * 17920 * 6656 + 2 * 6656
+    assert mem["device_bytes_per_rank"] == pytest.approx(
+        (module + largest + 500_000_000 + module) * 2 + c.activation_bytes())
     assert mem["host_bytes"] == pytest.approx(P * (12 + 2 + 4))
     assert mem["nvme_bytes"] == 0
     assert c.fits(ZI)["fits"] and not c.fits("zero-offload")["fits"]
@@ -335,9 +342,30 @@ def test_memory_holds_only_working_buckets_on_the_device():
     assert nvme["nvme_bytes"] == pytest.approx(P * (14 + 4))
     fit = CostModel(s.with_(offload_params="nvme")).fits(ZI)
     assert fit["nvme_capacity_bytes"] == pytest.approx(4 * 3.84e12) and fit["fits"]
+    # three layers ahead would be 1.6 G parameters: DeepSpeed stops at 1e9 live
     deeper = CostModel(s.with_(prefetch_buckets=3)).memory_per_rank(ZI)
     assert deeper["device_bytes_per_rank"] - mem["device_bytes_per_rank"] == \
-        pytest.approx(2 * largest * 2)
+        pytest.approx((1_000_000_000 - largest) * 2)
+
+
+def test_a_trillion_parameter_shape_fits_one_dgx2_module_by_module():
+    # the ZeRO-Infinity paper's 1T GPT shape (hidden 25600, 128 layers) on one DGX-2,
+    # everything on NVMe: a decoder layer is 7.9 G parameters (15.7 GB in fp16), but
+    # ZeRO-3 gathers one module at a time (fc1: 4 x 25600^2 = 2.6 G) and no more than
+    # 1e9 parameters ahead of it
+    s = SimSettings(**node_knobs("dgx2-v100"), precision="fp16",
+                    model="gpt2:layers=128,hidden=25600,heads=160", offload_params="nvme")
+    c = CostModel(s)
+    h = 25600
+    fc1 = 4 * h * h + 4 * h  # weight and bias
+    assert device_memory.largest_module_numel(c.shape) == fc1
+    assert max(b.numel for b in c.buckets) > 7.8e9
+    expected = (fc1 + 1_000_000_000 + 500_000_000 + fc1) * 2 + c.activation_bytes()
+    fit = c.fits(ZI)
+    assert fit["device_bytes_per_rank"] == pytest.approx(expected)
+    assert fit["device_bytes_per_rank"] < 32e9 and fit["fits"]
+    # counted a layer at a time (two fetched, two gradient buckets) it would not have
+    assert (2 + 2) * max(b.numel for b in c.buckets) * 2 > 32e9
 
 
 # -- knobs, presets, refusal -------------------------------------------------------------
