@@ -129,6 +129,11 @@ class SimSettings:
     offload_params: str = "cpu"
     offload_optimizer: str | None = None
     prefetch_buckets: int = 1
+    # zero-infinity: each decoder layer's activation checkpoint (its input, micro-batch x
+    # seq x hidden) kept in host memory between forward and the layer's recomputation
+    # (DeepSpeed's activation_checkpointing.cpu_checkpointing; ZeRO-Infinity, Rajbhandari
+    # et al. 2021, "CPU offload for activations"): zfbench.sims.zero_infinity.
+    offload_activations: bool = False
     # The drive model and count of the node (hardware.json "nvme_drives"; per drive). The
     # defaults are those of the a100-4x-gen4 node preset: 4 x PM1733-class gen4 U.2 drives,
     # half of the DGX A100 (640 GB) datasheet's 8 x 3.84 TB for half of its 8 GPUs.
@@ -173,6 +178,12 @@ class SimSettings:
                 self.offload_optimizer not in OFFLOAD_OPTIMIZER:
             raise SimSettingsError(f"offload_optimizer {self.offload_optimizer!r} is not "
                                    f"known; choose one of: {', '.join(OFFLOAD_OPTIMIZER)}")
+        if self.offload_activations and (not self.activation_checkpointing
+                                         or self.profile is not None):
+            raise SimSettingsError("offload_activations moves zero-infinity's activation "
+                                   "checkpoints to the host; it needs "
+                                   "activation_checkpointing true (and no --profile, whose "
+                                   "engine recomputes nothing)")
         if self.layers is not None:
             _check_int(self, "layers", 1)
         if self.host_cores is not None:

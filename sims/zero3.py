@@ -75,6 +75,16 @@ def grad_swap_bytes(c, i: int) -> float:
     return c.share(c.buckets[i].numel) * GRAD_SWAP_BYTES_PER_PARAM
 
 
+def checkpoint_bytes(c, i: int) -> int:
+    """Bytes of bucket i's activation checkpoint that go to the host and back with
+    `offload_activations`: a decoder layer's input (micro-batch x seq x hidden in the
+    activations' dtype, DeepSpeed checkpointing the layer's input), none otherwise."""
+    s = c.settings
+    if not s.offload_activations or not c.buckets[i].name.startswith("layers."):
+        return 0
+    return s.micro_batch * s.seq * c.shape.hidden * c.elem_bytes
+
+
 def bucket_bytes(c, i: int) -> float:
     """Bytes of bucket i's whole 16-bit parameters: what an all-gather assembles and a
     reduce-scatter reduces."""
@@ -135,7 +145,9 @@ def bytes_per_step(c) -> dict[str, float]:
     # goes up once; with accumulation A - 1 16-bit sums come up and go down
     up = share if params_on_device(c) else 2 * accum * share
     down = sum(grad_share_bytes(c, i) for i in range(nb))
-    out = {"h2d": up + (accum - 1) * share, "d2h": down + (accum - 1) * share,
+    checkpoints = accum * sum(checkpoint_bytes(c, i) for i in range(nb))  # down and up
+    out = {"h2d": up + (accum - 1) * share + checkpoints,
+           "d2h": down + (accum - 1) * share + checkpoints,
            "nvme_read": 0.0, "nvme_write": 0.0, "allgather": 0.0, "reduce_scatter": 0.0}
     if c.gpus > 1:
         whole = sum(bucket_bytes(c, i) for i in range(nb))
@@ -165,16 +177,22 @@ def memory(c) -> dict[str, float]:
 
     Device: DeepSpeed's ZeRO-3 working set (the module computing, `prefetch_buckets`
     layers fetched ahead up to its live-parameter cap, the reduce bucket:
-    `device_memory.zero3_device_bytes`), the activations, and with parameters kept on
-    the GPUs the rank's 16-bit partition. Host: an fp32 gradient per parameter (on NVMe where the
-    state is), with gradient accumulation the 16-bit sums (`grads_in_partition`), and the
-    16-bit parameters and the fp32 state where they are not on the GPUs or NVMe (the
-    pinned staging buffers, a few buckets per rank, are left out)."""
+    `device_memory.zero3_device_bytes`), the activations (with `offload_activations`
+    one layer's checkpoint, the rest on the host), and with parameters kept on the GPUs
+    the rank's 16-bit partition. Host: an fp32 gradient per parameter (on NVMe where the
+    state is), with gradient accumulation the 16-bit sums (`grads_in_partition`), the
+    offloaded checkpoints, and the 16-bit parameters and the fp32 state where they are
+    not on the GPUs or NVMe (the pinned staging buffers, a few buckets per rank, are left
+    out)."""
     p, b = c.params, c.elem_bytes
     largest = max(bk.numel for bk in c.buckets)
+    # offloaded activation checkpoints live on the host, but for the one being recomputed
+    checkpoints = [checkpoint_bytes(c, i) for i in range(len(c.buckets))]
+    offloaded = sum(checkpoints) - max(checkpoints)
     device = device_memory.zero3_device_bytes(c.shape, largest, c.settings.prefetch_buckets,
-                                              b, c.activation_bytes())
+                                              b, c.activation_bytes() - offloaded)
     host = 0.0 if state_on_nvme(c) else p * HOST_GRAD_BYTES_PER_PARAM
+    host += sum(checkpoints) * c.gpus  # every rank's (a node's part taken below)
     if c.settings.grad_accum > 1:
         host += p * b
     nvme = p * GRAD_SWAP_BYTES_PER_PARAM if state_on_nvme(c) else 0.0

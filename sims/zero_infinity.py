@@ -59,6 +59,7 @@ from __future__ import annotations
 from zfbench.sims import nvme, zero3
 from zfbench.sims.fluid import Job
 from zfbench.sims.lanes import all_done
+from zfbench.sims.pageable import DRAM_BYTES_PER_BYTE as STAGED_DRAM_BYTES_PER_BYTE
 
 # Host-update buckets whose NVMe state buffers are in use at once (double buffering: the
 # state read of one bucket overlaps the update of the one before; judgment after
@@ -102,6 +103,22 @@ def fetch(sim, step: int, i: int, deps, blocking: list | None = None):
     if blocking is not None and pageable(c):
         blocking.append(up)
     return sim.collective("allgather", step, zero3.bucket_bytes(c, i), [up]) or up
+
+
+def checkpoint_copy(sim, lane, op: str, step: int, i: int):
+    """Bucket i's activation checkpoint to the host (`d2h_act`, before its forward) or
+    back (`h2d_act`, before its backward recomputes it) with `offload_activations`; the
+    event, None where the bucket has no checkpoint. DeepSpeed's checkpointing copies it
+    with `.to(device)` between the GPU and an unpinned CPU tensor on the thread that
+    launches the layer's kernels: a staged copy (zfbench.sims.pageable) the device waits
+    for, pinned buffers or not."""
+    c = sim.costs
+    nbytes = zero3.checkpoint_bytes(c, i)
+    if nbytes <= 0:
+        return None
+    job = Job(lane.name, sim.rank, nbytes, STAGED_DRAM_BYTES_PER_BYTE,
+              c.pageable_copy_bytes_per_s)
+    return lane.submit(op, step, [], seconds=sim.latency_s, job=job, nbytes=nbytes)
 
 
 def reduce_scatter(sim, step: int, i: int):
@@ -228,10 +245,13 @@ def zero_infinity_step(sim, t: int):
     for k, i in enumerate(ops):
         blocking: list = []  # pageable copies up the device's thread waits for
         issued = issue(k + d, t, fetched, issued, ready, blocking)
+        micro, position = divmod(k, per_micro)
+        forward = position < sim.nb
+        blocking.append(checkpoint_copy(sim, sim.d2h if forward else sim.h2d,
+                                        "d2h_act" if forward else "h2d_act", t, i))
         yield from all_done(env, [*blocking, fetched.pop(k)])
         b = c.buckets[i]
-        micro, position = divmod(k, per_micro)
-        if position < sim.nb:
+        if forward:
             yield from sim.compute("forward", t, b.forward_s)
             continue
         yield from sim.compute("backward", t, b.backward_s)

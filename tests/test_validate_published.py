@@ -304,3 +304,18 @@ def test_figure_draws_one_panel_per_kind_of_quantity():
                                              {**base, "id": "c", "metric": "step_time_s"}])])
     assert len(plot_published(per_gpu).axes) == 1
     assert len(plot_published(both).axes) == 3
+
+
+def test_offload_activations_column():
+    _, rows = vp.read_rows(vp.bundled_path())
+    row = {**next(r for r in rows if r["id"] == "zi-fig6c-4gpu-zi"), "model": SMALL,
+           "micro_batch": "2", "metric": "step_time_s", "anchor": ""}
+    plain = vp.simulate_row(row, {}, {})
+    offloaded = vp.simulate_row({**row, "offload_activations": "true"}, {}, {})
+    assert plain["status"] == offloaded["status"] == "ok"
+    assert float(offloaded["simulated"]) > float(plain["simulated"])
+    assert vp.row_settings({**row, "offload_activations": "true"}).offload_activations
+    zo = next(r for r in rows if r["id"] == "zo-fig9-2b-zo")
+    assert vp.simulate_row({**zo, "offload_activations": "true"}, {}, {})["status"] == \
+        ("unsupported: offload_activations is a zero-infinity setting (DeepSpeed's "
+         "cpu_checkpointing); leave it empty")

@@ -12,7 +12,9 @@ in-order lanes of fixed durations (`oracle.parts`), never running SimPy:
   each backward op's gradient is reduce-scattered and sent down. Iterated from the run's
   start to a fixed point (`_fixed_point`). Exact under the same conditions as the other
   strategies' forms: switch groups move in step (rate/m each), host jobs never DRAM-bound,
-  no upload (fetch) overlapping a gradient download unless both link factors are 1.
+  no upload (fetch) overlapping a gradient download unless both link factors are 1. With
+  `offload_activations` each decoder layer's checkpoint goes down before its forward and
+  comes up before its backward on the same lanes, the device waiting for it.
 - Parameters on NVMe: the drive array is processor-shared among every rank's reads and
   writes (sims/nvme.py), which no fixed-duration lane reproduces. The form is then a
   lower bound, never exact: the larger of the step with instant NVMe (the cpu form) and
@@ -57,6 +59,12 @@ class _Zero3:
     def scatter(self, i: int):
         return (0.0, zero3.reduce_scatter_s(self.c, zero3.bucket_bytes(self.c, i)))
 
+    def checkpoint(self, i: int, rate: float):
+        """Bucket i's activation checkpoint copy (offload_activations): staged, so capped
+        by the driver's staging copy (zfbench.sims.pageable)."""
+        return self._xfer(zero3.checkpoint_bytes(self.c, i),
+                          min(rate, self.c.pageable_copy_bytes_per_s))
+
     def chunk(self, i: int):
         return (0.0, self.c.share(self.c.buckets[i].numel) / self.adam)
 
@@ -87,7 +95,10 @@ class _Zero3:
         t = 0.0
         for k, i in enumerate(self.ops):
             issued = issue(issued, k + self.d, t)
-            t = max(t, ready[k]) + self.comp[k]
+            # the checkpoint down before a forward, up before a backward; the device waits
+            lane, rate = (d2h, self.T.rd) if k < self.nb else (h2d, self.T.rh)
+            copied = lane.run(t, t, self.checkpoint(i, rate))
+            t = max(t, ready[k], copied) + self.comp[k]
             if k >= self.nb:
                 red = net.run(t, t, self.scatter(i)) if self.n > 1 else NEG
                 d2h.run(t, red, self.down(i))

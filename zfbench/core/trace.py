@@ -39,6 +39,8 @@ OPS = (
     "device_optim",
     "d2h_grad",
     "h2d_param",
+    "d2h_act",
+    "h2d_act",
     "host_accum",
     "host_optim",
     "host_clip",

@@ -286,7 +286,9 @@ def header(case: SimSettings, flags: set, sweeps) -> str:
             f"optimizer state on {s.optimizer_placement}"
             + (f" ({s.nvme_drives} x {s.nvme})"
                if "nvme" in (s.offload_params, s.optimizer_placement) else "")
-            + f", prefetch {s.prefetch_buckets}; {s.steps} steps (simulated)")
+            + f", prefetch {s.prefetch_buckets}"
+            + (", activation checkpoints on the host" if s.offload_activations else "")
+            + f"; {s.steps} steps (simulated)")
     if sweeps:
         line += "\nsweep: " + " x ".join(f"{k}={','.join(map(str, v))}" for k, v in sweeps)
     return line

@@ -71,8 +71,8 @@ BUNDLED = "zfbench/data/published/offload_measurements.csv"
 # left out of a file, or left empty in a row, for their defaults).
 COLUMNS = ("id", "source", "metric", "value", "strategy", "hardware", "gpu", "gpus", "model",
            "micro_batch", "seq", "grad_accum", "precision", "activation_checkpointing",
-           "offload_params", "offload_optimizer", "bind_cores", "pin_memory", "overlap_comm",
-           "fused_param_upload", "anchor", "note")
+           "offload_params", "offload_optimizer", "offload_activations", "bind_cores",
+           "pin_memory", "overlap_comm", "fused_param_upload", "anchor", "note")
 REQUIRED = ("id", "source", "metric", "value", "strategy", "hardware", "gpus", "model",
             "micro_batch", "seq")
 OUTPUT_COLUMNS = ("simulated", "error_pct", "status", "calibration", "mfu",
@@ -194,6 +194,11 @@ def row_settings(row: dict) -> SimSettings:
                 if row["strategy"] != "zero-infinity":
                     raise Unsupported(f"{key} is a zero-infinity setting; leave it empty")
                 knobs[key] = row[key]
+        if _bool(row, "offload_activations", False):
+            if row["strategy"] != "zero-infinity":
+                raise Unsupported("offload_activations is a zero-infinity setting "
+                                  "(DeepSpeed's cpu_checkpointing); leave it empty")
+            knobs["offload_activations"] = True
         settings = SimSettings(**knobs, steps=STEPS)
         if row["strategy"] == "zenflow":  # its windows: warm-up, two skipped, one measured
             settings = settings.with_(steps=steps_needed(settings))
