@@ -1,4 +1,5 @@
-"""Device memory of ZeRO-Offload (and its delayed-update variant) as DeepSpeed allocates it.
+"""Device memory of ZeRO-Offload (and its delayed-update variant) and of ZeRO-3 (zero-infinity)
+as DeepSpeed allocates it.
 
 DeepSpeed's ZeRO-2 with the optimizer offloaded (`offload_optimizer: cpu`, stage_1_and_2.py)
 keeps on each GPU the whole 16-bit model, but never a whole gradient: backward hooks copy
@@ -27,9 +28,10 @@ once produced, a parameter's own gradient whole until it is moved there:
     device = (M + min(d x L, MAX_LIVE)) x b + (min(REDUCE_BUCKET_ELEMS, P) + M) x b
              + activations
 
-with M the largest module, L the largest decoder layer (the simulator fetches a layer at a
-time) and d its `prefetch_buckets` (layers fetched ahead). So a layer wider than the GPU
-(a trillion-parameter shape: 7.9 G parameters a layer at hidden 25600) still fits as the
+with M the largest module (with memory-centric tiling, `tiling`, a Linear's tile), L the
+largest decoder layer (the simulator fetches a layer at a time) and d its
+`prefetch_buckets` (layers fetched ahead). So a layer wider than the GPU (a
+trillion-parameter shape: 7.9 G parameters a layer at hidden 25600) still fits as the
 ZeRO-Infinity paper trains it; the schedule's timing stays per layer (docs/design.md).
 """
 
@@ -57,18 +59,27 @@ def zero_offload_device_bytes(params: int, elem_bytes: int, activation_bytes: fl
 MAX_LIVE_PARAMETERS = 1_000_000_000
 
 
-def largest_module_numel(shape: models.ModelShape) -> int:
+# Matrices that are lookups, not Linear layers: memory-centric tiling leaves them whole.
+UNTILED_KINDS = ("embedding", "position")
+
+
+def largest_module_numel(shape: models.ModelShape, tiling: int = 1) -> int:
     """The most parameters ZeRO-3 gathers for one module: a weight matrix (Linear or
-    embedding) with its bias."""
+    embedding) with its bias; with `tiling` T every Linear is T modules (DeepSpeed's
+    TiledLinear), each 1/T of it (rounded up)."""
     biases = {v.name: v.numel for v in shape.vectors()}
-    return max(m.numel + biases.get(f"{m.name}.bias", 0) for m in shape.matrices())
+    sizes = []
+    for m in shape.matrices():
+        numel = m.numel + biases.get(f"{m.name}.bias", 0)
+        sizes.append(numel if m.kind in UNTILED_KINDS else -(-numel // tiling))
+    return max(sizes)
 
 
 def zero3_device_bytes(shape: models.ModelShape, layer_numel: int, prefetch_layers: int,
-                       elem_bytes: int, activation_bytes: float) -> float:
+                       elem_bytes: int, activation_bytes: float, tiling: int = 1) -> float:
     """Device bytes per rank of ZeRO-3's working set, without any parameter partition
-    kept on the device (module docstring's formula)."""
-    module = largest_module_numel(shape)
+    kept on the device (module docstring's formula; M with `tiling`)."""
+    module = largest_module_numel(shape, tiling)
     params = module + min(prefetch_layers * layer_numel, MAX_LIVE_PARAMETERS)
     grads = min(REDUCE_BUCKET_ELEMS, shape.total_params) + module
     return (params + grads) * elem_bytes + activation_bytes

@@ -134,6 +134,11 @@ class SimSettings:
     # (DeepSpeed's activation_checkpointing.cpu_checkpointing; ZeRO-Infinity, Rajbhandari
     # et al. 2021, "CPU offload for activations"): zfbench.sims.zero_infinity.
     offload_activations: bool = False
+    # zero-infinity: memory-centric tiling (ZeRO-Infinity, Rajbhandari et al. 2021; DeepSpeed's
+    # deepspeed.zero.TiledLinear): every Linear split into this many tiles, each a module
+    # that ZeRO-3 gathers on its own, so the largest gather shrinks (device memory only:
+    # the schedule fetches a layer at a time either way).
+    tiling: int = 1
     # The drive model and count of the node (hardware.json "nvme_drives"; per drive). The
     # defaults are those of the a100-4x-gen4 node preset: 4 x PM1733-class gen4 U.2 drives,
     # half of the DGX A100 (640 GB) datasheet's 8 x 3.84 TB for half of its 8 GPUs.
@@ -170,6 +175,7 @@ class SimSettings:
         _check_int(self, "grad_accum", 1)
         _check_int(self, "steps", 1)
         _check_int(self, "prefetch_buckets", 0)
+        _check_int(self, "tiling", 1)
         _check_int(self, "nvme_drives", 1)
         if self.offload_params not in OFFLOAD_PARAMS:
             raise SimSettingsError(f"offload_params {self.offload_params!r} is not known; "
@@ -372,6 +378,9 @@ def on_node(name: str, given: dict) -> dict:
     nodes joined by its `inter_net`, as `node_knobs`); `nodes` N alone means N whole
     nodes; `gpus_per_node` is the node's own count and may not say otherwise."""
     node = hardware.get_node(name)
+    if given.get("profile"):
+        raise SimSettingsError(f"--node {name} and --profile: a profile simulates the "
+                               f"machine it was measured on; give one of them")
     per_node, nodes, total = given.get("gpus_per_node"), given.get("nodes"), given.get("gpus")
     if per_node is not None and per_node != node.gpus:
         raise SimSettingsError(f"--gpus-per-node {per_node} contradicts node {name} "

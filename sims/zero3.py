@@ -190,7 +190,8 @@ def memory(c) -> dict[str, float]:
     checkpoints = [checkpoint_bytes(c, i) for i in range(len(c.buckets))]
     offloaded = sum(checkpoints) - max(checkpoints)
     device = device_memory.zero3_device_bytes(c.shape, largest, c.settings.prefetch_buckets,
-                                              b, c.activation_bytes() - offloaded)
+                                              b, c.activation_bytes() - offloaded,
+                                              c.settings.tiling)
     host = 0.0 if state_on_nvme(c) else p * HOST_GRAD_BYTES_PER_PARAM
     host += sum(checkpoints) * c.gpus  # every rank's (a node's part taken below)
     if c.settings.grad_accum > 1:

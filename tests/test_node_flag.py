@@ -29,6 +29,7 @@ def test_on_node_takes_the_presets_knobs_under_the_given_ones():
     ({"gpus_per_node": 8}, "contradicts node dgx2-v100 (16 GPUs a node)"),
     ({"nodes": 2, "gpus": 16}, "--gpus 16 contradicts --nodes 2"),
     ({"gpus": 24}, "multiple of 16"),
+    ({"profile": "prof.json"}, "a profile simulates the machine it was measured on"),
 ])
 def test_on_node_refuses_contradictions(given, words):
     with pytest.raises(SimSettingsError, match=words.replace("(", r"\(").replace(")", r"\)")):

@@ -368,9 +368,33 @@ def test_a_trillion_parameter_shape_fits_one_dgx2_module_by_module():
     assert (2 + 2) * max(b.numel for b in c.buckets) * 2 > 32e9
 
 
+def test_memory_centric_tiling_gathers_a_tile_at_a_time():
+    # hidden 65536 (the ZeRO-Infinity paper's widest, with tiling factor 16): fc1 is
+    # 4 x 65536^2 = 17.2 G parameters, 34 GB in fp16, more than a V100 holds
+    h = 65536
+    s = SimSettings(**node_knobs("dgx2-v100"), precision="fp16", micro_batch=1,
+                    model=f"gpt2:layers=2,hidden={h},heads=256", offload_params="nvme",
+                    offload_activations=True)
+    fc1 = 4 * h * h + 4 * h
+    whole, tiled = CostModel(s), CostModel(s.with_(tiling=16))
+    assert device_memory.largest_module_numel(whole.shape) == fc1
+    assert device_memory.largest_module_numel(whole.shape, 4) == fc1 // 4
+    # the embedding (50257 x h, 3.3 G) is a lookup, never tiled: past 5 tiles it is the
+    # largest gather
+    embedding = 50257 * h
+    assert device_memory.largest_module_numel(whole.shape, 16) == embedding
+    assert not whole.fits(ZI)["fits"] and tiled.fits(ZI)["fits"]
+    saved = whole.fits(ZI)["device_bytes_per_rank"] - tiled.fits(ZI)["device_bytes_per_rank"]
+    assert saved == pytest.approx(2 * (fc1 - embedding) * 2)  # the gather and its gradient
+    # tiling leaves the schedule alone: the same step
+    assert simulate(s.with_(steps=3), ZI).timeline.steps_frame().equals(
+        simulate(s.with_(steps=3, tiling=16), ZI).timeline.steps_frame())
+
+
 # -- knobs, presets, refusal -------------------------------------------------------------
 @pytest.mark.parametrize("knobs, words", [
     (dict(offload_params="disk"), ["offload_params", "cpu, nvme"]),
+    (dict(tiling=0), ["tiling", ">= 1"]),
     (dict(prefetch_buckets=-1), ["prefetch_buckets", ">= 0"]),
     (dict(nvme_drives=0), ["nvme_drives", ">= 1"]),
     (dict(nvme="floppy"), ["floppy", "pm1733"]),

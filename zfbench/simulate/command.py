@@ -288,6 +288,7 @@ def header(case: SimSettings, flags: set, sweeps) -> str:
                if "nvme" in (s.offload_params, s.optimizer_placement) else "")
             + f", prefetch {s.prefetch_buckets}"
             + (", activation checkpoints on the host" if s.offload_activations else "")
+            + (f", Linears in {s.tiling} tiles" if s.tiling > 1 else "")
             + f"; {s.steps} steps (simulated)")
     if sweeps:
         line += "\nsweep: " + " x ".join(f"{k}={','.join(map(str, v))}" for k, v in sweeps)
