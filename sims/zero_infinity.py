@@ -52,6 +52,10 @@ seconds come from `zfbench.sims.zero3` and `CostModel`. `zero_infinity_step(sim,
 - With `offload_params="none"` each rank's 16-bit partition stays on its GPU: a fetch is
   the bucket's all-gather alone, and after the host update of a bucket its new share
   goes up (h2d), which the next fetch of that bucket waits for.
+- With `offload_activations` (DeepSpeed's `cpu_checkpointing`) each decoder layer's
+  checkpoint goes down (`d2h_act`) before the layer's forward and comes back up
+  (`h2d_act`) before its backward op recomputes it, each a staged copy into or out of an
+  unpinned CPU tensor that the device waits for (`checkpoint_copy`).
 """
 
 from __future__ import annotations
