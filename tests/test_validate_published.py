@@ -319,3 +319,16 @@ def test_offload_activations_column():
     assert vp.simulate_row({**zo, "offload_activations": "true"}, {}, {})["status"] == \
         ("unsupported: offload_activations is a zero-infinity setting (DeepSpeed's "
          "cpu_checkpointing); leave it empty")
+
+
+def test_each_row_says_where_its_simulated_step_goes(run):
+    rows, _ = run
+    for r in rows.values():
+        if r["status"] != "ok":
+            assert r["sim_step_time_s"] == ""
+            continue
+        step, compute, io, wait = (float(r[k]) for k in vp.STEP_PARTS)
+        assert step > 0 and min(compute, io, wait) >= 0
+        assert compute + io + wait == pytest.approx(step, rel=1e-6)  # the parts add up
+        if r["metric"] == "step_time_s" and not r["anchor"]:
+            assert step == pytest.approx(float(r["simulated"]), rel=1e-9)

@@ -56,6 +56,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from zfbench.analysis.breakdown import summarize
 from zfbench.cli_checks import CliError, OneLineParser, check_input_file, check_out_dir, fail
 from zfbench.core.progress import progress
 from zfbench.sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
@@ -76,7 +77,11 @@ COLUMNS = ("id", "source", "metric", "value", "strategy", "hardware", "gpu", "gp
 REQUIRED = ("id", "source", "metric", "value", "strategy", "hardware", "gpus", "model",
             "micro_batch", "seq")
 OUTPUT_COLUMNS = ("simulated", "error_pct", "status", "calibration", "mfu",
-                  "simulated_no_anchor", "error_pct_no_anchor", "fits")
+                  "simulated_no_anchor", "error_pct_no_anchor", "fits", "sim_step_time_s",
+                  "sim_compute_s", "sim_exposed_io_s", "sim_host_wait_s")
+# The simulated step's parts (zfbench.analysis.breakdown), output column -> summary key.
+STEP_PARTS = {"sim_step_time_s": "step_time_s", "sim_compute_s": "compute_s",
+              "sim_exposed_io_s": "exposed_io_s", "sim_host_wait_s": "host_wait_s"}
 # Rates of a whole step (each a function of the step time; module docstring).
 THROUGHPUT_METRICS = ("tflops_per_gpu", "pflops_total", "samples_per_s", "tokens_per_s")
 METRICS = ("step_time_s", *THROUGHPUT_METRICS, "backward_time_s", "host_adam_time_s",
@@ -343,19 +348,28 @@ def simulate_row(row: dict, by_id: dict, anchors: dict) -> dict:
             if isinstance(found, Unsupported):
                 raise Unsupported(str(found))
             mfu = found
-            value = measure(simulate(settings.with_(mfu=mfu), row["strategy"]),
-                            row["metric"], skip)
+            result = simulate(settings.with_(mfu=mfu), row["strategy"])
+            value = measure(result, row["metric"], skip)
         else:
-            value = no_anchor
+            value, result = no_anchor, plain
         fit = base.fits(row["strategy"])["fits"]
+        parts = step_parts(result, skip)
     except (Unsupported, SimSettingsError) as err:
         out["status"] = f"unsupported: {' '.join(str(err).split())}"
         return out
     out.update(simulated=value, error_pct=100 * (value - published) / published,
                status="ok", calibration=calibration_of(row), mfu=mfu, simulated_no_anchor=no_anchor,
                error_pct_no_anchor=100 * (no_anchor - published) / published,
-               fits=str(bool(fit)).lower())
+               fits=str(bool(fit)).lower(), **parts)
     return out
+
+
+def step_parts(result, skip: int) -> dict:
+    """The simulated step's mean wall time, compute, exposed I/O and host wait (rank 0's,
+    steps from `skip` on): where a row's simulated time goes."""
+    spans, steps = _per_step(result, skip)
+    summary = summarize(spans, steps)
+    return {column: summary[key] for column, key in STEP_PARTS.items()}
 
 
 def validate_rows(rows: list[dict], quiet: bool = False) -> list[dict]:
