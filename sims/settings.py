@@ -343,17 +343,20 @@ def for_engine_run(config, steps_per_epoch: int | None = None, **fields) -> SimS
     return SimSettings.from_scenario(scenario, **rest)
 
 
-def node_knobs(name: str, gpus: int | None = None) -> dict:
+def node_knobs(name: str, gpus: int | None = None, hardware_file: str | None = None) -> dict:
     """The knobs that put a run on the node preset `name` (hardware.json "nodes"): its GPU,
     link, host, GPU-to-GPU network, switch pairing and drives; with `gpus` (the run's total)
     above the node's GPUs, that many nodes joined by the node's `inter_net` (it must be a
-    multiple of the node's GPUs)."""
-    node = hardware.get_node(name)
+    multiple of the node's GPUs). A node of `hardware_file` (the `hardware` knob's file)
+    is found there, and the knobs then name that file."""
+    node = hardware.get_node(name, hardware_file)
     knobs = {"gpu": node.gpu.name, "pcie": node.link.name, "host": node.host.name,
              "net": node.net.name, "gpus_per_switch": node.gpus_per_switch}
     if node.nvme is not None:
         knobs.update(nvme=node.nvme.name, nvme_drives=node.nvme_drives)
     gpus = node.gpus if gpus is None else gpus
+    if hardware_file is not None:
+        knobs["hardware"] = hardware_file
     if gpus <= node.gpus:
         return {**knobs, "gpus": gpus}
     if gpus % node.gpus:
@@ -377,7 +380,7 @@ def on_node(name: str, given: dict) -> dict:
     `given` names none. `gpus` is then the run's total (above the node's count: whole
     nodes joined by its `inter_net`, as `node_knobs`); `nodes` N alone means N whole
     nodes; `gpus_per_node` is the node's own count and may not say otherwise."""
-    node = hardware.get_node(name)
+    node = hardware.get_node(name, given.get("hardware"))
     if given.get("profile"):
         raise SimSettingsError(f"--node {name} and --profile: a profile simulates the "
                                f"machine it was measured on; give one of them")
@@ -392,7 +395,7 @@ def on_node(name: str, given: dict) -> dict:
                                    f"GPUs); with a node preset --gpus is the run's total")
         total = nodes * node.gpus
     rest = {k: v for k, v in given.items() if k not in ("gpus", "nodes", "gpus_per_node")}
-    return {**node_knobs(name, total), **rest}
+    return {**node_knobs(name, total, given.get("hardware")), **rest}
 
 
 def _check_int(settings: SimSettings, name: str, minimum: int) -> None:

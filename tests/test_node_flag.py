@@ -93,3 +93,26 @@ def test_predict_on_a_node(capsys):
     assert predict_main(["--paper", "--node", "dgx2-v100", "--quiet"]) == 2
     assert "--paper simulates each bar on the node of the paper's figure" in \
         capsys.readouterr().err
+
+
+def test_a_node_of_ones_own_hardware_file(tmp_path):
+    # a lab box of two A100-40GB behind one PCIe switch, with its own GPU entry
+    gpu = hardware.entry_of("gpus", hardware.get_gpu("a100-40g"))
+    path = tmp_path / "lab.json"
+    path.write_text(json.dumps({
+        "gpus": {"lab-a100": gpu},
+        "nodes": {"lab-2x": {"gpu": "lab-a100", "link": "gen4", "host": "epyc-7763-milan",
+                             "net": "nvlink3", "gpus": {"value": 2, "source": "test"},
+                             "gpus_per_switch": {"value": 2, "source": "test"}}}}))
+    knobs = on_node("lab-2x", {"hardware": str(path)})
+    assert (knobs["gpu"], knobs["gpus"], knobs["hardware"]) == ("lab-a100", 2, str(path))
+    out = tmp_path / "out"
+    assert simulate_main(SMALL + ["--hardware", str(path), "--node", "lab-2x",
+                                  "--precision", "bf16", "--strategy", "zenflow",
+                                  "--out", str(out)]) == 0
+    head = json.loads((out / "summary.json").read_text())
+    assert head["settings"]["node"] == "lab-2x" and head["settings"]["gpu"] == "lab-a100"
+    assert list(pd.read_csv(out / "summary.csv")["ranks"]) == [2]
+    # without the file the name is unknown, and the error lists what there is
+    with pytest.raises(hardware.UnknownHardwareError, match="unknown node 'lab-2x'"):
+        on_node("lab-2x", {})

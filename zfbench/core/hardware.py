@@ -441,8 +441,9 @@ def get_net(name: str) -> NetLink:
 def get_nvme(name: str) -> NvmeDrive:
     return _get("nvme_drives", name)
 
-def get_node(name: str) -> Node:
-    return _get("nodes", name)
+def get_node(name: str, extra: str | Path | None = None) -> Node:
+    """A node preset, or a node of the hardware file `extra` (its entries win)."""
+    return _get("nodes", name, extra)
 
 def gpu_names() -> list[str]:
     return sorted(_presets()["gpus"])

@@ -94,8 +94,7 @@ def parse_sweep(text: str) -> tuple[str, list]:
     if knob not in KNOBS and knob != "node":
         raise SimSettingsError(f"--sweep: unknown knob {knob!r}; knobs are: node, "
                                f"{', '.join(KNOBS)}")
-    parse = (lambda v: hardware.get_node(v).name) if knob == "node" else \
-        (lambda v: parse_value(knob, v))
+    parse = str if knob == "node" else (lambda v: parse_value(knob, v))  # nodes: on_node
     parsed = [parse(v.strip()) for v in values.split(",") if v.strip()]
     if not parsed:
         raise SimSettingsError(f"--sweep {knob}: no values given")
@@ -130,11 +129,11 @@ def build_parser() -> OneLineParser:
                        help=f"default: {default}{extra}")
     p.add_argument("--batch", dest="micro_batch", help="alias of --micro-batch")
     p.add_argument("--node", metavar="NAME",
-                   help=f"a node preset ({', '.join(hardware.node_names())}): its GPU, "
-                        f"PCIe link, host, networks, switch pairing and drives, each flag "
-                        f"given overriding its part; --gpus is then the run's total (above "
-                        f"the node's GPUs: whole nodes joined by its inter_net), --nodes N "
-                        f"N whole nodes")
+                   help=f"a node preset ({', '.join(hardware.node_names())}) or a node "
+                        f"of the --hardware file: its GPU, PCIe link, host, networks, "
+                        f"switch pairing and drives, each flag given overriding its part; "
+                        f"--gpus is then the run's total (above the node's GPUs: whole "
+                        f"nodes joined by its inter_net), --nodes N N whole nodes")
     p.add_argument("--strategy", choices=STRATEGIES + ("all",), default="all")
     p.add_argument("--sweep", action="append", default=[],
                    help="KNOB=v1,v2,... e.g. pcie=gen3,gen4,gen5; repeat for a grid")
@@ -301,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         check_out_dir(args.out)
         given = settings_from_args(args)
         sweeps = parse_sweeps(args.sweep)
-        node = hardware.get_node(args.node).name if args.node else None
+        node = hardware.get_node(args.node, given.get("hardware")).name if args.node \
+            else None
         cases = build_cases(given, sweeps, node)  # every case validated before simulating
         strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
         strategies = accumulating(cases, strategies, args.strategy == "all")
