@@ -332,3 +332,13 @@ def test_each_row_says_where_its_simulated_step_goes(run):
         assert compute + io + wait == pytest.approx(step, rel=1e-6)  # the parts add up
         if r["metric"] == "step_time_s" and not r["anchor"]:
             assert step == pytest.approx(float(r["simulated"]), rel=1e-9)
+
+
+def test_an_anchored_row_says_what_its_measurement_leaves_beside_compute(run):
+    rows, _ = run
+    zo = rows["zo"]  # tflops_per_gpu (one micro-step a step), anchored to the PyTorch row
+    implied = counted(zo["model"], int(zo["micro_batch"]), int(zo["seq"])) / \
+        (float(zo["value"]) * 1e12)
+    assert float(zo["pub_non_compute_s"]) == pytest.approx(
+        implied - float(zo["sim_compute_s"]), rel=1e-9)
+    assert all(r["pub_non_compute_s"] == "" for r in rows.values() if not r["anchor"])

@@ -78,7 +78,7 @@ REQUIRED = ("id", "source", "metric", "value", "strategy", "hardware", "gpus", "
             "micro_batch", "seq")
 OUTPUT_COLUMNS = ("simulated", "error_pct", "status", "calibration", "mfu",
                   "simulated_no_anchor", "error_pct_no_anchor", "fits", "sim_step_time_s",
-                  "sim_compute_s", "sim_exposed_io_s", "sim_host_wait_s")
+                  "sim_compute_s", "sim_exposed_io_s", "sim_host_wait_s", "pub_non_compute_s")
 # The simulated step's parts (zfbench.analysis.breakdown), output column -> summary key.
 STEP_PARTS = {"sim_step_time_s": "step_time_s", "sim_compute_s": "compute_s",
               "sim_exposed_io_s": "exposed_io_s", "sim_host_wait_s": "host_wait_s"}
@@ -354,6 +354,9 @@ def simulate_row(row: dict, by_id: dict, anchors: dict) -> dict:
             value, result = no_anchor, plain
         fit = base.fits(row["strategy"])["fits"]
         parts = step_parts(result, skip)
+        if row["anchor"] and row["metric"] in ANCHOR_METRICS:  # what the measurement leaves
+            parts["pub_non_compute_s"] = implied_step_s(settings, base, row["metric"],
+                                                        published) - parts["sim_compute_s"]
     except (Unsupported, SimSettingsError) as err:
         out["status"] = f"unsupported: {' '.join(str(err).split())}"
         return out
