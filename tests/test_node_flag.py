@@ -36,10 +36,12 @@ def test_on_node_refuses_contradictions(given, words):
         on_node("dgx2-v100", given)
 
 
-def test_simulate_on_a_node_equals_the_knobs_spelled_out(tmp_path):
+def test_simulate_on_a_node_equals_the_knobs_spelled_out(tmp_path, capsys):
     by_node, spelled = tmp_path / "node", tmp_path / "spelled"
     assert simulate_main(SMALL + ["--node", "dgx2-v100", "--gpus", "32",
                                   "--out", str(by_node)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]  # the settings line names the node
+    assert "2 nodes x 16 x v100-sxm3-32g" in first and "(node dgx2-v100)" in first
     k = node_knobs("dgx2-v100", 32)
     flags = ["--gpu", k["gpu"], "--pcie", k["pcie"], "--host", k["host"], "--net", k["net"],
              "--gpus-per-switch", str(k["gpus_per_switch"]), "--nvme", k["nvme"],

@@ -265,7 +265,7 @@ def auto_resolution(case: SimSettings) -> dict | None:
         if plan.auto else None
 
 
-def header(case: SimSettings, flags: set, sweeps) -> str:
+def header(case: SimSettings, flags: set, sweeps, node: str | None = None) -> str:
     """The settings line (and the sweep's), printed above the table."""
     s = case
     where = f"the machine measured in {s.profile}" if s.profile else \
@@ -273,6 +273,8 @@ def header(case: SimSettings, flags: set, sweeps) -> str:
         s.gpus_per_node is None else \
         f"{s.nodes} nodes x {s.gpus_on_node} x {s.gpu} ({s.inter_net} between nodes), " \
         f"PCIe {s.pcie}, host {s.host} per node"
+    if node is not None:
+        where += f" (node {node})"
     precision = s.precision + (" (the profile's)" if s.profile and "precision" not in flags
                                else "")
     interval = s.window_plan().rule if s.update_interval == "auto" else s.update_interval
@@ -313,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     except (CliError, SimSettingsError, ValueError) as err:
         return fail(err)
     flags = {k for k in KNOBS if getattr(args, k) is not None}
-    print(header(cases[0][1], flags, sweeps))
+    print(header(cases[0][1], flags, sweeps, node))
     warning = too_short_warning(cases)
     if warning:
         print(warning, file=sys.stderr)
