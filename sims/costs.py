@@ -48,6 +48,7 @@ class Bucket:
     """Costs of one block of the model (embedding, a decoder layer, or the head), per rank."""
 
     name: str
+    kind: str  # the block's (zfbench.core.models.BLOCK_KINDS): embedding, decoder or head
     numel: int
     matrix_numel: int
     selected_numel: int  # elements updated on the device under zenflow (top-k cols + 1-D)
@@ -112,8 +113,8 @@ class CostModel:
             matrix_numel = sum(m.numel for m in block.matrices)
             selected = sum(m.rows * topk_count(m.cols, s.topk_ratio) for m in block.matrices)
             selected += block.numel - matrix_numel  # 1-D parameters are always selected
-            self.buckets.append(Bucket(block.name, block.numel, matrix_numel, selected,
-                                       fwd, bwd))
+            self.buckets.append(Bucket(block.name, block.kind, block.numel, matrix_numel,
+                                       selected, fwd, bwd))
         # the whole model's MFU at this shape (the given one with --mfu or a profile)
         self.mfu = flops_total / (peak * compute_total) if by_shape else self.gemm_efficiency
         self.flops_per_s = peak * self.mfu

@@ -369,11 +369,6 @@ def node_knobs(name: str, gpus: int | None = None, hardware_file: str | None = N
             "gpus": gpus, "inter_net": node.inter_net.name}
 
 
-# The knobs a node preset sets (`node_knobs`); a run on a preset takes these from it.
-NODE_KNOBS = ("gpu", "pcie", "host", "net", "gpus_per_switch", "nvme", "nvme_drives", "gpus",
-              "nodes", "gpus_per_node", "inter_net")
-
-
 def on_node(name: str, given: dict) -> dict:
     """The knobs `given` (what a user set) on the node preset `name`, the commands'
     `--node`: the node's GPU, link, host, networks, switch pairing and drives where

@@ -80,7 +80,7 @@ def checkpoint_bytes(c, i: int) -> int:
     `offload_activations`: a decoder layer's input (micro-batch x seq x hidden in the
     activations' dtype, DeepSpeed checkpointing the layer's input), none otherwise."""
     s = c.settings
-    if not s.offload_activations or not c.buckets[i].name.startswith("layers."):
+    if not s.offload_activations or c.buckets[i].kind != "decoder":
         return 0
     return s.micro_batch * s.seq * c.shape.hidden * c.elem_bytes
 

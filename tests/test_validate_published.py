@@ -14,6 +14,7 @@ from zfbench.sims import compute_efficiency as ce
 from zfbench.sims.costs import ADAM_BYTES_PER_PARAM
 from zfbench.sims.device_step import BESIDE_ADAM_BYTES_PER_ELEM
 from zfbench.validate.command import main as validate_main
+from zfbench.validate.metrics import STEP_PARTS
 
 FIXTURE = Path(__file__).parent / "data" / "published_small.csv"
 V100 = hardware.get_gpu("v100-sxm3-32g")
@@ -327,7 +328,7 @@ def test_each_row_says_where_its_simulated_step_goes(run):
         if r["status"] != "ok":
             assert r["sim_step_time_s"] == ""
             continue
-        step, compute, io, wait = (float(r[k]) for k in vp.STEP_PARTS)
+        step, compute, io, wait = (float(r[k]) for k in STEP_PARTS)
         assert step > 0 and min(compute, io, wait) >= 0
         assert compute + io + wait == pytest.approx(step, rel=1e-6)  # the parts add up
         if r["metric"] == "step_time_s" and not r["anchor"]:

@@ -67,7 +67,7 @@ from pathlib import Path
 
 from zfbench.core import hardware
 from zfbench.sims.costs import STRATEGIES, SimSettings, SimSettingsError
-from zfbench.sims.settings import NODE_KNOBS, on_node
+from zfbench.sims.settings import on_node
 from zfbench.sims.simulator import steps_needed
 from zfbench.sims.strategies import GRAD_ACCUM_STRATEGIES
 from zfbench.cli_checks import (ZENFLOW_KNOBS, CliError, OneLineParser, check_out_dir,
@@ -347,11 +347,13 @@ def summary_head(argv, given: dict, sweeps, cases, node: str | None = None) -> d
 
     knobs = [k for k, _ in sweeps]
     shared = {k: v for k, v in {**DEFAULTS.as_dict(), **given}.items() if k not in knobs}
-    if node is not None or "node" in knobs:
-        for k in NODE_KNOBS:
-            values = {getattr(case, k) for _, case in cases}
-            if len(values) == 1 and k not in knobs:
-                shared[k] = values.pop()
+    if node is not None or "node" in knobs:  # the knobs a node set, where cases agree
+        settings = [case.as_dict() for _, case in cases]
+        for k, v in settings[0].items():
+            if k in knobs:
+                continue
+            if all(other[k] == v for other in settings):
+                shared[k] = v
             else:
                 shared.pop(k, None)
         if node is not None:
