@@ -8,6 +8,8 @@
 - `schedule_signature` reduces a timeline to what must agree whatever the speeds: per step,
   the compute lane's op sequence (consecutive repeats collapsed) and the set of ops on each
   other lane. `signature_diff` lists where two signatures differ.
+- `op_seconds` / `compare_ops`: the busy seconds per step of every (lane, op) over the
+  steady steps, measured beside simulated: where a step-time error comes from.
 """
 
 from __future__ import annotations
@@ -104,3 +106,29 @@ def signature_diff(measured: dict, simulated: dict) -> list[str]:
                 diffs.append(f"step {step} {lane}: measured {m.get(lane)} "
                              f"vs simulated {s.get(lane)}")
     return diffs
+
+
+def op_seconds(spans: pd.DataFrame, first_step: int, last_step: int) -> pd.Series:
+    """Busy seconds per step of each (lane, op) over steps [first, last]: the sum of its
+    spans' durations divided by the number of steps in the window."""
+    window = spans[(spans["step"] >= first_step) & (spans["step"] <= last_step)]
+    steps = last_step - first_step + 1
+    busy = (window["t_end_s"] - window["t_start_s"]).groupby(
+        [window["lane"], window["op"]]).sum()
+    return busy / steps
+
+
+def compare_ops(measured: pd.DataFrame, simulated: pd.DataFrame, first_step: int,
+                last_step: int) -> pd.DataFrame:
+    """One row per (lane, op) either timeline ran in the window: `measured_s_per_step`,
+    `simulated_s_per_step` (0 where one side never ran it) and `measured_over_simulated`
+    (inf where only the measurement has it, NaN where neither spent time)."""
+    m = op_seconds(measured, first_step, last_step).rename("measured_s_per_step")
+    s = op_seconds(simulated, first_step, last_step).rename("simulated_s_per_step")
+    table = pd.concat([m, s], axis=1).fillna(0.0)
+    both = table["simulated_s_per_step"] > 0
+    table["measured_over_simulated"] = (
+        table["measured_s_per_step"] / table["simulated_s_per_step"].where(both)).where(
+        both, float("inf")).where(both | (table["measured_s_per_step"] > 0))
+    table.index.names = ["lane", "op"]
+    return table.reset_index().sort_values(["lane", "op"], ignore_index=True)

@@ -19,7 +19,8 @@ fp32 master, gradient and moments); `measure(repeats)` then times, as the engine
   of the fp32 gradients; and, with 16-bit weights, the two conversions of the wires
   (`copy_`: gradients out of the d2h wire into fp32, the master into the h2d wire),
   `host_convert_elems_per_s` per element of both (absent with fp32 weights: the engine
-  converts nothing then).
+  converts nothing then); last, clearing the fp32 gradient (`zero_`: the engine clears
+  ZenFlow's window after each chunk's Adam), `host_zero_elems_per_s`.
 tests/test_kernel_identity.py checks that the probe and the engine reach the same kernels
 with the same dtypes.
 Pinned buffers are `zfbench.real.backend.register_pinned`'s, released by `close()` (or when
@@ -49,7 +50,7 @@ from zfbench.real.backend import register_pinned, unregister_pinned
 
 RATE_KEYS = ("d2h_bytes_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s_both",
              "h2d_bytes_per_s_both", "host_adam_params_per_s", "host_accum_elems_per_s",
-             "host_norm_elems_per_s")
+             "host_norm_elems_per_s", "host_zero_elems_per_s")
 # with 16-bit weights only: both host conversions of the wires, per element
 CONVERT_KEY = "host_convert_elems_per_s"
 
@@ -219,6 +220,11 @@ class RateProbe:
                             self.host_threads)
         norm_s = in_thread(lambda: (norm(), median_time(norm, repeats))[1],
                            self.host_threads)
+        # last: clearing the gradient (ZenFlow's window after each chunk's Adam) leaves
+        # zeros, which no rate above depends on
+        zero_s = in_thread(lambda: (self.grad.zero_(), median_time(self.grad.zero_,
+                                                                   repeats))[1],
+                           self.host_threads)
         rates = {}
         if self.dev.dtype != torch.float32:
             convert_s = in_thread(lambda: (convert(), median_time(convert, repeats))[1],
@@ -229,7 +235,8 @@ class RateProbe:
                 "h2d_bytes_per_s_both": nbytes / both["h2d"],
                 "host_adam_params_per_s": self.total / adam_s,
                 "host_accum_elems_per_s": self.total / accum_s,
-                "host_norm_elems_per_s": self.total / norm_s}
+                "host_norm_elems_per_s": self.total / norm_s,
+                "host_zero_elems_per_s": self.total / zero_s}
 
     def close(self) -> None:
         """Wait for the link streams and unpin the pinned buffers (the probe stays usable

@@ -310,6 +310,14 @@ class CostModel:
         return rate / self.node.host.cores
 
     @property
+    def zero_units_per_core_s(self) -> float | None:
+        """Elements/s per core of clearing an fp32 host buffer, as a profile measured it
+        (`host_zero_elems_per_s`: zfbench's engine clears ZenFlow's window after each
+        chunk's Adam); None where not measured (presets, older profiles)."""
+        rate = (self.calibration or {}).get("host_zero_elems_per_s")
+        return None if rate is None else rate / self.node.host.cores
+
+    @property
     def deepspeed_host_step(self) -> bool:
         """ZeRO-Offload's host step as DeepSpeed runs it (zfbench.sims.host_step: clip,
         CPU-Adam, the blocking fp32 -> 16-bit conversion over the whole partition, then one

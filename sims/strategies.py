@@ -140,18 +140,24 @@ class RankSim:
         return device_thread_op(self, "d2h", op, step, nbytes, nbytes)
 
     def host_work(self, op: str, step: int, elems: float, deps,
-                  convert_elems: float = 0.0) -> simpy.Event:
+                  convert_elems: float = 0.0, zero_elems: float = 0.0) -> simpy.Event:
         """Host-lane work; a host AdamW chunk also converts `convert_elems` elements of
         both wires (gradients into fp32, parameters into the device's dtype) where the
-        profile measured the conversions (zfbench.sims.costs.CostModel.convert_units_per_core_s)."""
+        profile measured the conversions (zfbench.sims.costs.CostModel.convert_units_per_core_s),
+        and zeroes `zero_elems` gradient elements after its Adam (ZenFlow's window, as the
+        engine clears it) where the profile measured zeroing (`zero_units_per_core_s`)."""
         if elems <= 0:
             return _fired(self.env)
         c = self.costs
         if op == "host_optim":
             units = c.adam_units_per_core_s
-            convert = c.convert_units_per_core_s
-            if convert_elems > 0 and convert is not None:  # seconds per element add up
-                units = 1.0 / (1.0 / units + convert_elems / elems / convert)
+            convert, zero = c.convert_units_per_core_s, c.zero_units_per_core_s
+            seconds_per_elem = 1.0 / units  # each pass's seconds per element add up
+            if convert_elems > 0 and convert is not None:
+                seconds_per_elem += convert_elems / elems / convert
+            if zero_elems > 0 and zero is not None:
+                seconds_per_elem += zero_elems / elems / zero
+            units = 1.0 / seconds_per_elem
             job = Job("host", self.rank, elems, ADAM_BYTES_PER_PARAM, units)
         elif op in ("host_clip", "host_convert"):
             b = CLIP_BYTES_PER_ELEM if op == "host_clip" else CONVERT_BYTES_PER_ELEM
@@ -228,16 +234,19 @@ class RankSim:
         self.env.process(issue())
         return done
 
-    def host_update(self, step: int, deps, elems_of, up_bytes_of, convert_of=None):
+    def host_update(self, step: int, deps, elems_of, up_bytes_of, convert_of=None,
+                    zero_of=None):
         """Host Adam chunk by chunk, each chunk's parameters up (and all-gathered) after it;
         returns the event of the last upload and each chunk's host event. `convert_of(i)`:
         elements of chunk i whose wires the host converts (both directions; default
+        none); `zero_of(i)`: gradient elements of chunk i zeroed after its Adam (default
         none)."""
         c = self.costs
         last, chunks = None, {}
         for i in reversed(range(self.nb)):
             chunks[i] = self.host_work("host_optim", step, elems_of(i), deps,
-                                       convert_of(i) if convert_of else 0.0)
+                                       convert_of(i) if convert_of else 0.0,
+                                       zero_of(i) if zero_of else 0.0)
             up = self.transfer(self.h2d, "h2d_param", step, up_bytes_of(i), [chunks[i]])
             # emulated, the engine gathers the whole buffer once every chunk is up
             last = (up if self.emulated else
@@ -464,11 +473,14 @@ class RankSim:
             if s.overlap_step:
                 yield from self.apply_update(t, st.pop("pending", None), True)
             # the window is fp32 already: only the parameters going up are converted,
-            # one of the two conversions the profile times together
+            # one of the two conversions the profile times together; the engine clears
+            # the window chunk by chunk after its Adam (not the shipped path: DeepSpeed's)
             landed, _ = self.host_update(t, window_deps,
                                          lambda i: c.share(c.buckets[i].numel),
                                          lambda i: c.share(up_elems[i]) * c.elem_bytes,
-                                         lambda i: 0.5 * c.share(up_elems[i]))
+                                         lambda i: 0.5 * c.share(up_elems[i]),
+                                         None if shipped else
+                                         (lambda i: c.share(c.buckets[i].numel)))
             if s.overlap_step:
                 st["pending"] = landed
             else:

@@ -1,12 +1,14 @@
 """Calibration and validation: profile -> simulator, the quick validate matrix, projection."""
 
 import json
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from zfbench.analysis.validation import (compare_rows, error_summary, schedule_signature,
-                                 signature_diff, spearman)
+from zfbench.analysis.validation import (compare_ops, compare_rows, error_summary,
+                                         schedule_signature, signature_diff, spearman)
 from zfbench.sims.costs import SimSettings, SimSettingsError
 from zfbench.sims.simulator import simulate
 from zfbench.core.hardware import load_profile
@@ -76,6 +78,43 @@ def test_simulate_with_profile_uses_measured_costs(profile_path, capsys):
     assert dpu == pytest.approx(c.params * (cal["device_copy_s_per_elem"] +
                                             cal["grad_check_s_per_elem"] +
                                             cal["grad_zero_s_per_elem"]), rel=1e-9)
+
+
+@pytest.mark.slow
+def test_zenflow_window_update_clears_the_window_at_the_measured_rate(profile_path):
+    """The engine zeroes ZenFlow's window after each chunk's Adam: with the profile's
+    `host_zero_elems_per_s` Z, a window's host update lasts params / Z longer (lanes that
+    do not slow each other); a profile without the rate (older ones) simulates none, and
+    ZeRO-Offload's host step, which clears nothing, is unchanged."""
+    from dataclasses import replace
+
+    from zfbench.real.profile import with_rates
+    raw = json.loads(profile_path.read_text())
+    assert raw["calibration"]["host_zero_elems_per_s"] > 0  # the probe measures it
+    apart = {"compute_factor_when_host_busy": 1.0, "host_factor_when_compute_busy": 1.0}
+    paths = {}
+    for name, zero_rate in (("none", None), ("slow", 2e6)):
+        cal = {k: v for k, v in raw["calibration"].items() if k != "host_zero_elems_per_s"}
+        profile = with_rates({**raw, "calibration": cal}, {
+            **apart, **({} if zero_rate is None else {"host_zero_elems_per_s": zero_rate})})
+        paths[name] = profile_path.with_name(f"zero_{name}.json")
+        paths[name].write_text(json.dumps(profile))
+    s = SimSettings(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
+                    profile=str(paths["none"]), steps=12)
+
+    def host_optim_s(strategy: str, which: str) -> float:
+        result = simulate(replace(s, profile=str(paths[which])), strategy)
+        spans = result.timeline.spans_frame()
+        return spans.query("op == 'host_optim'")["duration_s"].sum(), result.costs
+
+    none, costs = host_optim_s("zenflow", "none")
+    slow, _ = host_optim_s("zenflow", "slow")
+    windows = sum(costs.is_boundary(t) and t >= costs.settings.full_warm_up_rounds
+                  for t in range(12))
+    assert windows >= 2
+    assert slow - none == pytest.approx(windows * costs.params / 2e6, rel=1e-6)
+    assert host_optim_s("zero-offload", "slow")[0] == pytest.approx(
+        host_optim_s("zero-offload", "none")[0], rel=1e-12)
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +237,39 @@ def test_quick_validate_matches_schedules_within_loose_bounds(tmp_path):
     assert len(list((tmp_path / "traces").glob("*.json"))) >= 12
     # a profile per shape and one per cell (host and link rates measured around it)
     assert len(list((tmp_path / "profiles").glob("*.json"))) == 3 + 3 * 4
+    # every cell's busy seconds per op, both sides: the compute ops of every cell, and
+    # the host optimizer of each offloading cell, measured and simulated
+    ops = pd.read_csv(tmp_path / "ops.csv")
+    assert ops.groupby("shape")["cell"].nunique().tolist() == [4, 4, 4]
+    fwd = ops[ops["op"] == "forward"]
+    assert len(fwd) == 12 and (fwd["measured_s_per_step"] > 0).all() \
+        and (fwd["simulated_s_per_step"] > 0).all()
+    host = ops[(ops["op"] == "host_optim") & ~ops["cell"].str.endswith(".device")]
+    assert len(host) == 9 and (host["simulated_s_per_step"] > 0).all()
+    # bench/trace_ops.py reads the same table back from the traces (older runs' only
+    # record), and bench/validate_replay.py simulates the kept profiles to the same steps
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    sys.path.insert(0, str(bench))
+    try:
+        import trace_ops
+        import validate_replay
+    finally:
+        sys.path.remove(str(bench))
+    assert trace_ops.main([str(tmp_path / "traces"), "--skip", "6", "--out",
+                           str(tmp_path / "ops_from_traces.csv")]) == 0
+    again = pd.read_csv(tmp_path / "ops_from_traces.csv")
+    keys = ["cell", "lane", "op"]
+    ours = ops.set_index(keys).sort_index()
+    theirs = again.set_index(keys).sort_index()
+    assert list(ours.index) == list(theirs.index)
+    for col in ("measured_s_per_step", "simulated_s_per_step"):
+        assert theirs[col].to_numpy() == pytest.approx(ours[col].to_numpy(), rel=1e-4,
+                                                       abs=1e-6)
+    replayed = validate_replay.replay(tmp_path, {})
+    assert len(replayed) == len(table.drop_duplicates(
+        ["shape", "strategy", "measured_step_time_s"]))
+    assert replayed["simulated_now_step_time_s"].to_numpy() == pytest.approx(
+        replayed["simulated_then_step_time_s"].to_numpy(), rel=1e-9)
     assert (table["cell_host_adam_params_per_s"] > 0).all()
     # the settings used and where the numbers came from
     settings = summary["settings"]
@@ -280,6 +352,26 @@ def _summary_of(cells, simulated_stall: float) -> dict:
                             "d2h_bytes_per_step": 1, "h2d_bytes_per_step": 1})
         rows.append({"shape": "x", "strategy": strategy, **row})
     return error_summary(pd.DataFrame(rows), ["shape"])
+
+
+def test_compare_ops_gives_busy_seconds_per_step_of_each_side():
+    """Steps 1-2 of two made-up timelines: a (lane, op) on one side only is 0 on the
+    other (ratio inf, or NaN where neither spent time); step 0 is outside the window."""
+    cols = ["lane", "op", "step", "t_start_s", "t_end_s"]
+    measured = pd.DataFrame([("host", "host_optim", 1, 0.0, 0.5),
+                             ("host", "host_optim", 2, 1.0, 1.5),
+                             ("host", "host_optim", 0, 9.0, 19.0),
+                             ("h2d", "h2d_param", 2, 2.0, 2.1),
+                             ("compute", "forward", 1, 3.0, 3.2)], columns=cols)
+    simulated = pd.DataFrame([("host", "host_optim", 1, 0.0, 0.25),
+                              ("compute", "forward", 1, 3.0, 3.1),
+                              ("d2h", "d2h_grad", 1, 4.0, 4.0)], columns=cols)
+    table = compare_ops(measured, simulated, 1, 2).set_index(["lane", "op"])
+    assert table.loc[("host", "host_optim")].tolist() == pytest.approx([0.5, 0.125, 4.0])
+    assert table.loc[("compute", "forward")].tolist() == pytest.approx([0.1, 0.05, 2.0])
+    assert table.loc[("h2d", "h2d_param"), "measured_s_per_step"] == pytest.approx(0.05)
+    assert table.loc[("h2d", "h2d_param"), "measured_over_simulated"] == float("inf")
+    assert pd.isna(table.loc[("d2h", "d2h_grad"), "measured_over_simulated"])
 
 
 def test_error_summary_numbers():

@@ -8,7 +8,8 @@ each shape a profile is measured (`zfbench.real.profile`) and every strategy run
 zenflow at two (topk_ratio, update_interval) pairs; the simulator then runs the same cells
 with that shape's profile. Printed and written (`--out`, default runs/validate):
 `validate.csv` (measured vs simulated step time, stall fraction and bytes per step with
-signed deltas), `validate_summary.json` (MAPE and max error of step time, worst stall
+signed deltas), `ops.csv` (each cell's busy seconds per step by lane and op, measured
+beside simulated: where an error comes from), `validate_summary.json` (MAPE and max error of step time, worst stall
 miss in points, rank correlation of the strategies' order per shape and pair),
 `profiles/<shape>.json` (the mean of a profile measured before and one after the shape's
 cells), `profiles/<cell>.json` (that profile with the host and link rates measured right
@@ -49,8 +50,8 @@ from pathlib import Path
 import pandas as pd
 
 from zfbench.analysis.breakdown import summarize
-from zfbench.analysis.validation import (compare_rows, error_summary, schedule_signature,
-                                 signature_diff)
+from zfbench.analysis.validation import (compare_ops, compare_rows, error_summary,
+                                         schedule_signature, signature_diff)
 from zfbench.real.engine import resolve_device
 from zfbench.real.memory import InsufficientMemoryError
 from zfbench.real.flat import device_dtype
@@ -82,7 +83,9 @@ def measure_cell(spec: RunSpec, strategy: str, pair, progress: bool):
 
 
 def simulate_cell(spec: RunSpec, strategy: str, pair, profile_path: Path, skip: int, tl):
-    """Simulate one cell with the shape's profile; compare it with the measured timeline."""
+    """Simulate one cell with the shape's profile; compare it with the measured timeline:
+    the summary row, the schedule differences, the simulated timeline and the per-op
+    seconds of both (`compare_ops`)."""
     measured = summarize(tl.spans_frame(), tl.steps_frame(), skip)
     config = replace(spec, overrides=zenflow_overrides(*pair)).engine_config("zenflow")
     # every strategy with the pair's ZenFlow knobs, as before (only zenflow reads them)
@@ -94,7 +97,8 @@ def simulate_cell(spec: RunSpec, strategy: str, pair, profile_path: Path, skip: 
     simulated = summarize(sim.spans_frame(), sim.steps_frame(), skip)
     diffs = signature_diff(schedule_signature(tl.spans_frame(), skip, spec.steps - 1),
                            schedule_signature(sim.spans_frame(), skip, spec.steps - 1))
-    return compare_rows(measured, simulated), diffs, sim
+    ops = compare_ops(tl.spans_frame(), sim.spans_frame(), skip, spec.steps - 1)
+    return compare_rows(measured, simulated), diffs, sim, ops
 
 
 def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool,
@@ -115,7 +119,7 @@ def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool,
     shapes = [(regime, name, spec) for regime, (name, spec) in zip(REGIMES, sized.items())
               if regime in regimes]
     pairs = PAIRS[:1] if quick else PAIRS
-    rows, failures = [], []
+    rows, failures, ops = [], [], []
     (out / "profiles").mkdir(parents=True, exist_ok=True)
     (out / "traces").mkdir(parents=True, exist_ok=True)
     slowest, left_out = 0.0, []
@@ -129,7 +133,7 @@ def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool,
                 "run_them_with": f"{PROG} --shapes {','.join(left_out)}"}
             table, unique, summary = write_results(
                 out, rows, failures, [name for _, name, _ in shapes[:done - 1]],
-                complete=False, head=head)
+                complete=False, head=head, ops=ops)
             print(f"left out to stay within the time budget: shapes {', '.join(left_out)}"
                   f" ({head['left_out']['why']}); run them with "
                   f"{head['left_out']['run_them_with']}", file=sys.stderr)
@@ -139,14 +143,16 @@ def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool,
               f"seq {spec.seq}", file=sys.stderr)
         # the 4-token sizing profile is this shape's "before" profile when they coincide
         before = low if (spec.batch, spec.seq) == (1, SIZING_SEQ[0]) else None
-        shape_rows, shape_failures = validate_shape(spec, shape_name, regime, pairs, out,
-                                                    skip, progress, before)
+        shape_rows, shape_failures, shape_ops = validate_shape(
+            spec, shape_name, regime, pairs, out, skip, progress, before)
         rows += shape_rows
         failures += shape_failures
+        ops += shape_ops
         # every finished shape lands on disk: a long run stopped later keeps what it did
         table, unique, summary = write_results(out, rows, failures,
                                                [name for _, name, _ in shapes[:done]],
-                                               complete=done == len(shapes), head=head)
+                                               complete=done == len(shapes), head=head,
+                                               ops=ops)
         slowest = max(slowest, time.perf_counter() - shape_started)
     show = unique[["shape", "regime", "seq", "host_adam_over_compute", "strategy",
                    "topk_ratio", "update_interval", "measured_step_time_s",
@@ -154,15 +160,17 @@ def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool,
                    "measured_stall_fraction", "simulated_stall_fraction", "schedule_diffs"]]
     print(show.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(json.dumps(summary, indent=1))
-    print(f"wrote {out}/validate.csv, validate_summary.json, profiles/, traces/")
+    print(f"wrote {out}/validate.csv, validate_summary.json, ops.csv, profiles/, traces/")
     for line in failures:
         print(f"schedule mismatch: {line}", file=sys.stderr)
     return 1 if failures else 0
 
 
 def validate_shape(spec: RunSpec, shape_name: str, regime: str, pairs, out: Path, skip: int,
-                   progress: bool, before: dict | None = None) -> tuple[list[dict], list[str]]:
-    """Profile one shape, run its cells on the engine and the simulator: rows, mismatches."""
+                   progress: bool, before: dict | None = None
+                   ) -> tuple[list[dict], list[str], list[pd.DataFrame]]:
+    """Profile one shape, run its cells on the engine and the simulator: rows, mismatches
+    and each cell's per-op seconds."""
     shape = spec.shape()
     # the machine drifts: the shape is profiled before and after its cells run (the
     # simulator gets the mean of the two), and the memory-bound host and link rates, which
@@ -183,14 +191,15 @@ def validate_shape(spec: RunSpec, shape_name: str, regime: str, pairs, out: Path
     profile = mean_profile([before, measure_profile(spec)])
     write_json_atomic(out / "profiles" / f"{shape_name}.json", profile)
     ratio = host_adam_s(profile, shape) / compute_s(profile, shape)
-    rows, failures = [], []
+    rows, failures, ops = [], [], []
     for strategy, pair, measured_tl, rates in cells:
         cell = f"{shape_name}.{strategy}" + (
             f".topk{pair[0]}-U{pair[1]}" if strategy == "zenflow" else "")
         profile_path = out / "profiles" / f"{cell}.json"
         write_json_atomic(profile_path, with_rates(profile, rates))
-        row, diffs, sim_tl = simulate_cell(spec, strategy, pair, profile_path, skip,
-                                           measured_tl)
+        row, diffs, sim_tl, cell_ops = simulate_cell(spec, strategy, pair, profile_path,
+                                                     skip, measured_tl)
+        ops.append(cell_ops.assign(shape=shape_name, cell=cell))
         write_json_atomic(out / "traces" / f"{cell}.json", merge_chrome_traces(
             {f"{cell} measured": measured_tl, f"{cell} simulated": sim_tl}))
         for p in ([pair] if strategy == "zenflow" else pairs):
@@ -200,13 +209,15 @@ def validate_shape(spec: RunSpec, shape_name: str, regime: str, pairs, out: Path
                          "topk_ratio": p[0], "update_interval": p[1],
                          "strategy": strategy, "schedule_diffs": len(diffs), **row})
         failures.extend(f"{cell}: {d}" for d in diffs[:3])
-    return rows, failures
+    return rows, failures, ops
 
 
 def write_results(out: Path, rows: list[dict], failures: list[str], shapes_done: list[str],
-                  complete: bool, head: dict | None = None):
-    """validate.csv and validate_summary.json for the shapes finished so far (each written
-    whole through a rename); `complete` is false until the last shape is in."""
+                  complete: bool, head: dict | None = None,
+                  ops: list[pd.DataFrame] | None = None):
+    """validate.csv, validate_summary.json and ops.csv (each cell's busy seconds per step
+    by lane and op, measured beside simulated) for the shapes finished so far (each
+    written whole through a rename); `complete` is false until the last shape is in."""
     table = pd.DataFrame(rows)
     # each (shape, pair) group ranks all four strategies; the shared baselines appear in
     # every pair's group, so the error statistics count each real cell once
@@ -219,6 +230,10 @@ def write_results(out: Path, rows: list[dict], failures: list[str], shapes_done:
     summary["complete"] = complete
     summary.update(head or {})
     write_csv_atomic(table, out / "validate.csv")
+    if ops:
+        cols = ["shape", "cell", "lane", "op", "measured_s_per_step", "simulated_s_per_step",
+                "measured_over_simulated"]
+        write_csv_atomic(pd.concat(ops, ignore_index=True)[cols], out / "ops.csv")
     write_json_atomic(out / "validate_summary.json", summary)
     return table, unique, summary
 

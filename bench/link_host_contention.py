@@ -1,0 +1,186 @@
+"""Host AdamW and the host-to-device link at once: do they slow each other?
+
+On one H100 (bench/results/gpu/NVIDIA-H100-80GB-HBM3, validate/ops.csv) the engine's
+parameter uploads ran at about half the rate the profile's probe measured alone, and its
+host AdamW chunks 1.2x slower, while the two ran side by side; the profile measures each
+alone, and with a measured profile the simulator lets them share nothing. This script
+times, side by side in one process on the buffers the engine uses (page-locked by
+cudaHostRegister where the engine pins):
+
+- h2d of the whole bf16 wire in one copy, and in 8 MiB copies (the engine's chunks),
+  alone and while a thread runs host AdamW over the fp32 state in a loop;
+- host AdamW over the state (torch's fused CPU AdamW, what the engine runs), alone and
+  while the link copies in a loop; on pageable and on page-locked state;
+- the engine's host chunk: AdamW on a chunk, its parameters into the bf16 wire, the
+  gradient chunk zeroed (ZenFlow's window update), chunk by chunk.
+
+    python bench/link_host_contention.py [--elems 176M] [--threads 8] [--out DIR]
+
+Self-contained (torch only: it runs on a GPU machine without installing zfbench). Writes
+DIR/link_host_contention.json (the medians and the machine). Needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+PAGE = 4096
+CHUNK_BYTES = 8 << 20  # the engine's upload chunk at bf16: 4M elements
+
+
+def page_locked(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A host buffer page-locked by cudaHostRegister (as zfbench.real.backend does)."""
+    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    span = -(-nbytes // PAGE) * PAGE
+    raw = torch.zeros(span + PAGE, dtype=torch.uint8)
+    skip = (-raw.data_ptr()) % PAGE
+    page = raw[skip:skip + span]
+    err = int(torch.cuda.cudart().cudaHostRegister(page.data_ptr(), span, 0))
+    if err:
+        raise RuntimeError(f"cudaHostRegister failed: {err}")
+    return page[:nbytes].view(dtype)
+
+
+def adamw(p, g, m, v) -> None:
+    step = torch.tensor(1.0)
+    torch._fused_adamw_([p], [g], [m], [v], [], [step], lr=1e-4, beta1=0.9, beta2=0.999,
+                        weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False)
+
+
+def median_s(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def in_thread(fn, threads: int):
+    box = {}
+
+    def target():
+        torch.set_num_threads(threads)
+        box["out"] = fn()
+    worker = threading.Thread(target=target)
+    worker.start()
+    worker.join()
+    return box["out"]
+
+
+def while_looping(background, threads: int | None, measure):
+    """`measure()` while another thread (of `threads` torch threads; None: the count is
+    left alone) runs `background` in a loop; returns measure's result."""
+    stop = threading.Event()
+
+    def loop():
+        if threads is not None:
+            torch.set_num_threads(threads)
+        while not stop.is_set():
+            background()
+    worker = threading.Thread(target=loop)
+    worker.start()
+    time.sleep(0.05)
+    try:
+        return measure()
+    finally:
+        stop.set()
+        worker.join()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--elems", type=float, default=176e6)
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path("runs/link_host_contention"))
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: needs CUDA", file=sys.stderr)
+        return 2
+    n, T, R = int(args.elems), args.threads, args.repeats
+    dev = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
+    wire = page_locked(n, torch.bfloat16)
+    stream = torch.cuda.Stream()
+    chunk = CHUNK_BYTES // 2
+    bounds = [(a, min(a + chunk, n)) for a in range(0, n, chunk)]
+    state = {"pageable": [torch.randn(n), torch.randn(n) * 1e-3, torch.zeros(n),
+                          torch.zeros(n)]}
+    locked = [page_locked(n, torch.float32) for _ in range(4)]
+    for dst, src in zip(locked, state["pageable"]):
+        dst.copy_(src)
+    state["page_locked"] = locked
+
+    def h2d_whole():
+        with torch.cuda.stream(stream):
+            dev.copy_(wire, non_blocking=True)
+        stream.synchronize()
+
+    def h2d_chunks():
+        with torch.cuda.stream(stream):
+            for a, b in bounds:
+                dev[a:b].copy_(wire[a:b], non_blocking=True)
+        stream.synchronize()
+
+    res = {"elems": n, "threads": T, "repeats": R, "chunk_elems": chunk}
+    nbytes = 2 * n
+    p, g, m, v = state["page_locked"]
+
+    def adam_locked():
+        adamw(p, g, m, v)
+
+    def engine_chunks(zero: bool):
+        def run():
+            for a, b in bounds:
+                adamw(p[a:b], g[a:b], m[a:b], v[a:b])
+                wire[a:b].copy_(p[a:b])
+                if zero:
+                    g[a:b].zero_()
+        return run
+
+    for _round in range(2):  # two rounds, side by side: the machine drifts
+        r = {}
+        r["h2d_whole_alone_GBps"] = nbytes / median_s(h2d_whole, R) / 1e9
+        r["h2d_chunks_alone_GBps"] = nbytes / median_s(h2d_chunks, R) / 1e9
+        r["h2d_whole_beside_adam_GBps"] = nbytes / while_looping(
+            adam_locked, T, lambda: median_s(h2d_whole, R)) / 1e9
+        r["h2d_chunks_beside_adam_GBps"] = nbytes / while_looping(
+            adam_locked, T, lambda: median_s(h2d_chunks, R)) / 1e9
+        for kind, bufs in state.items():
+            r[f"adam_{kind}_alone_Gparams"] = n / in_thread(
+                lambda bufs=bufs: median_s(lambda: adamw(*bufs), R), T) / 1e9
+        r["adam_page_locked_beside_h2d_Gparams"] = n / in_thread(
+            lambda: while_looping(h2d_whole, None, lambda: median_s(adam_locked, R)),
+            T) / 1e9
+        r["engine_chunks_adam_convert_Gparams"] = n / in_thread(
+            lambda: median_s(engine_chunks(False), R), T) / 1e9
+        r["engine_chunks_adam_convert_zero_Gparams"] = n / in_thread(
+            lambda: median_s(engine_chunks(True), R), T) / 1e9
+        r["convert_alone_Gelems"] = n / in_thread(
+            lambda: median_s(lambda: wire.copy_(p), R), T) / 1e9
+        r["zero_alone_Gelems"] = n / in_thread(lambda: median_s(g.zero_, R), T) / 1e9
+        res[f"round{_round}"] = r
+        print(json.dumps(r, indent=1), flush=True)
+    res["machine"] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                      "cpu_count": os.cpu_count(), "processor": platform.processor(),
+                      "python": platform.python_version()}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "link_host_contention.json").write_text(json.dumps(res, indent=1))
+    print(f"wrote {args.out}/link_host_contention.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
