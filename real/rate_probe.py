@@ -20,7 +20,11 @@ fp32 master, gradient and moments); `measure(repeats)` then times, as the engine
   (`copy_`: gradients out of the d2h wire into fp32, the master into the h2d wire),
   `host_convert_elems_per_s` per element of both (absent with fp32 weights: the engine
   converts nothing then); last, clearing the fp32 gradient (`zero_`: the engine clears
-  ZenFlow's window after each chunk's Adam), `host_zero_elems_per_s`.
+  ZenFlow's window after each chunk's Adam), `host_zero_elems_per_s`;
+- on CUDA, how the upload link and host AdamW slow each other: the upload timed while
+  AdamW repeats on the host threads and AdamW timed while the upload repeats, as
+  `h2d_factor_when_host_busy` and `host_factor_when_h2d_busy` (alone / together; the
+  simulator applies them wherever an upload and host work overlap, sims/fluid.py).
 tests/test_kernel_identity.py checks that the probe and the engine reach the same kernels
 with the same dtypes.
 Pinned buffers are `zfbench.real.backend.register_pinned`'s, released by `close()` (or when
@@ -226,6 +230,9 @@ class RateProbe:
                                                                    repeats))[1],
                            self.host_threads)
         rates = {}
+        if self.streams:  # a GPU: the upload link and the host's memory side by side
+            rates.update(self._link_host_contention(h2d, h2d_sync, h2d_alone, adam_s,
+                                                    repeats))
         if self.dev.dtype != torch.float32:
             convert_s = in_thread(lambda: (convert(), median_time(convert, repeats))[1],
                                   self.host_threads)
@@ -237,6 +244,28 @@ class RateProbe:
                 "host_accum_elems_per_s": self.total / accum_s,
                 "host_norm_elems_per_s": self.total / norm_s,
                 "host_zero_elems_per_s": self.total / zero_s}
+
+    def _link_host_contention(self, h2d, h2d_sync, h2d_alone: float, adam_alone: float,
+                              repeats: int) -> dict[str, float]:
+        """On CUDA: the upload timed (from a host worker, as the engine issues it) while
+        host AdamW repeats on the host threads, and host AdamW timed while the upload
+        repeats; as rate factors (alone / together, at most 1). On one H100 machine the
+        link kept 0.86x and AdamW fell to 0.23x (bench/results/gpu/NVIDIA-H100-80GB-HBM3,
+        contention/): a profile that measures each alone says nothing of it."""
+        halt = _loop_in_thread(self.host_adam, self.host_threads)
+        try:
+            h2d_beside = in_thread(lambda: median_time(h2d, repeats, sync=h2d_sync),
+                                   self.host_threads)
+        finally:
+            halt()
+        halt = _loop_in_thread(lambda: (h2d(), h2d_sync()), 1)
+        try:
+            adam_beside = in_thread(lambda: median_time(self.host_adam, repeats),
+                                    self.host_threads)
+        finally:
+            halt()
+        return {"h2d_factor_when_host_busy": min(1.0, h2d_alone / h2d_beside),
+                "host_factor_when_h2d_busy": min(1.0, adam_alone / adam_beside)}
 
     def close(self) -> None:
         """Wait for the link streams and unpin the pinned buffers (the probe stays usable

@@ -310,6 +310,16 @@ class CostModel:
         return rate / self.node.host.cores
 
     @property
+    def link_host_factors(self) -> dict[str, float]:
+        """How the upload link and the host's work slow each other, as a profile measured
+        them on a GPU (`h2d_factor_when_host_busy`, `host_factor_when_h2d_busy`); none
+        (1.0: only the DRAM bandwidth is shared) from presets, on the CPU lanes, whose
+        uploads are the host worker's own copies, and in older profiles."""
+        cal = self.calibration or {}
+        return {k: float(cal[k]) for k in ("h2d_factor_when_host_busy",
+                                           "host_factor_when_h2d_busy") if k in cal}
+
+    @property
     def zero_units_per_core_s(self) -> float | None:
         """Elements/s per core of clearing an fp32 host buffer, as a profile measured it
         (`host_zero_elems_per_s`: zfbench's engine clears ZenFlow's window after each

@@ -176,6 +176,12 @@ class NodeCapacities:
     dram_bytes_per_s: float
     # Host work never gets less than this share of DRAM bandwidth, however busy the link.
     dram_floor_fraction: float = 0.1
+    # A measured profile's contention between the host's memory and the upload link
+    # (zfbench.real.rate_probe `link_host_contention`): an h2d copy's rate while host work
+    # runs on the node, and host work's rate while an h2d copy runs (1: they share nothing
+    # but the DRAM bandwidth above).
+    h2d_factor_when_host_busy: float = 1.0
+    host_factor_when_h2d_busy: float = 1.0
     # The node's first global rank: its ranks' switches count from there (several nodes).
     first_rank: int = 0
 
@@ -208,6 +214,8 @@ def node_rates(caps: NodeCapacities) -> RateFn:
                 same_lane[(job.kind, job.rank)] = same_lane.get((job.kind, job.rank), 0) + 1
         out = [0.0] * len(active)
         transfer_total = 0.0
+        host_busy = any(j.kind == "host" for j in active)
+        h2d_busy = any(j.kind == "h2d" for j in active)
         for i, job in enumerate(active):
             if job.kind == "host":
                 continue
@@ -219,6 +227,8 @@ def node_rates(caps: NodeCapacities) -> RateFn:
                 factor, other = caps.h2d_factor_when_d2h_busy, "d2h"
             if (other, job.rank) in busy:
                 cap *= factor
+            if job.kind == "h2d" and host_busy:
+                cap *= caps.h2d_factor_when_host_busy
             sw = (job.rank - caps.first_rank) // caps.gpus_per_switch
             if switch_both[(job.kind, sw)]:
                 up *= factor
@@ -239,6 +249,8 @@ def node_rates(caps: NodeCapacities) -> RateFn:
                 job = active[i]
                 cores = caps.cores_per_rank / per_rank[job.rank]
                 out[i] = min(cores * job.units_per_core_s, dram_each / job.bytes_per_unit)
+                if h2d_busy:
+                    out[i] *= caps.host_factor_when_h2d_busy
         return out
 
     rates.job_key = job_rate_key

@@ -87,7 +87,8 @@ def capacities(costs: CostModel, node_index: int = 0) -> NodeCapacities:
         gpus_per_switch=node.gpus_per_switch,
         cores_per_rank=costs.cores_per_rank,
         dram_bytes_per_s=node.host.dram_bytes_per_s,
-        first_rank=node_index * costs.gpus_per_node)
+        first_rank=node_index * costs.gpus_per_node,
+        **costs.link_host_factors)
 
 
 def nodes_repeat(costs: CostModel, strategy: str) -> bool:
