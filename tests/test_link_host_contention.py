@@ -8,7 +8,6 @@ import pytest
 
 from zfbench.analysis.breakdown import summarize
 from zfbench.real.profile import with_rates
-from zfbench.run.command import main as run_main
 from zfbench.sims.costs import CostModel, SimSettings
 from zfbench.sims.fluid import Job, NodeCapacities, node_rates
 from zfbench.sims.simulator import simulate
@@ -39,15 +38,9 @@ def test_factors_by_hand():
         assert ones(jobs) == plain(jobs)
 
 
-TINY = ["--model", "tiny", "--steps", "10", "--batch", "2", "--seq", "16",
-        "--device-threads", "1", "--host-threads", "1", "--quiet"]
-
-
 @pytest.fixture(scope="module")
-def cpu_profile(tmp_path_factory):
-    out = tmp_path_factory.mktemp("profile")
-    assert run_main(TINY + ["--strategy", "zero-offload", "--profile", "--out", str(out)]) == 0
-    return json.loads((out / "profile.json").read_text())
+def cpu_profile(tiny_profile_path):
+    return json.loads(tiny_profile_path.read_text())
 
 
 @pytest.mark.slow

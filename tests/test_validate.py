@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from conftest import TINY_RUN
 from zfbench.analysis.validation import (compare_ops, compare_rows, error_summary,
                                          schedule_signature, signature_diff, spearman)
 from zfbench.sims.costs import SimSettings, SimSettingsError
@@ -16,15 +17,12 @@ from zfbench.run.command import main as run_main
 from zfbench.simulate.command import main as simulate_main
 from zfbench.validate.command import main as validate_main
 
-TINY = ["--model", "tiny", "--steps", "10", "--batch", "2", "--seq", "16",
-        "--device-threads", "1", "--host-threads", "1", "--quiet"]
+TINY = TINY_RUN
 
 
 @pytest.fixture(scope="module")
-def profile_path(tmp_path_factory):
-    out = tmp_path_factory.mktemp("profile")
-    assert run_main(TINY + ["--strategy", "zero-offload", "--profile", "--out", str(out)]) == 0
-    return out / "profile.json"
+def profile_path(tiny_profile_path):
+    return tiny_profile_path
 
 
 @pytest.mark.slow
