@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from zfbench.core.progress import progress as progress_bar
 
-from zfbench.real.data import synthetic_batches, text_batches
+from zfbench.real.data import made_ahead, synthetic_batches, text_batches
 from zfbench.real.distributed import DistContext, gather_timeline
 from zfbench.real.engine import Engine, initialize
 from zfbench.real.flat import device_dtype
@@ -199,7 +199,9 @@ def train(spec: RunSpec, strategy: str, model: torch.nn.Module | None = None,
                         device_threads=spec.device_threads, host_threads=spec.host_threads,
                         hazard_check=hazard_check)
     world = engine.dist.world
-    data = batches(spec, shape.vocab, engine.dist.rank, world)
+    # made before the clock starts: the toy data's Python never sits between two steps
+    data = made_ahead(batches(spec, shape.vocab, engine.dist.rank, world),
+                      spec.steps * config.grad_accum)
     losses: list[float] = []
     bar = progress_bar(total=spec.steps, desc=f"{strategy:>16}", unit="step",
                        quiet=not progress, leave=True)

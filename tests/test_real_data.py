@@ -11,6 +11,7 @@ from zfbench.real.data import (
     ByteTokenizer,
     bigram_table,
     default_text,
+    made_ahead,
     split_tokens,
     synthetic_batches,
     text_batches,
@@ -34,6 +35,24 @@ def test_synthetic_same_seed_same_stream_different_seed_different():
     assert same_stream(a, b)
     assert not torch.equal(a[0]["input_ids"], c[0]["input_ids"])
     assert not torch.equal(a[0]["input_ids"], a[1]["input_ids"])  # the stream moves on
+
+
+@pytest.mark.parametrize("count,cap_batches", [(0, 99), (5, 99), (12, 4), (30, 1)])
+def test_made_ahead_is_the_same_stream_made_early(count, cap_batches):
+    """The batches are those of the stream itself, in order, whatever was made ahead; at
+    most `count` of them and no more bytes than the cap are made before the first is
+    handed out."""
+    calls = []
+
+    def counted(stream):
+        for batch in stream:
+            calls.append(1)
+            yield batch
+    nbytes = 2 * 3 * 16 * 8  # input_ids and labels, 3 x 16 int64
+    ahead = made_ahead(counted(synthetic_batches(50, 3, 16, seed=7)), count,
+                       max_bytes=cap_batches * nbytes)
+    assert len(calls) == max(1, min(count, cap_batches))
+    assert same_stream(take(ahead, 20), take(synthetic_batches(50, 3, 16, seed=7), 20))
 
 
 def test_synthetic_batch_layout_and_shift():

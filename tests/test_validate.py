@@ -7,7 +7,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import TINY_RUN
 from zfbench.analysis.validation import (compare_ops, compare_rows, error_summary,
                                          schedule_signature, signature_diff, spearman)
 from zfbench.sims.costs import SimSettings, SimSettingsError
@@ -17,7 +16,8 @@ from zfbench.run.command import main as run_main
 from zfbench.simulate.command import main as simulate_main
 from zfbench.validate.command import main as validate_main
 
-TINY = TINY_RUN
+TINY = ["--model", "tiny", "--steps", "10", "--batch", "2", "--seq", "16",
+        "--device-threads", "1", "--host-threads", "1", "--quiet"]  # conftest's TINY_RUN
 
 
 @pytest.fixture(scope="module")
