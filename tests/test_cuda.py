@@ -203,8 +203,10 @@ def test_profile_measures_the_gpu_it_runs_on():
                 "h2d_bytes_per_s_both", "host_adam_params_per_s", "device_optim_elems_per_s",
                 "device_copy_s_per_elem"):
         assert cal[key] > 0, key
-    for key in ("compute_factor_when_host_busy", "host_factor_when_compute_busy"):
-        assert 0 < cal[key] <= 1, key
+    for key in ("compute_factor_when_host_busy", "host_factor_when_compute_busy",
+                "h2d_factor_when_host_busy", "host_factor_when_h2d_busy"):
+        assert 0 < cal[key] <= 1, key  # the last two: the upload link beside host AdamW
+    assert cal["host_zero_elems_per_s"] > 0
 
 
 def test_rate_probe_copies_between_the_gpu_and_pinned_wires_of_its_dtype():
