@@ -12,7 +12,14 @@ cudaHostRegister where the engine pins):
 - host AdamW over the state (torch's fused CPU AdamW, what the engine runs), alone and
   while the link copies in a loop; on pageable and on page-locked state;
 - the engine's host chunk: AdamW on a chunk, its parameters into the bf16 wire, the
-  gradient chunk zeroed (ZenFlow's window update), chunk by chunk.
+  gradient chunk zeroed (ZenFlow's window update), chunk by chunk;
+- d2h of the device buffer into a page-locked wire, alone and beside host AdamW, and host
+  AdamW beside the d2h copy loop (ZenFlow accumulates on the host while the next step's
+  gradients come down);
+- the engine's pipeline: each chunk's AdamW and conversion, then its upload issued on
+  the h2d stream between two CUDA events, as the host worker does it: the chunks' rate
+  and the uploads' own rate by their events (inside validate's runs the uploads took
+  2.2x the probe's time).
 
     python bench/link_host_contention.py [--elems 176M] [--threads 8] [--out DIR]
 
@@ -134,6 +141,14 @@ def main(argv=None) -> int:
                 dev[a:b].copy_(wire[a:b], non_blocking=True)
         stream.synchronize()
 
+    down_wire = page_locked(n, torch.bfloat16)
+    down_stream = torch.cuda.Stream()
+
+    def d2h_whole():
+        with torch.cuda.stream(down_stream):
+            down_wire.copy_(dev, non_blocking=True)
+        down_stream.synchronize()
+
     res = {"elems": n, "threads": T, "repeats": R, "chunk_elems": chunk}
     nbytes = 2 * n
     p, g, m, v = state["page_locked"]
@@ -149,6 +164,34 @@ def main(argv=None) -> int:
                 if zero:
                     g[a:b].zero_()
         return run
+
+    def engine_pipeline():
+        """As the engine's host worker: each chunk's AdamW and conversion into the wire,
+        then its upload issued on the h2d stream between two events; returns the
+        uploads' busy seconds (the sum of the event intervals)."""
+        marks = []
+        for a, b in bounds:
+            adamw(p[a:b], g[a:b], m[a:b], v[a:b])
+            wire[a:b].copy_(p[a:b])
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            with torch.cuda.stream(stream):
+                start.record()
+                dev[a:b].copy_(wire[a:b], non_blocking=True)
+                end.record()
+            marks.append((start, end))
+        stream.synchronize()
+        return sum(s.elapsed_time(e) for s, e in marks) / 1e3
+
+    def pipeline_rates():
+        engine_pipeline()
+        runs = []
+        for _ in range(R):
+            t0 = time.perf_counter()
+            up_s = engine_pipeline()
+            runs.append((time.perf_counter() - t0, up_s))
+        wall = statistics.median(w for w, _ in runs)
+        up = statistics.median(u for _, u in runs)
+        return n / wall / 1e9, nbytes / up / 1e9
 
     for _round in range(2):  # two rounds, side by side: the machine drifts
         r = {}
@@ -168,6 +211,15 @@ def main(argv=None) -> int:
             lambda: median_s(engine_chunks(False), R), T) / 1e9
         r["engine_chunks_adam_convert_zero_Gparams"] = n / in_thread(
             lambda: median_s(engine_chunks(True), R), T) / 1e9
+        r["d2h_whole_alone_GBps"] = nbytes / median_s(d2h_whole, R) / 1e9
+        r["d2h_whole_beside_adam_GBps"] = nbytes / while_looping(
+            adam_locked, T, lambda: median_s(d2h_whole, R)) / 1e9
+        r["adam_page_locked_beside_d2h_Gparams"] = n / in_thread(
+            lambda: while_looping(d2h_whole, None, lambda: median_s(adam_locked, R)),
+            T) / 1e9
+        chunks_rate, uploads_rate = in_thread(pipeline_rates, T)
+        r["engine_pipeline_Gparams"] = chunks_rate
+        r["engine_pipeline_uploads_GBps"] = uploads_rate  # by the uploads' own events
         r["convert_alone_Gelems"] = n / in_thread(
             lambda: median_s(lambda: wire.copy_(p), R), T) / 1e9
         r["zero_alone_Gelems"] = n / in_thread(lambda: median_s(g.zero_, R), T) / 1e9
