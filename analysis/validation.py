@@ -108,22 +108,48 @@ def signature_diff(measured: dict, simulated: dict) -> list[str]:
     return diffs
 
 
-def op_seconds(spans: pd.DataFrame, first_step: int, last_step: int) -> pd.Series:
+def op_seconds(spans: pd.DataFrame, first_step: int, last_step: int,
+               nested: tuple[str, str] | None = None) -> pd.Series:
     """Busy seconds per step of each (lane, op) over steps [first, last]: the sum of its
-    spans' durations divided by the number of steps in the window."""
+    spans' durations divided by the number of steps in the window. `nested` (outer
+    lane, inner lane): spans of the inner lane lying wholly inside a span of the outer
+    one are taken out of the outer span's time (the CPU lanes' host worker runs each
+    upload inside its AdamW chunk: ("host", "h2d"))."""
     window = spans[(spans["step"] >= first_step) & (spans["step"] <= last_step)]
     steps = last_step - first_step + 1
-    busy = (window["t_end_s"] - window["t_start_s"]).groupby(
-        [window["lane"], window["op"]]).sum()
-    return busy / steps
+    busy = window["t_end_s"] - window["t_start_s"]
+    if nested is not None:
+        busy = busy - _inner_seconds(window, *nested)
+    return busy.groupby([window["lane"], window["op"]]).sum() / steps
+
+
+def _inner_seconds(window: pd.DataFrame, outer: str, inner: str) -> pd.Series:
+    """Per span of `window` (same index): the seconds of `inner`-lane spans lying wholly
+    inside it, for spans of the `outer` lane (0 elsewhere)."""
+    out = pd.Series(0.0, index=window.index)
+    hosts = window[window["lane"] == outer].sort_values("t_start_s")
+    inners = window[window["lane"] == inner].sort_values("t_start_s")
+    if hosts.empty or inners.empty:
+        return out
+    # the outer span that starts last at or before each inner span's start
+    pair = pd.merge_asof(
+        inners[["t_start_s", "t_end_s"]].rename(columns={"t_end_s": "inner_end"}),
+        hosts[["t_start_s", "t_end_s"]].assign(outer=hosts.index).rename(
+            columns={"t_end_s": "outer_end"}), on="t_start_s", direction="backward")
+    inside = pair[pair["outer"].notna() & (pair["inner_end"] <= pair["outer_end"])]
+    seconds = (inside["inner_end"] - inside["t_start_s"]).groupby(
+        inside["outer"].astype(window.index.dtype)).sum()
+    out.loc[seconds.index] = seconds
+    return out
 
 
 def compare_ops(measured: pd.DataFrame, simulated: pd.DataFrame, first_step: int,
-                last_step: int) -> pd.DataFrame:
+                last_step: int, nested: tuple[str, str] | None = None) -> pd.DataFrame:
     """One row per (lane, op) either timeline ran in the window: `measured_s_per_step`,
     `simulated_s_per_step` (0 where one side never ran it) and `measured_over_simulated`
-    (inf where only the measurement has it, NaN where neither spent time)."""
-    m = op_seconds(measured, first_step, last_step).rename("measured_s_per_step")
+    (inf where only the measurement has it, NaN where neither spent time). `nested`: as
+    `op_seconds`, for the measured timeline (the simulator records no nested spans)."""
+    m = op_seconds(measured, first_step, last_step, nested).rename("measured_s_per_step")
     s = op_seconds(simulated, first_step, last_step).rename("simulated_s_per_step")
     table = pd.concat([m, s], axis=1).fillna(0.0)
     both = table["simulated_s_per_step"] > 0

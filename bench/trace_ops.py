@@ -48,13 +48,24 @@ def spans_by_process(path: Path) -> dict[str, pd.DataFrame]:
     return {procs.get(pid, str(pid)): pd.DataFrame(r, columns=cols) for pid, r in rows.items()}
 
 
+def cpu_lanes(path: Path) -> bool:
+    """Whether the cell ran on the CPU lanes (its profile, validate's profiles/<cell>.json
+    beside traces/, says `transfers: emulated`): there the host worker runs each upload
+    inside its AdamW chunk's span."""
+    profile = path.parent.parent / "profiles" / path.name
+    if not profile.exists():
+        return False
+    return json.loads(profile.read_text())["calibration"].get("transfers") == "emulated"
+
+
 def cell_ops(path: Path, skip: int) -> pd.DataFrame:
     procs = spans_by_process(path)
     measured = next(f for name, f in procs.items() if name.endswith(" measured)"))
     simulated = next(f for name, f in procs.items() if name.endswith(" simulated)"))
     measured, simulated = (f[f["lane"] != "steps"] for f in (measured, simulated))
     last = int(min(measured["step"].max(), simulated["step"].max()))
-    return compare_ops(measured, simulated, skip, last).assign(cell=path.stem)
+    nested = ("host", "h2d") if cpu_lanes(path) else None
+    return compare_ops(measured, simulated, skip, last, nested).assign(cell=path.stem)
 
 
 def main(argv: list[str] | None = None) -> int:

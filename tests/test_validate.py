@@ -370,6 +370,16 @@ def test_compare_ops_gives_busy_seconds_per_step_of_each_side():
     assert table.loc[("h2d", "h2d_param"), "measured_s_per_step"] == pytest.approx(0.05)
     assert table.loc[("h2d", "h2d_param"), "measured_over_simulated"] == float("inf")
     assert pd.isna(table.loc[("d2h", "d2h_grad"), "measured_over_simulated"])
+    # the CPU lanes' uploads inside the host chunks: out of the host's time, not the
+    # upload's own; an upload outside every host span takes nothing out
+    nested = pd.concat([measured, pd.DataFrame(
+        [("h2d", "h2d_param", 1, 0.1, 0.3), ("h2d", "h2d_param", 2, 1.2, 1.7)],
+        columns=cols)], ignore_index=True)
+    table = compare_ops(nested, simulated, 1, 2, ("host", "h2d")).set_index(["lane", "op"])
+    assert table.loc[("host", "host_optim"), "measured_s_per_step"] == pytest.approx(
+        (0.5 - 0.2 + 0.5) / 2)
+    assert table.loc[("h2d", "h2d_param"), "measured_s_per_step"] == pytest.approx(
+        (0.2 + 0.5 + 0.1) / 2)
 
 
 def test_error_summary_numbers():
