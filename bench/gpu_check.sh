@@ -18,6 +18,8 @@
 #   profile/                   python -m zfbench.run --profile at that size
 #   predict/                   python -m zfbench.predict --from-run run_<model>: ZenFlow
 #                              predicted from the ZeRO-Offload row, beside the measured one
+#   contention/                bench/link_host_contention.py: host AdamW and the links side
+#                              by side on page-locked buffers (about 15 s on one H100)
 #   validate/                  python -m zfbench.validate --device cuda: engine against
 #                              simulator on the GPU (VALIDATE_MIN minutes at most, default 1.5:
 #                              one shape; more with a longer device lease)
@@ -27,7 +29,7 @@
 # PACK=FILE.tgz packs bench/results/gpu/<gpu-name>/ into one file at the end (a lent
 # machine whose files come back a few at a time).
 # ONLY="profile validate" runs only the named steps (cuda_tests run_default run_model
-# profile predict validate), e.g. to fit each call of a time-limited session.
+# profile predict contention validate), e.g. to fit each call of a time-limited session.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${GPU_PY:-python3}
@@ -126,6 +128,7 @@ step profile $PY -m zfbench.run --device cuda --model "$MODEL" --seq "$SEQ" \
   --precision bf16 --strategy zenflow --steps 4 --profile --quiet --out "$OUT/profile"
 step predict $PY -m zfbench.predict --from-run "$OUT/run_$MODEL" --gpu "$GPU_PRESET" \
   --quiet --out "$OUT/predict"
+step contention $PY bench/link_host_contention.py --out "$OUT/contention"
 step validate $PY -m zfbench.validate --device cuda --budget-min "$VALIDATE_MIN" --quiet \
   --out "$OUT/validate"
 echo "== gpu-check: wrote $OUT (exit codes in status.txt)"
