@@ -85,6 +85,20 @@ def test_cpu_rate_probe_is_as_before_and_closes():
     probe.close()  # idempotent
 
 
+def test_link_host_contention_factors_from_the_probes_own_copies():
+    """The GPU-only measurement, run with the CPU lanes' copies and a stand-in for the
+    stream wait (the CPU has none): factors alone / together, in (0, 1]; the CPU lanes'
+    own measure() leaves them out (nothing applies them there)."""
+    probe = RateProbe(1 << 16, torch.bfloat16, 1)
+    _, h2d, _, _ = probe._links()
+    waits = []
+    factors = probe._link_host_contention(h2d, lambda: waits.append(1), 1e-3, 1e-3, 2)
+    assert set(factors) == {"h2d_factor_when_host_busy", "host_factor_when_h2d_busy"}
+    assert all(0 < v <= 1 for v in factors.values()) and waits
+    assert "h2d_factor_when_host_busy" not in probe.measure(2)
+    probe.close()
+
+
 def _fake_profile(device_info):
     blocks = {k: {"forward_s": 1e-3, "backward_s": 2e-3, "forward_flops": 1e6, "tokens": 32}
               for k in ("embedding", "decoder", "head")}
