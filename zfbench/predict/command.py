@@ -136,6 +136,7 @@ def predict(base: SimSettings, measured: Breakdown, workdir: Path, quiet: bool =
 def describe_fit(f: Fit, base: SimSettings, measured: Breakdown) -> list[str]:
     gpu, link, host, _ = f.settings.parts()
     b_gpu, b_link, b_host, _ = base.parts()
+    cores = f.settings.host_cores or host.cores  # --host-cores, else the preset's
     s = f.scales
     return [
         f"  compute: MFU {100 * s.mfu:.3g}% of {b_gpu.name}'s "
@@ -144,8 +145,8 @@ def describe_fit(f: Fit, base: SimSettings, measured: Breakdown) -> list[str]:
         f"  PCIe: d2h {link.d2h_bytes_per_s / 1e9:.2f} GB/s (x{s.d2h:.3g} of {b_link.name}), "
         f"h2d {link.h2d_bytes_per_s / 1e9:.2f} GB/s (x{s.h2d:.3g}), fixed cost per copy "
         f"{1e6 * link.setup_latency_s:.3g} us ({copy_cost_origin(f, measured, b_link)})",
-        f"  host AdamW: {host.adam_params_per_s(host.cores) / 1e9:.3f} G params/s on "
-        f"{host.cores} cores (x{s.host:.3g} of {b_host.name}; measured stall "
+        f"  host AdamW: {host.adam_params_per_s(cores) / 1e9:.3f} G params/s on "
+        f"{cores} cores (x{s.host:.3g} of {b_host.name}; measured stall "
         f"{measured.stall_s:.4g} s per step)"]
 
 
@@ -360,7 +361,7 @@ def run_host_note(settings: dict, base: SimSettings) -> str | None:
     if settings.get("emulated") or not threads:
         return None
     host = base.parts()[2]
-    cores = host.cores
+    cores = base.host_cores or host.cores
     if threads >= cores:
         return None
     machine = (f" of {settings['run_cpu_count']} cores" if settings.get("run_cpu_count")
@@ -369,8 +370,10 @@ def run_host_note(settings: dict, base: SimSettings) -> str | None:
             f"host is the --host preset {host.name} ({cores} cores), whose AdamW rate the "
             f"ZeRO-Offload row scales but whose memory bandwidth it cannot measure: ZenFlow's "
             f"host accumulation every step is taken at the preset's, so the prediction can "
-            f"be far too fast for a smaller host. For that run's own host rates: python -m "
-            f"zfbench.run --profile --out DIR, then python -m zfbench.simulate --profile "
+            f"be far too fast for a smaller host. --host-cores {threads} predicts on the "
+            f"run's host-lane threads at the preset's rates per core (one H100 machine: "
+            f"-73% -> -54% against its ZenFlow row); for that run's own host rates: python "
+            f"-m zfbench.run --profile --out DIR, then python -m zfbench.simulate --profile "
             f"DIR/profile.json")
 
 
