@@ -39,7 +39,7 @@ from zfbench.real import kernels
 from zfbench.real.backend import CpuLanes, CudaBackend
 from zfbench.real.engine_protocol import StrategyForEngine
 from zfbench.real.flat import LOW_PRECISION, FlatLayout
-from zfbench.core.strategies import gradient_buckets_apply
+from zfbench.core.strategies import ENGINE_HOST_CHUNK_ELEMS, gradient_buckets_apply
 from zfbench.real.grad_buckets import GradBuckets
 from zfbench.real.hazards import HazardChecker
 from zfbench.real.distributed import (DistContext, allgather_flat, allreduce_mean_,
@@ -78,7 +78,7 @@ def resolve_device(device: str) -> torch.device:
 class Engine:
     def __init__(self, model: torch.nn.Module, config: EngineConfig, *, device: str = "auto",
                  device_threads: int | None = None, host_threads: int | None = None,
-                 steps_per_epoch: int | None = None, host_chunk_elems: int = 1 << 22,
+                 steps_per_epoch: int | None = None, host_chunk_elems: int = ENGINE_HOST_CHUNK_ELEMS,
                  host_timeout_s: float = 600.0, rank: int = 0,
                  dist: DistContext | None = None, hazard_check: bool = False,
                  waits_dropped: frozenset[str] = frozenset()) -> None:

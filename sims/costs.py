@@ -21,7 +21,7 @@ from zfbench.core import hardware, models
 from zfbench.core.memory_model import (activation_bytes, element_bytes, engine_device_bytes,
                                        host_bytes_per_param)
 from zfbench.core.scenario import GPU_NODE
-from zfbench.core.strategies import buckets_on
+from zfbench.core.strategies import ENGINE_HOST_CHUNK_ELEMS, buckets_on
 from zfbench.core.schedule import topk_count
 
 __all__ = ["STRATEGIES", "TRANSFER_MODES", "PRECISIONS", "OFFLOAD_PARAMS", "SimSettings",
@@ -318,6 +318,13 @@ class CostModel:
         cal = self.calibration or {}
         return {k: float(cal[k]) for k in ("h2d_factor_when_host_busy",
                                            "host_factor_when_h2d_busy") if k in cal}
+
+    @property
+    def host_chunk_elems(self) -> int | None:
+        """Elements per host optimizer job: with a profile of zfbench's engine its chunk
+        (`ENGINE_HOST_CHUNK_ELEMS`: the accumulation, urgent, goes ahead of the next
+        chunk, and each chunk's upload follows it); from presets None, a job per bucket."""
+        return ENGINE_HOST_CHUNK_ELEMS if self.engine_grad_passes else None
 
     @property
     def zero_units_per_core_s(self) -> float | None:

@@ -69,6 +69,8 @@ gather and scatter; every step ends with the engine zeroing the gradients.
 
 from __future__ import annotations
 
+import math
+
 import simpy
 
 from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel
@@ -237,21 +239,30 @@ class RankSim:
     def host_update(self, step: int, deps, elems_of, up_bytes_of, convert_of=None,
                     zero_of=None):
         """Host Adam chunk by chunk, each chunk's parameters up (and all-gathered) after it;
-        returns the event of the last upload and each chunk's host event. `convert_of(i)`:
+        returns the event of the last upload and each bucket's host event (its last
+        chunk's: with a profile of the engine each bucket is cut into the engine's host
+        chunks, `CostModel.host_chunk_elems`). `convert_of(i)`:
         elements of chunk i whose wires the host converts (both directions; default
         none); `zero_of(i)`: gradient elements of chunk i zeroed after its Adam (default
         none)."""
         c = self.costs
         last, chunks = None, {}
         for i in reversed(range(self.nb)):
-            chunks[i] = self.host_work("host_optim", step, elems_of(i), deps,
-                                       convert_of(i) if convert_of else 0.0,
-                                       zero_of(i) if zero_of else 0.0)
-            up = self.transfer(self.h2d, "h2d_param", step, up_bytes_of(i), [chunks[i]])
+            elems = elems_of(i)
+            # the engine's chunks (a profile of it), else one job per bucket
+            pieces = max(1, math.ceil(elems / c.host_chunk_elems)) if c.host_chunk_elems \
+                else 1
+            for _ in range(pieces):
+                chunks[i] = self.host_work(
+                    "host_optim", step, elems / pieces, deps,
+                    (convert_of(i) if convert_of else 0.0) / pieces,
+                    (zero_of(i) if zero_of else 0.0) / pieces)
+                up = self.transfer(self.h2d, "h2d_param", step, up_bytes_of(i) / pieces,
+                                   [chunks[i]])
+                deps = ()
             # emulated, the engine gathers the whole buffer once every chunk is up
             last = (up if self.emulated else
                     self.gather_when_ready(step, c.buckets[i].numel * c.elem_bytes, up) or up)
-            deps = ()
         if self.emulated:
             last = self.gather_when_ready(step, c.model_bytes, last) or last
         return last, chunks
@@ -443,6 +454,12 @@ class RankSim:
                     c.buckets[i].numel) * c.elem_bytes, [st.get(("down", t - 1, i))])
         yield from self.compute("forward", t, c.forward_s)
         prev_accum = st.get(("accum", t - 1))
+        if c.engine_grad_passes and not self.emulated and not shipped and prev_accum:
+            # zfbench's engine on a GPU sends each bucket down during backward into the
+            # one staging buffer the last accumulation reads: its main thread waits for
+            # that accumulation before it launches backward (real/zenflow.py
+            # `grads_landing`); DeepSpeed's schedule (presets) holds only the copies
+            yield prev_accum
         # Not shipped: the staging buffer is free once the host accumulated the last one.
         bytes_of = self._shard_bytes if shipped else (
             lambda i: c.share(unselected[i]) * c.elem_bytes)

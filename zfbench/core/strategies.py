@@ -14,6 +14,10 @@ SIMULATED_ONLY = ("zero-infinity",)
 ENGINE_STRATEGIES = tuple(s for s in SIM_STRATEGIES if s not in SIMULATED_ONLY)
 # The engine's strategies whose optimizer lives on the host (offload_optimizer.device "cpu").
 OFFLOAD_STRATEGIES = ("zero-offload", "zero-offload-dpu", "zenflow")
+# zfbench's engine runs its host optimizer in jobs of this many elements of the flat
+# buffer, each chunk's parameters going up after it (real/engine.py's default; the
+# simulator with a profile of the engine cuts its host updates the same way).
+ENGINE_HOST_CHUNK_ELEMS = 1 << 22
 
 
 def buckets_on(precision: str, overlap_comm: bool) -> bool:

@@ -1,5 +1,7 @@
-"""The upload link and the host's work slowing each other, as a GPU profile measures it
-(zfbench.real.rate_probe `_link_host_contention`; sims/fluid.py `node_rates`)."""
+"""The simulator with a profile of zfbench's engine measured on a GPU: the upload link
+and the host's work slowing each other as the profile measures it (zfbench.real.rate_probe
+`_link_host_contention`; sims/fluid.py `node_rates`), the host updates in the engine's
+chunks, and ZenFlow's backward waiting for the last accumulation as the engine's does."""
 
 import json
 from dataclasses import replace
@@ -84,3 +86,57 @@ def test_contention_lengthens_only_steps_where_uploads_and_host_work_overlap(cpu
                          r.skip_steps)["step_time_s"]
     assert step_s("zero-offload", "contended") > step_s("zero-offload", "apart")
     assert step_s("device", "contended") == step_s("device", "apart")
+
+
+def _cuda_like(cpu_profile, tmp_path, name="cuda_like.json"):
+    """The tiny CPU profile as if measured on a GPU (copy engines, the engine's schedule),
+    with the lanes not slowing each other."""
+    cal = {**cpu_profile["calibration"], "transfers": "cuda"}
+    path = tmp_path / name
+    path.write_text(json.dumps(with_rates({**cpu_profile, "calibration": cal}, {
+        "compute_factor_when_host_busy": 1.0, "host_factor_when_compute_busy": 1.0})))
+    return path
+
+
+@pytest.mark.slow
+def test_engine_host_updates_run_in_the_engines_chunks(cpu_profile, tmp_path, monkeypatch):
+    """With a profile of zfbench's engine each bucket's host update is cut into the
+    engine's host chunks (each followed by its upload); from presets one job a bucket."""
+    import math
+
+    import zfbench.sims.costs as costs_module
+    monkeypatch.setattr(costs_module, "ENGINE_HOST_CHUNK_ELEMS", 5000)
+    s = SimSettings(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
+                    profile=str(_cuda_like(cpu_profile, tmp_path)), steps=8)
+    r = simulate(s, "zero-offload")
+    spans = r.timeline.spans_frame()
+    want = sum(math.ceil(b.numel / 5000) for b in r.costs.buckets)
+    assert want > len(r.costs.buckets)  # the test cuts buckets
+    assert (spans.query("step == 5 and op == 'host_optim'").shape[0] == want)
+    assert (spans.query("step == 5 and op == 'h2d_param'").shape[0] == want)
+    preset = CostModel(replace(s, profile=None, precision="bf16"))
+    assert preset.host_chunk_elems is None
+
+
+@pytest.mark.slow
+def test_zenflow_backward_waits_for_the_last_accumulation_on_the_engines_gpu_schedule(
+        cpu_profile, tmp_path):
+    """zfbench's engine on a GPU sends gradients down during backward into the one
+    staging buffer the previous accumulation reads, and its main thread waits for that
+    accumulation before launching backward: the simulated backward of step t+1 starts no
+    earlier than step t's host accumulation ends (made slow here so that it matters)."""
+    path = _cuda_like(cpu_profile, tmp_path)
+    raw = json.loads(path.read_text())
+    slow = path.with_name("slow_accum.json")
+    slow.write_text(json.dumps(with_rates(raw, {
+        "host_accum_elems_per_s": raw["calibration"]["host_accum_elems_per_s"] / 200})))
+    s = SimSettings(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
+                    profile=str(slow), steps=10)
+    spans = simulate(s, "zenflow").timeline.spans_frame()
+    accum_end = spans.query("op == 'host_accum'").groupby("step")["t_end_s"].max()
+    bwd_start = spans.query("op == 'backward'").groupby("step")["t_start_s"].min()
+    fwd_end = spans.query("op == 'forward'").groupby("step")["t_end_s"].max()
+    waited = [t for t in accum_end.index if t + 1 in bwd_start.index]
+    assert waited and all(bwd_start[t + 1] >= accum_end[t] - 1e-12 for t in waited)
+    # the accumulation is the later of the two: backward waited, not forward's end
+    assert any(accum_end[t] > fwd_end[t + 1] + 1e-9 for t in waited)
