@@ -126,12 +126,15 @@ def test_zenflow_backward_waits_for_the_last_accumulation_on_the_engines_gpu_sch
     accumulation before launching backward: the simulated backward of step t+1 starts no
     earlier than step t's host accumulation ends (made slow here so that it matters)."""
     path = _cuda_like(cpu_profile, tmp_path)
-    raw = json.loads(path.read_text())
-    slow = path.with_name("slow_accum.json")
-    slow.write_text(json.dumps(with_rates(raw, {
-        "host_accum_elems_per_s": raw["calibration"]["host_accum_elems_per_s"] / 200})))
     s = SimSettings(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
-                    profile=str(slow), steps=10)
+                    profile=str(path), steps=10)
+    c = CostModel(s)
+    # an accumulation of every parameter lasting four forwards, whatever this machine's
+    # profile measured: it outlasts the next step's forward
+    slow = path.with_name("slow_accum.json")
+    slow.write_text(json.dumps(with_rates(json.loads(path.read_text()), {
+        "host_accum_elems_per_s": c.params / (4 * c.forward_s)})))
+    s = replace(s, profile=str(slow))
     spans = simulate(s, "zenflow").timeline.spans_frame()
     accum_end = spans.query("op == 'host_accum'").groupby("step")["t_end_s"].max()
     bwd_start = spans.query("op == 'backward'").groupby("step")["t_start_s"].min()
