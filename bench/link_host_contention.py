@@ -23,8 +23,10 @@ cudaHostRegister where the engine pins):
 
     python bench/link_host_contention.py [--elems 176M] [--threads 8] [--out DIR]
 
-Self-contained (torch only: it runs on a GPU machine without installing zfbench). Writes
-DIR/link_host_contention.json (the medians and the machine). Needs CUDA.
+On the engine's own pieces (its pinned buffers, `zfbench.real.backend.register_pinned`;
+its host AdamW kernel; the rate probe's thread and timing helpers): run it from this
+checkout (`make gpu-check` does). Writes DIR/link_host_contention.json (the medians and
+the machine). Needs CUDA.
 """
 
 from __future__ import annotations
@@ -41,49 +43,27 @@ from pathlib import Path
 
 import torch
 
-PAGE = 4096
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from zfbench.real import kernels  # noqa: E402
+from zfbench.real.backend import register_pinned  # noqa: E402
+from zfbench.real.rate_probe import in_thread, median_time  # noqa: E402
+
 CHUNK_BYTES = 8 << 20  # the engine's upload chunk at bf16: 4M elements
 
 
-def page_locked(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """A host buffer page-locked by cudaHostRegister (as zfbench.real.backend does)."""
-    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-    span = -(-nbytes // PAGE) * PAGE
-    raw = torch.zeros(span + PAGE, dtype=torch.uint8)
-    skip = (-raw.data_ptr()) % PAGE
-    page = raw[skip:skip + span]
-    err = int(torch.cuda.cudart().cudaHostRegister(page.data_ptr(), span, 0))
-    if err:
-        raise RuntimeError(f"cudaHostRegister failed: {err}")
-    return page[:nbytes].view(dtype)
-
-
 def adamw(p, g, m, v) -> None:
-    step = torch.tensor(1.0)
-    torch._fused_adamw_([p], [g], [m], [v], [], [step], lr=1e-4, beta1=0.9, beta2=0.999,
-                        weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False)
+    """The engine's host AdamW kernel (zfbench.real.kernels), at a fixed step."""
+    kernels.host_adamw_(p, g, m, v, step=1, lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8,
+                        weight_decay=0.01)
 
 
 def median_s(fn, repeats: int) -> float:
+    """One warm-up call, then the median of `repeats` (each `fn` waits for its own work)."""
     fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def in_thread(fn, threads: int):
-    box = {}
-
-    def target():
-        torch.set_num_threads(threads)
-        box["out"] = fn()
-    worker = threading.Thread(target=target)
-    worker.start()
-    worker.join()
-    return box["out"]
+    return median_time(fn, repeats)
 
 
 def while_looping(background, threads: int | None, measure):
@@ -119,13 +99,13 @@ def main(argv=None) -> int:
         return 2
     n, T, R = int(args.elems), args.threads, args.repeats
     dev = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
-    wire = page_locked(n, torch.bfloat16)
+    wire = register_pinned(n, torch.bfloat16)
     stream = torch.cuda.Stream()
     chunk = CHUNK_BYTES // 2
     bounds = [(a, min(a + chunk, n)) for a in range(0, n, chunk)]
     state = {"pageable": [torch.randn(n), torch.randn(n) * 1e-3, torch.zeros(n),
                           torch.zeros(n)]}
-    locked = [page_locked(n, torch.float32) for _ in range(4)]
+    locked = [register_pinned(n, torch.float32) for _ in range(4)]
     for dst, src in zip(locked, state["pageable"]):
         dst.copy_(src)
     state["page_locked"] = locked
@@ -141,7 +121,7 @@ def main(argv=None) -> int:
                 dev[a:b].copy_(wire[a:b], non_blocking=True)
         stream.synchronize()
 
-    down_wire = page_locked(n, torch.bfloat16)
+    down_wire = register_pinned(n, torch.bfloat16)
     down_stream = torch.cuda.Stream()
 
     def d2h_whole():

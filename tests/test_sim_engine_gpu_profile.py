@@ -70,13 +70,11 @@ def test_contention_lengthens_only_steps_where_uploads_and_host_work_overlap(cpu
     """A CUDA-like profile (copy engines) of the tiny model: with the factors, ZeRO-Offload
     (each chunk's upload beside the next chunk's AdamW) takes longer; the device strategy
     (no host work, no uploads) is unchanged to the last bit."""
-    cal = {**cpu_profile["calibration"], "transfers": "cuda"}
-    base = {**cpu_profile, "calibration": cal}
-    paths = {}
-    for name, rates in (("apart", {}), ("contended", {
-            "h2d_factor_when_host_busy": 0.5, "host_factor_when_h2d_busy": 0.25})):
-        paths[name] = tmp_path / f"{name}.json"
-        paths[name].write_text(json.dumps(with_rates(base, rates)))
+    paths = {"apart": _cuda_like(cpu_profile, tmp_path)}
+    paths["contended"] = tmp_path / "contended.json"
+    paths["contended"].write_text(json.dumps(with_rates(
+        json.loads(paths["apart"].read_text()),
+        {"h2d_factor_when_host_busy": 0.5, "host_factor_when_h2d_busy": 0.25})))
     s = SimSettings(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
                     profile=str(paths["apart"]), steps=10)
 
