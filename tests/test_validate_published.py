@@ -343,3 +343,39 @@ def test_an_anchored_row_says_what_its_measurement_leaves_beside_compute(run):
     assert float(zo["pub_non_compute_s"]) == pytest.approx(
         implied - float(zo["sim_compute_s"]), rel=1e-9)
     assert all(r["pub_non_compute_s"] == "" for r in rows.values() if not r["anchor"])
+
+
+def test_dpu_pair_bound_by_hand(tmp_path):
+    """bench/published_consistency.py: the host step a ZeRO-Offload/DPU pair allows is the
+    difference of their step times (counted FLOPs over each throughput), widened by the
+    read-off band; Table 4's Adam scales with the partition's parameters."""
+    import sys
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    sys.path.insert(0, str(bench))
+    try:
+        import published_consistency as pc
+    finally:
+        sys.path.remove(str(bench))
+    _, rows = vp.read_rows(vp.bundled_path())
+    by_id = {r["id"]: r for r in rows}
+    zo, dpu = dict(by_id["zo-fig14-b2-zo"]), dict(by_id["zo-fig14-b2-dpu"])
+    zo.update(value="10", anchor="")
+    dpu.update(value="20", anchor="")
+    table4 = by_id[pc.TABLE4_ID]
+    table = pc.pairs([zo, dpu, table4])
+    assert len(table) == 1
+    row = table.iloc[0]
+    settings = vp.row_settings(zo)
+    from zfbench.sims.costs import CostModel
+    from zfbench.validate.metrics import counted_flops
+    costs = CostModel(settings)
+    tflop = counted_flops(settings, costs) / 1e12
+    assert row.host_step_bound_s == pytest.approx(tflop / 10 - tflop / 20)
+    assert row.host_step_bound_max_s == pytest.approx(tflop / 9.5 - tflop / 20.5)
+    t4 = vp.row_settings(table4)
+    assert row.table4_adam_s == pytest.approx(
+        2.57 * costs.params / CostModel(t4).params)
+    # the device's floor: the counted FLOPs at the V100's fp16 peak
+    peak = hardware.get_gpu(settings.gpu).peak_flops_per_s("fp16")
+    assert row.compute_floor_s == pytest.approx(tflop * 1e12 / peak)
+    assert bool(row.bound_holds) == (row.compute_floor_s > row.host_step_bound_max_s)
