@@ -255,6 +255,38 @@ def rank_threads(world: int, cores: int | None = None, reserved: float = 0.5
     return default_thread_split(max(2, cores // max(1, world)), reserved)
 
 
+def lane_threads(reserved: float | None, cuda: bool, world: int = 1, active: bool = False,
+                 cores: int | None = None) -> tuple[int, int]:
+    """(device_threads, host_threads) of one rank's engine, as DeepSpeed gives its host
+    step the cores. `reserved` is ZenFlow's pt_reserved_cores_perc (None: another
+    strategy). On the CPU lanes the rank's cores are the emulated device's and the host's
+    together, split by `reserved` (an even split for the other strategies). On a GPU the
+    device lane is a thread that launches kernels: ZenFlow's host work gets the cores
+    pt_reserved_cores_perc leaves (DeepSpeed pins its optimizer process to them,
+    runtime/zenflow/zenflow_utils.py), and every other strategy's host step all of the
+    rank's cores, as DeepSpeed's CPU-Adam runs OpenMP over the process's cores
+    (`host_threads_by_strategy` says the same to the rate probe)."""
+    if active:
+        split = rank_threads(world, cores, 0.5 if reserved is None else reserved)
+        total = max(2, (cores or available_cores()) // max(1, world))
+    else:
+        split = default_thread_split(cores, 0.5 if reserved is None else reserved)
+        total = cores or os.cpu_count() or 2
+    if cuda and reserved is None:
+        return total, total
+    return split
+
+
+def host_threads_by_strategy(reserved: float, world: int = 1, active: bool = False,
+                             cores: int | None = None) -> dict[str, int]:
+    """The host threads each engine strategy with host work runs on a GPU
+    (`lane_threads`; ZenFlow at `reserved`, its default 0.5 where a profile measures)."""
+    from zfbench.core.strategies import OFFLOAD_STRATEGIES
+
+    return {name: lane_threads(reserved if name == "zenflow" else None, True, world,
+                               active, cores)[1] for name in OFFLOAD_STRATEGIES}
+
+
 def available_cores() -> int:
     """The cores this process may run on (its affinity), else the machine's count."""
     if hasattr(os, "sched_getaffinity"):

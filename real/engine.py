@@ -43,8 +43,9 @@ from zfbench.core.strategies import ENGINE_HOST_CHUNK_ELEMS, gradient_buckets_ap
 from zfbench.real.grad_buckets import GradBuckets
 from zfbench.real.hazards import HazardChecker
 from zfbench.real.distributed import (DistContext, allgather_flat, allreduce_mean_,
-                                      barrier, broadcast_from_rank0, default_thread_split,
-                                      join_launch, rank_threads)
+                                      barrier, broadcast_from_rank0,
+                                      default_thread_split,  # noqa: F401 - re-exported
+                                      join_launch, lane_threads)
 from zfbench.real.host_lane import HostLane
 from zfbench.real.inplace_grads import InplaceGrads
 from zfbench.real.loss_scale import LossScaler
@@ -95,10 +96,10 @@ class Engine:
         if self.use_cuda and self.device.index is None:  # this rank's GPU, by index
             self.device = torch.device("cuda", torch.cuda.current_device())
         # ZenFlow's pt_reserved_cores_perc: the device (training) lane's share of the
-        # rank's cores; the other strategies split them evenly
-        reserved = config.zenflow.pt_reserved_cores_perc if config.zenflow else 0.5
-        split = (rank_threads(self.dist.world, reserved=reserved) if self.dist.active
-                 else default_thread_split(reserved=reserved))
+        # rank's cores; the other strategies split them evenly on the CPU lanes and give
+        # the host step all of them on a GPU (real/distributed.py `lane_threads`)
+        reserved = config.zenflow.pt_reserved_cores_perc if config.zenflow else None
+        split = lane_threads(reserved, self.use_cuda, self.dist.world, self.dist.active)
         self.device_threads = device_threads or split[0]
         self.host_threads = host_threads or split[1]
         if not self.use_cuda:

@@ -40,6 +40,7 @@ from zfbench.real import kernels
 from zfbench.real.flat import FlatLayout, device_dtype, take_columns
 from zfbench.real.inplace_grads import InplaceGrads
 from zfbench.real.model import build_model
+from zfbench.real.distributed import host_threads_by_strategy
 from zfbench.real.rate_probe import Clock, RateProbe, lane_contention, median_time
 from zfbench.real.runner import RunSpec, batches
 from zfbench.core.config_zenflow import DEFAULT_TOPK_RATIO
@@ -251,7 +252,10 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
 
     # links (d2h on the device thread, h2d on the host worker) and the host lane's rates,
     # on buffers in the engine's precisions (zfbench.real.rate_probe)
-    probe = RateProbe(total, dtype, host_threads, device)
+    # on a GPU the host step of every strategy but ZenFlow runs on all the cores (unless
+    # --host-threads fixes one count for all): its host-lane rates measured there too
+    lanes = (host_threads_by_strategy(0.5) if cuda and not spec.host_threads else {})
+    probe = RateProbe(total, dtype, host_threads, device, strategy_threads=lanes)
     try:
         rates = probe.measure(repeats)
 

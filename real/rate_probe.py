@@ -20,7 +20,11 @@ fp32 master, gradient and moments); `measure(repeats)` then times, as the engine
   (`copy_`: gradients out of the d2h wire into fp32, the master into the h2d wire),
   `host_convert_elems_per_s` per element of both (absent with fp32 weights: the engine
   converts nothing then); last, clearing the fp32 gradient (`zero_`: the engine clears
-  ZenFlow's window after each chunk's Adam), `host_zero_elems_per_s`;
+  ZenFlow's window after each chunk's Adam), `host_zero_elems_per_s`; these host-lane
+  rates again on each other thread count a strategy's host step runs on
+  (`strategy_threads`; on a GPU every strategy but ZenFlow gets all the rank's cores,
+  real/distributed.py `lane_threads`), as `host_lanes`: {strategy: {host_threads,
+  rates}}, which the simulator takes for that strategy (sims/costs.py);
 - on CUDA, how the upload link and host AdamW slow each other: the upload timed while
   AdamW repeats on the host threads and AdamW timed while the upload repeats, as
   `h2d_factor_when_host_busy` and `host_factor_when_h2d_busy` (alone / together; the
@@ -127,10 +131,28 @@ def in_thread(fn, threads: int):
     return box["out"]
 
 
+HOST_LANE_KEYS = ("host_adam_params_per_s", "host_accum_elems_per_s",
+                  "host_norm_elems_per_s", "host_zero_elems_per_s")
+# A profile's host-lane rates of the strategies whose host step runs on another thread
+# count than the probe's (on a GPU: all the rank's cores but for ZenFlow,
+# real/distributed.py `lane_threads`): {strategy: {"host_threads": n, HOST_LANE_KEYS...}}
+HOST_LANES_KEY = "host_lanes"
+
+
+def strategy_threads_of(calibration: dict) -> dict[str, int]:
+    """{strategy: host threads} of a profile's `host_lanes` (to measure them again)."""
+    return {name: int(lane["host_threads"])
+            for name, lane in (calibration.get(HOST_LANES_KEY) or {}).items()}
+
+
 class RateProbe:
     def __init__(self, total: int, dtype: torch.dtype, host_threads: int,
-                 device=torch.device("cpu")) -> None:
+                 device=torch.device("cpu"),
+                 strategy_threads: dict[str, int] | None = None) -> None:
         self.total, self.host_threads = int(total), int(host_threads)
+        # strategies whose host lane runs on another thread count: measured at it too
+        self.strategy_threads = {k: int(v) for k, v in (strategy_threads or {}).items()
+                                 if int(v) != self.host_threads}
         self.device = torch.device(device)
         cuda = is_cuda(self.device)
         if cuda and self.device.index is None:  # this process's GPU, by index (as the engine)
@@ -193,16 +215,6 @@ class RateProbe:
     def measure(self, repeats: int = 5) -> dict[str, float]:
         nbytes = self.total * self.dev.element_size()
         d2h, h2d, d2h_sync, h2d_sync = self._links()
-
-        def accum():
-            kernels.accumulate_(self.m, self.landed, 0.25)
-
-        def norm():
-            kernels.grad_norm(self.grad)
-
-        def convert():  # out of the d2h wire, into the h2d wire (distinct buffers)
-            kernels.copy_(self.m, self.landed)
-            kernels.copy_(self.up_wire, self.master)
         d2h()
         h2d()
         d2h_alone = median_time(d2h, repeats, sync=d2h_sync)
@@ -217,33 +229,44 @@ class RateProbe:
         worker.start()
         both["d2h"] = median_time(d2h, repeats, sync=d2h_sync)
         worker.join()
-        host_adam = self.host_adam
-        adam_s = in_thread(lambda: (host_adam(), median_time(host_adam, repeats))[1],
-                           self.host_threads)
-        accum_s = in_thread(lambda: (accum(), median_time(accum, repeats))[1],
-                            self.host_threads)
-        norm_s = in_thread(lambda: (norm(), median_time(norm, repeats))[1],
-                           self.host_threads)
-        # last: clearing the gradient (ZenFlow's window after each chunk's Adam) leaves
-        # zeros, which no rate above depends on
-        zero_s = in_thread(lambda: (self.grad.zero_(), median_time(self.grad.zero_,
-                                                                   repeats))[1],
-                           self.host_threads)
-        rates = {}
+        rates = self.host_rates(self.host_threads, repeats)
         if self.streams:  # a GPU: the upload link and the host's memory side by side
-            rates.update(self._link_host_contention(h2d, h2d_sync, h2d_alone, adam_s,
-                                                    repeats))
-        if self.dev.dtype != torch.float32:
-            convert_s = in_thread(lambda: (convert(), median_time(convert, repeats))[1],
-                                  self.host_threads)
-            rates[CONVERT_KEY] = self.total / convert_s
-        return {**rates,"d2h_bytes_per_s": nbytes / d2h_alone, "h2d_bytes_per_s": nbytes / h2d_alone,
+            rates.update(self._link_host_contention(
+                h2d, h2d_sync, h2d_alone, self.total / rates["host_adam_params_per_s"],
+                repeats))
+        lanes = {n: self.host_rates(n, repeats) for n in set(self.strategy_threads.values())}
+        if lanes:
+            rates[HOST_LANES_KEY] = {name: {"host_threads": n, **lanes[n]}
+                                     for name, n in sorted(self.strategy_threads.items())}
+        return {**rates, "d2h_bytes_per_s": nbytes / d2h_alone,
+                "h2d_bytes_per_s": nbytes / h2d_alone,
                 "d2h_bytes_per_s_both": nbytes / both["d2h"],
-                "h2d_bytes_per_s_both": nbytes / both["h2d"],
-                "host_adam_params_per_s": self.total / adam_s,
-                "host_accum_elems_per_s": self.total / accum_s,
-                "host_norm_elems_per_s": self.total / norm_s,
-                "host_zero_elems_per_s": self.total / zero_s}
+                "h2d_bytes_per_s_both": nbytes / both["h2d"]}
+
+    def host_rates(self, threads: int, repeats: int = 5) -> dict[str, float]:
+        """The host lane's rates on `threads` threads (HOST_LANE_KEYS, and CONVERT_KEY
+        with 16-bit weights), each kernel run once before it is timed."""
+        def accum():
+            kernels.accumulate_(self.m, self.landed, 0.25)
+
+        def norm():
+            kernels.grad_norm(self.grad)
+
+        def convert():  # out of the d2h wire, into the h2d wire (distinct buffers)
+            kernels.copy_(self.m, self.landed)
+            kernels.copy_(self.up_wire, self.master)
+
+        def timed(fn) -> float:
+            return in_thread(lambda: (fn(), median_time(fn, repeats))[1], threads)
+        rates = {"host_adam_params_per_s": self.total / timed(self.host_adam),
+                 "host_accum_elems_per_s": self.total / timed(accum),
+                 "host_norm_elems_per_s": self.total / timed(norm)}
+        if self.dev.dtype != torch.float32:
+            rates[CONVERT_KEY] = self.total / timed(convert)
+        # last: clearing the gradient (ZenFlow's window after each chunk's Adam) leaves
+        # zeros, which no rate above depends on; the next call's rates neither
+        rates["host_zero_elems_per_s"] = self.total / timed(self.grad.zero_)
+        return rates
 
     def _link_host_contention(self, h2d, h2d_sync, h2d_alone: float, adam_alone: float,
                               repeats: int) -> dict[str, float]:

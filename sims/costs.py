@@ -11,6 +11,7 @@ in elements, and the memory each strategy needs per rank. The SimPy processes in
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from zfbench.sims import (collectives, compute_efficiency, device_memory, device_step,
@@ -43,6 +44,24 @@ ACCUM_BYTES_PER_ELEMENT = 10.0
 DEVICE_OPTIM_HBM_EFFICIENCY = 0.8
 
 
+def strategy_host_lane(host: hardware.HostCPU, calibration: dict, strategy: str | None
+                       ) -> tuple[hardware.HostCPU, dict]:
+    """A profile's host and calibration as `strategy`'s host lane ran: where the profile
+    measured that strategy's host-lane rates on its own thread count (`host_lanes`: on a
+    GPU every strategy but ZenFlow runs its host step on all the rank's cores,
+    zfbench.real.distributed `lane_threads`), those rates on that many cores; else as
+    they are. Per-core rates are the lane's rates over its threads, as for the profile's
+    own."""
+    lane = (calibration.get("host_lanes") or {}).get(strategy) if strategy else None
+    if not lane:
+        return host, calibration
+    threads = int(lane["host_threads"])
+    rates = {k: v for k, v in lane.items() if k != "host_threads"}
+    host = dataclasses.replace(host.with_cores(threads), adam_params_per_s_per_core=(
+        rates["host_adam_params_per_s"] / threads))
+    return host, {**calibration, **rates, "host_threads": threads}
+
+
 @dataclass(frozen=True)
 class Bucket:
     """Costs of one block of the model (embedding, a decoder layer, or the head), per rank."""
@@ -59,6 +78,8 @@ class Bucket:
 @dataclass
 class CostModel:
     settings: SimSettings
+    # the strategy simulated, where a profile measured its host lane apart (`host_lanes`)
+    strategy: str | None = None
     shape: models.ModelShape = field(init=False)
     node: hardware.Node = field(init=False)
     buckets: list[Bucket] = field(init=False)
@@ -71,6 +92,9 @@ class CostModel:
         if s.profile is not None:
             measured, self.calibration = load_calibration(s.profile, self.shape)
             gpu, link, host, net = measured.gpu, measured.link, measured.host, measured.net
+            if s.host_cores is None:
+                host, self.calibration = strategy_host_lane(host, self.calibration,
+                                                            self.strategy)
         else:
             gpu, link, host, net = s.parts()
         if s.bandwidth_scale != 1.0:

@@ -108,7 +108,7 @@ def simulate(settings: SimSettings, strategy: str, every_node: bool = False) -> 
                                f"{', '.join(GRAD_ACCUM_STRATEGIES)}, not {strategy} (its "
                                f"accumulation path is not modelled); use grad_accum 1")
     started = time.perf_counter()
-    costs = CostModel(settings)
+    costs = CostModel(settings, strategy)
     # Time starts at 0.0, not SimPy's int 0, so every span's times are floats (the same
     # values: 0 + x == 0.0 + x) and a timeline's files hold one type per column.
     env = simpy.Environment(initial_time=0.0)

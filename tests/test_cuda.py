@@ -223,3 +223,30 @@ def test_rate_probe_copies_between_the_gpu_and_pinned_wires_of_its_dtype():
     assert all(v > 0 for v in rates.values()), rates
     probe.close()
     assert probe._pinned == []
+
+
+def test_on_a_gpu_zero_offload_runs_its_host_step_on_every_core():
+    """As DeepSpeed: ZeRO-Offload's CPU-Adam (and its delayed update's) on all the cores,
+    ZenFlow's optimizer on what pt_reserved_cores_perc leaves (real/distributed.py
+    `lane_threads`); a GPU profile measures the host lane on both counts (`host_lanes`)."""
+    import os
+
+    from zfbench.real.distributed import default_thread_split
+    from zfbench.real.profile import measure_profile
+    from zfbench.real.runner import RunSpec
+    cores = os.cpu_count()
+    for strategy in ("zero-offload", "zero-offload-dpu", "zenflow"):
+        engine = make_engine(BiasMLP(), config(strategy, **(ZF if strategy == "zenflow"
+                                                             else {})), device="cuda",
+                             device_threads=None, host_threads=None)
+        want = default_thread_split(cores)[1] if strategy == "zenflow" else cores
+        assert engine.host_threads == want, strategy
+        engine.close()
+    spec = RunSpec(model="tiny", layers=None, batch=2, seq=16, device="cuda",
+                   precision="bf16")
+    cal = measure_profile(spec, repeats=2)["calibration"]
+    if cal["host_threads"] != cores:  # more than one core: the counts differ
+        lanes = cal["host_lanes"]
+        assert set(lanes) == {"zero-offload", "zero-offload-dpu"}
+        for lane in lanes.values():
+            assert lane["host_threads"] == cores and lane["host_adam_params_per_s"] > 0

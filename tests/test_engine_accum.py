@@ -160,3 +160,22 @@ def test_accumulated_gradient_is_the_big_batch_gradient():
         grads.append(engine.flat_grads.clone())
         engine.close()
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+
+
+def test_on_a_gpu_the_host_step_gets_the_cores_deepspeed_gives_it():
+    """real/distributed.py `lane_threads`: the CPU lanes split the rank's cores (the
+    emulated device needs its share); on a GPU ZeRO-Offload's host step (and its delayed
+    update's) runs on all of them, as DeepSpeed's CPU-Adam does, while ZenFlow keeps
+    DeepSpeed's pt_reserved_cores_perc split."""
+    from zfbench.real.distributed import host_threads_by_strategy, lane_threads
+    assert lane_threads(None, False, cores=16) == (8, 8)
+    assert lane_threads(0.25, False, cores=16) == (4, 12)
+    assert lane_threads(None, True, cores=16) == (16, 16)
+    assert lane_threads(0.5, True, cores=16) == (8, 8)
+    assert lane_threads(0.25, True, cores=16) == (4, 12)
+    # several ranks: each rank's share first (rank_threads), then the same rule
+    assert lane_threads(None, True, world=4, active=True, cores=32) == (8, 8)
+    assert lane_threads(0.5, True, world=4, active=True, cores=32) == (4, 4)
+    assert lane_threads(None, False, world=4, active=True, cores=32) == (4, 4)
+    assert host_threads_by_strategy(0.5, cores=16) == {
+        "zero-offload": 16, "zero-offload-dpu": 16, "zenflow": 8}

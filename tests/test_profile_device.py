@@ -158,3 +158,62 @@ def test_an_old_profile_without_a_device_keeps_what_it_had():
     assert prof["gpus"]["measured-device"]["memory_bytes"]["value"] == 64e9
     cell = with_rates(prof, {})
     assert cell["calibration"]["transfers"] == "cuda" and "device" not in cell["calibration"]
+
+
+def test_the_probe_measures_each_strategys_own_host_lane():
+    """`strategy_threads`: the host-lane rates again on each other thread count (on a GPU
+    every strategy but ZenFlow runs its host step on all the cores), as `host_lanes`;
+    none where every strategy runs on the probe's own count. `strategy_threads_of` reads
+    the counts back from a profile's calibration, to measure them again."""
+    from zfbench.real.rate_probe import HOST_LANE_KEYS, strategy_threads_of
+    probe = RateProbe(1 << 12, torch.bfloat16, 1,
+                      strategy_threads={"zero-offload": 2, "zenflow": 1})
+    rates = probe.measure(2)
+    probe.close()
+    lanes = rates["host_lanes"]
+    assert set(lanes) == {"zero-offload"}  # zenflow's count is the probe's own
+    lane = lanes["zero-offload"]
+    assert lane["host_threads"] == 2
+    assert set(lane) == {"host_threads", *HOST_LANE_KEYS, "host_convert_elems_per_s"}
+    assert all(v > 0 for v in lane.values())
+    assert strategy_threads_of({"host_lanes": lanes}) == {"zero-offload": 2}
+    assert strategy_threads_of({}) == {}
+    plain = RateProbe(1 << 12, torch.float32, 1, strategy_threads={"zenflow": 1})
+    assert "host_lanes" not in plain.measure(2)
+    plain.close()
+
+
+def test_the_simulator_takes_a_strategys_own_host_lane(tmp_path):
+    """sims/costs.py `strategy_host_lane`: with a profile whose `host_lanes` hold a
+    strategy's rates on another thread count, that strategy's simulation runs its host
+    work on that many cores at those rates; other strategies, `--host-cores`, and
+    profiles without lanes keep the profile's own."""
+    import json
+
+    from zfbench.sims.costs import CostModel, SimSettings
+    from zfbench.sims.simulator import simulate
+    prof = _fake_profile(GPU)
+    cal = prof["calibration"]
+    lane = {"host_threads": 4, "host_adam_params_per_s": 3e9,
+            "host_accum_elems_per_s": 8e9}
+    cal["host_lanes"] = {"zero-offload": lane}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(prof))
+    settings = SimSettings(model="tiny", profile=str(path), micro_batch=1, seq=32, steps=4)
+    own = CostModel(settings, "zero-offload")
+    assert own.node.host.cores == 4
+    assert own.node.host.adam_params_per_s(4) == pytest.approx(3e9)
+    assert own.accum_units_per_core_s == pytest.approx(8e9 / 4)
+    for other in (CostModel(settings, "zenflow"), CostModel(settings),
+                  CostModel(settings.with_(host_cores=1), "zero-offload")):
+        assert other.node.host.cores == 1
+        assert other.node.host.adam_params_per_s(1) == pytest.approx(1e9)
+    # the step: zero-offload's host Adam is 3x faster with its lane than without it
+    adam = {}
+    for lanes in ({"zero-offload": lane}, {}):
+        cal["host_lanes"] = lanes
+        path.write_text(json.dumps(prof))
+        spans = simulate(settings, "zero-offload").timeline.spans_frame()
+        optim = spans[(spans["op"] == "host_optim") & (spans["step"] == 2)]
+        adam[bool(lanes)] = optim["duration_s"].sum()
+    assert adam[True] == pytest.approx(adam[False] / 3, rel=0.05)

@@ -85,14 +85,15 @@ class Calibration:
         from zfbench.real.engine import resolve_device
         from zfbench.real.flat import device_dtype
         from zfbench.real.profile import measure_profile
-        from zfbench.real.rate_probe import RateProbe
+        from zfbench.real.rate_probe import RateProbe, strategy_threads_of
 
         if self.lead:
             self.before = measure_profile(self._rank_spec())
             cal = self.before["calibration"]
             self.probe = RateProbe(self.spec.shape().total_params,
                                    device_dtype(cal["precision"]), cal["host_threads"],
-                                   device=resolve_device(self.spec.device))
+                                   device=resolve_device(self.spec.device),
+                                   strategy_threads=strategy_threads_of(cal))
         self._sync("calibration_begin")
         self._time_collectives()
 

@@ -87,10 +87,10 @@ class StepWork:
 
 
 def host_share_note(rows: list[dict], on_cuda: bool, rank_cores: int) -> str | None:
-    """On a GPU, zero-offload's and its delayed update's host lane runs on the CPU lanes'
-    share of the rank's cores, where DeepSpeed's ZeRO-Offload runs CPU-Adam on all of them
-    (its ZenFlow optimizer process alone takes the unreserved share): the line that says
-    so beside the table, or None (docs/design.md, "Known limit")."""
+    """On a GPU zero-offload's and its delayed update's host lane runs on all the rank's
+    cores, as DeepSpeed's CPU-Adam does (its ZenFlow optimizer process alone takes the
+    unreserved share; real/distributed.py `lane_threads`); where `--host-threads` gave
+    them fewer, the line that says so beside the table, else None."""
     if not on_cuda:
         return None
     short = [r for r in rows if r["strategy"] in ("zero-offload", "zero-offload-dpu")
@@ -100,9 +100,9 @@ def host_share_note(rows: list[dict], on_cuda: bool, rank_cores: int) -> str | N
     names = " and ".join(r["strategy"] for r in short)
     threads = short[0]["host_threads"]
     return (f"note: {names} ran the host AdamW on {threads} of the rank's {rank_cores} "
-            f"cores (zfbench's split of the cores); DeepSpeed's ZeRO-Offload uses all "
+            f"cores (--host-threads); DeepSpeed's ZeRO-Offload uses all "
             f"{rank_cores}, so its host step would be faster than here and ZenFlow's "
-            f"speedup over it smaller (docs/design.md, 'Known limit')")
+            f"speedup over it smaller (leave --host-threads out to give them all)")
 
 
 def gpu_preset(device_name: str) -> str | None:

@@ -56,7 +56,7 @@ from zfbench.real.engine import resolve_device
 from zfbench.real.memory import InsufficientMemoryError
 from zfbench.real.flat import device_dtype
 from zfbench.real.profile import mean_profile, measure_profile, with_rates
-from zfbench.real.rate_probe import RateProbe
+from zfbench.real.rate_probe import RateProbe, strategy_threads_of
 from zfbench.real.runner import RunSpec, train
 from zfbench.sims.settings import for_engine_run
 from zfbench.sims.simulator import simulate
@@ -180,7 +180,8 @@ def validate_shape(spec: RunSpec, shape_name: str, regime: str, pairs, out: Path
     before = before or measure_profile(spec)
     cal = before["calibration"]
     probe = RateProbe(shape.total_params, device_dtype(cal["precision"]), cal["host_threads"],
-                      device=resolve_device(spec.device))
+                      device=resolve_device(spec.device),
+                      strategy_threads=strategy_threads_of(cal))
     cells = []
     for strategy in STRATEGIES:
         for pair in (pairs if strategy == "zenflow" else pairs[:1]):
