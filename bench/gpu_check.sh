@@ -29,7 +29,8 @@
 # PACK=FILE.tgz packs bench/results/gpu/<gpu-name>/ into one file at the end (a lent
 # machine whose files come back a few at a time).
 # ONLY="profile validate" runs only the named steps (cuda_tests run_default run_model
-# profile predict contention validate), e.g. to fit each call of a time-limited session.
+# host_share profile predict contention validate), e.g. to fit each call of a
+# time-limited session.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${GPU_PY:-python3}
@@ -124,6 +125,13 @@ step run_default $PY -m zfbench.run --device cuda ${STEPS_FLAG[@]+"${STEPS_FLAG[
   --out "$OUT/run_default"
 step "run_$MODEL" $PY -m zfbench.run --device cuda --model "$MODEL" --seq "$SEQ" \
   --precision bf16 --steps "$STEPS" --quiet --out "$OUT/run_$MODEL"
+# ZeRO-Offload's host step on half the cores (the engine's split before session 16):
+# beside run_model's zero-offload row (all the cores, as DeepSpeed) it says how much the
+# earlier GPU runs' ZenFlow speedups were overstated (docs/results.md, session 16)
+HALF=$(( ( $(nproc) + 1 ) / 2 ))
+step host_share $PY -m zfbench.run --device cuda --model "$MODEL" --seq "$SEQ" \
+  --precision bf16 --strategy zero-offload --host-threads "$HALF" --steps "$STEPS" --quiet \
+  --out "$OUT/host_share"
 step profile $PY -m zfbench.run --device cuda --model "$MODEL" --seq "$SEQ" \
   --precision bf16 --strategy zenflow --steps 4 --profile --quiet --out "$OUT/profile"
 step predict $PY -m zfbench.predict --from-run "$OUT/run_$MODEL" --gpu "$GPU_PRESET" \

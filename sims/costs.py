@@ -12,6 +12,7 @@ in elements, and the memory each strategy needs per rank. The SimPy processes in
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from zfbench.sims import (collectives, compute_efficiency, device_memory, device_step,
@@ -42,6 +43,16 @@ ACCUM_BYTES_PER_ELEMENT = 10.0
 # Fraction of peak HBM bandwidth a fused device Adam achieves (judgment; multi-tensor
 # apply kernels typically reach 70-90 % of STREAM-like bandwidth).
 DEVICE_OPTIM_HBM_EFFICIENCY = 0.8
+
+
+def zenflow_optimizer_cores(rank_cores: int, reserved: float) -> int:
+    """The cores DeepSpeed's ZenFlow optimizer process gets of a rank's `rank_cores`:
+    training keeps ceil(reserved x cores), the optimizer the rest; where that leaves
+    either side none both share them all (deepspeed/runtime/zenflow/zenflow_utils.py,
+    `_split_affinity`, DeepSpeed 0.19.5)."""
+    rank_cores = max(1, rank_cores)
+    training = math.ceil(reserved * rank_cores)
+    return rank_cores - training if 0 < training < rank_cores else rank_cores
 
 
 def strategy_host_lane(host: hardware.HostCPU, calibration: dict, strategy: str | None
@@ -295,7 +306,11 @@ class CostModel:
         ranks' sharing of the machine being `shared_cores`'s."""
         if self.emulated:
             return self.node.host.cores
-        return self.node.host.cores / self.gpus_per_node
+        rank = self.node.host.cores / self.gpus_per_node
+        if self.zenflow_pinned and not self.emulated:
+            return float(zenflow_optimizer_cores(int(rank),
+                                                 self.settings.pt_reserved_cores_perc))
+        return rank
 
     @property
     def shared_cores(self) -> tuple[tuple[int, int], float | None]:
@@ -315,7 +330,16 @@ class CostModel:
             return 1.0
         h = self.node.host
         return host_step.numa_factor(h.sockets, h.cores / h.sockets, self.cores_per_rank,
-                                     self.settings.bind_cores)
+                                     self.settings.bind_cores or self.zenflow_pinned)
+
+    @property
+    def zenflow_pinned(self) -> bool:
+        """Whether this is ZenFlow's host work pinned as DeepSpeed pins it
+        (`pt_reserved_cores_perc` given, from presets): on the cores the reserve leaves of
+        the rank's own contiguous block (`_compute_zf_pt_affinity` binds each rank to one
+        first where the launcher did not), so its memory is local as with bind_cores."""
+        return (self.strategy == "zenflow" and self.calibration is None
+                and self.settings.pt_reserved_cores_perc is not None)
 
     @property
     def adam_units_per_core_s(self) -> float:

@@ -115,6 +115,11 @@ class SimSettings:
     select_interval: int = _ZF.select_interval  # steps
     overlap_step: bool = _ZF.overlap_step
     full_warm_up_rounds: int = _ZF.full_warm_up_rounds
+    # ZenFlow's host work on the cores DeepSpeed's pt_reserved_cores_perc leaves each rank
+    # (DeepSpeed pins its ZenFlow optimizer process to them and keeps the reserved share
+    # for training: deepspeed/runtime/zenflow/zenflow_utils.py, `_split_affinity`); None:
+    # all the rank's cores, the design's. From presets: a profile measures the engine's.
+    pt_reserved_cores_perc: float | None = None
     steps: int = 40
     transfers: str = "design"
     bandwidth_scale: float = 1.0
@@ -216,7 +221,10 @@ class SimSettings:
                 "topk_ratio": self.topk_ratio, "update_interval": self.update_interval,
                 "select_interval": self.select_interval, "select_strategy": "step",
                 "overlap_step": self.overlap_step,
-                "full_warm_up_rounds": self.full_warm_up_rounds}, prefix="zenflow")
+                "full_warm_up_rounds": self.full_warm_up_rounds,
+                **({} if self.pt_reserved_cores_perc is None else
+                   {"pt_reserved_cores_perc": self.pt_reserved_cores_perc})},
+                prefix="zenflow")
         except ConfigError as err:
             raise SimSettingsError(str(err)) from None
         try:

@@ -192,3 +192,31 @@ def test_fused_upload_column_of_the_published_rows():
     pt = next(r for r in rows if r["id"] == "zo-fig14-b1-pt")
     with pytest.raises(Unsupported, match="fused_param_upload.*leave it empty for device"):
         row_settings({**pt, "fused_param_upload": "true"})
+
+
+def test_deepspeeds_zenflow_pinning_gives_its_host_work_the_unreserved_cores():
+    """`pt_reserved_cores_perc` (from presets): ZenFlow's host work on the cores
+    DeepSpeed's `_split_affinity` leaves a rank, local to its socket; every other strategy
+    and the design (None) keep all the rank's cores."""
+    from zfbench.sims.costs import zenflow_optimizer_cores
+    assert zenflow_optimizer_cores(32, 0.5) == 16
+    assert zenflow_optimizer_cores(32, 0.3) == 22  # training keeps ceil(9.6) = 10
+    assert zenflow_optimizer_cores(32, 0.0) == 32  # nothing reserved: both share all
+    assert zenflow_optimizer_cores(32, 1.0) == 32
+    assert zenflow_optimizer_cores(1, 0.5) == 1
+    base = SimSettings(**node_knobs("a100-4x-gen4", 4), model="llama2-7b", steps=12)
+    pinned = base.with_(pt_reserved_cores_perc=0.5)
+    zf = CostModel(pinned, "zenflow")
+    assert zf.cores_per_rank == 16 and zf.numa_factor == 1.0  # 128 cores / 4 ranks / 2
+    design = CostModel(base, "zenflow")
+    assert design.cores_per_rank == 32 and design.numa_factor == pytest.approx(0.75)
+    assert CostModel(pinned, "zero-offload").cores_per_rank == 32
+    # the window's host Adam: half the cores at the local rate, 2 x 0.75 = 1.5x as long
+    def adam_s(s):  # host AdamW's busy time over the windows after warm-up
+        spans = simulate(s, "zenflow").timeline.spans_frame()
+        adam = spans[(spans["op"] == "host_optim") & (spans["step"] >= 4)
+                     & (spans["rank"] == 0)]
+        return adam["duration_s"].sum()
+    assert adam_s(pinned) / adam_s(base) == pytest.approx(1.5, rel=0.02)
+    with pytest.raises(SimSettingsError, match="pt_reserved_cores_perc"):
+        base.with_(pt_reserved_cores_perc=1.5)
