@@ -146,7 +146,12 @@ def _master_copy_s(flat_params, flat_grads, repeats: int, device=None) -> float:
 
 
 def measure_profile(spec: RunSpec, repeats: int = 5,
-                    topk_ratio: float = DEFAULT_TOPK_RATIO) -> dict:
+                    topk_ratio: float = DEFAULT_TOPK_RATIO,
+                    strategy_threads: dict[str, int] | None = None) -> dict:
+    """The profile of `spec`'s model on its device. On a GPU the host-lane rates are
+    measured again on each strategy's own thread count (`strategy_threads`, default the
+    engine's for one rank unless `spec.host_threads` fixes one count for all:
+    real/distributed.py `host_threads_by_strategy`), as the calibration's `host_lanes`."""
     from zfbench.real.engine import default_thread_split, resolve_device
 
     shape = spec.shape()
@@ -254,7 +259,9 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
     # on buffers in the engine's precisions (zfbench.real.rate_probe)
     # on a GPU the host step of every strategy but ZenFlow runs on all the cores (unless
     # --host-threads fixes one count for all): its host-lane rates measured there too
-    lanes = (host_threads_by_strategy(0.5) if cuda and not spec.host_threads else {})
+    if strategy_threads is None:
+        strategy_threads = host_threads_by_strategy(0.5) if not spec.host_threads else {}
+    lanes = strategy_threads if cuda else {}
     probe = RateProbe(total, dtype, host_threads, device, strategy_threads=lanes)
     try:
         rates = probe.measure(repeats)

@@ -373,5 +373,6 @@ def test_a_gpu_run_on_a_smaller_host_than_the_preset_is_told_what_the_preset_dec
     assert run_host_note({**gpu_run, "run_host_threads": 128}, base) is None
     assert run_host_note({**gpu_run, "run_host_threads": None}, base) is None
     assert "--host-cores 8" in note  # the flag that takes the run's threads
+    assert "--pt-reserved-cores-perc 0.5" in note  # and the engine's ZenFlow share
     assert run_host_note(gpu_run, base.with_(host_cores=8)) is None  # taken already
     assert "(16 cores)" in run_host_note(gpu_run, base.with_(host_cores=16))

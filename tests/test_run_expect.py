@@ -66,3 +66,21 @@ def test_a_one_rank_profile_run_prints_and_keeps_the_simulated_expectation(tmp_p
         own = json.loads((out / "profiles" / f"{strategy}.json").read_text())
         assert own["calibration"]["blocks"] == \
             json.loads((out / "profile.json").read_text())["calibration"]["blocks"]
+
+
+def test_several_ranks_measure_each_strategys_host_lane_on_their_share(monkeypatch):
+    """A launched run's profile (rank 0 measures): on a GPU each strategy's host lane on
+    the rank's share of the cores as the engine gives it (real/distributed.py
+    `lane_threads`); one rank leaves the profile its own default; --host-threads fixes one
+    count for all, so no lanes."""
+    from types import SimpleNamespace
+
+    import zfbench.real.distributed as dist
+    from zfbench.real.runner import RunSpec
+    from zfbench.run.expect import Calibration
+    monkeypatch.setattr(dist, "available_cores", lambda: 32)
+    ctx = SimpleNamespace(active=True, rank=0, world=4)
+    assert Calibration(RunSpec(), ctx)._rank_lanes() == {
+        "zero-offload": 8, "zero-offload-dpu": 8, "zenflow": 4}
+    assert Calibration(RunSpec())._rank_lanes() is None
+    assert Calibration(RunSpec(host_threads=2), ctx)._rank_lanes() == {}

@@ -372,7 +372,10 @@ def run_host_note(settings: dict, base: SimSettings) -> str | None:
             f"host accumulation every step is taken at the preset's, so the prediction can "
             f"be far too fast for a smaller host. --host-cores {threads} predicts on the "
             f"run's host-lane threads at the preset's rates per core (one H100 machine: "
-            f"-73% -> -54% against its ZenFlow row); for that run's own host rates: python "
+            f"-73% -> -54% against its ZenFlow row), and --pt-reserved-cores-perc 0.5 "
+            f"gives ZenFlow's host work the share the engine's ZenFlow ran on (its "
+            f"pt_reserved_cores_perc, DeepSpeed's 0.5 unless the config says); for that "
+            f"run's own host rates: python "
             f"-m zfbench.run --profile --out DIR, then python -m zfbench.simulate --profile "
             f"DIR/profile.json")
 

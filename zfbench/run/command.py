@@ -222,9 +222,12 @@ def write_profile(spec: RunSpec, out: Path | None) -> Path:
     profile = measure_profile(spec)
     write_json_atomic(path, profile)
     cal = profile["calibration"]
-    print(f"profile: host Adam {cal['host_adam_params_per_s'] / 1e6:.0f} M params/s, "
-          f"d2h {cal['d2h_bytes_per_s'] / 1e9:.1f} GB/s, h2d "
-          f"{cal['h2d_bytes_per_s'] / 1e9:.1f} GB/s -> {path}")
+    lanes = "".join(f", {name} {lane['host_adam_params_per_s'] / 1e6:.0f} M on "
+                    f"{lane['host_threads']}" for name, lane in
+                    (cal.get("host_lanes") or {}).items())
+    print(f"profile: host Adam {cal['host_adam_params_per_s'] / 1e6:.0f} M params/s on "
+          f"{cal['host_threads']} thread(s){lanes}, d2h {cal['d2h_bytes_per_s'] / 1e9:.1f} "
+          f"GB/s, h2d {cal['h2d_bytes_per_s'] / 1e9:.1f} GB/s -> {path}")
     return path
 
 

@@ -65,6 +65,18 @@ class Calibration:
         return replace(self.spec, device_threads=self.spec.device_threads or device,
                        host_threads=self.spec.host_threads or host)
 
+    def _rank_lanes(self) -> dict[str, int] | None:
+        """Each strategy's host threads on a GPU as the engine gives them on one of the
+        ranks (None: one rank, the profile's own default); none where --host-threads
+        fixed one count for all."""
+        from zfbench.real.distributed import host_threads_by_strategy
+
+        if self.ctx is None:
+            return None
+        if self.spec.host_threads:
+            return {}
+        return host_threads_by_strategy(0.5, self.ctx.world, active=True)
+
     def _sync(self, op: str) -> None:
         if self.ctx is not None:
             from zfbench.real.distributed import barrier
@@ -88,7 +100,8 @@ class Calibration:
         from zfbench.real.rate_probe import RateProbe, strategy_threads_of
 
         if self.lead:
-            self.before = measure_profile(self._rank_spec())
+            self.before = measure_profile(self._rank_spec(),
+                                          strategy_threads=self._rank_lanes())
             cal = self.before["calibration"]
             self.probe = RateProbe(self.spec.shape().total_params,
                                    device_dtype(cal["precision"]), cal["host_threads"],
