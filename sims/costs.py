@@ -307,7 +307,7 @@ class CostModel:
         if self.emulated:
             return self.node.host.cores
         rank = self.node.host.cores / self.gpus_per_node
-        if self.zenflow_pinned and not self.emulated:
+        if self.zenflow_pinned:
             return float(zenflow_optimizer_cores(int(rank),
                                                  self.settings.pt_reserved_cores_perc))
         return rank
