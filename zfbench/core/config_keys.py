@@ -146,8 +146,9 @@ KEY_RULES: dict[str, KeyRule] = {
         "DeepSpeed's SuperOffload is not implemented; remove it or set it to false",
         _is_false),
     "zero_optimization.offload_optimizer.cpuadam_cores_perc": _ignored(
-        "the share of cores DeepSpeed's CPU Adam binds; zfbench splits a rank's cores "
-        "evenly, or by zenflow.pt_reserved_cores_perc"),
+        "the share of cores DeepSpeed's SuperOffload CPU Adam binds; zfbench gives the "
+        "host step all of a rank's cores on a GPU (half on the CPU lanes), ZenFlow's "
+        "by zenflow.pt_reserved_cores_perc"),
     "zero_optimization.offload_param": _refused("parameter offload is ZeRO-3; zfbench "
                                                 "implements stages 0-2: remove it"),
     "zero_optimization.zenflow": _applied("ZenFlow's knobs (docs/config_keys.md)",

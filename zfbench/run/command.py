@@ -119,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device-threads", type=int, help="torch threads of the device lane "
                    "per rank (emulated accelerator; default half of the rank's cores)")
     p.add_argument("--host-threads", type=int, help="torch threads of the host lane per "
-                   "rank (default the other half of the rank's cores: cores / ranks)")
+                   "rank (default: the other half of the rank's cores; on a GPU all of "
+                   "them, ZenFlow the share pt_reserved_cores_perc leaves)")
     p.add_argument("--text", help="train on a plain-text file (byte-level tokens); "
                    "'builtin' uses the standard library's pydoc topics")
     p.add_argument("--seed", type=int, default=0)
