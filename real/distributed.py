@@ -26,7 +26,6 @@ from __future__ import annotations
 import atexit
 import gc
 import datetime
-import math
 import os
 import socket
 import time
@@ -34,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from zfbench.core.config_zenflow import split_cores
 
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -238,11 +239,7 @@ def default_thread_split(cores: int | None = None, reserved: float = 0.5
     lane gets ceil(reserved x cores), the host lane the rest; where that leaves either
     side none (reserved 0, reserved 1, or one core) both use all the cores. 0.5 is an
     even split (the larger half to the device lane on an odd count)."""
-    cores = cores or os.cpu_count() or 2
-    device = math.ceil(reserved * cores)
-    if 0 < device < cores:
-        return device, cores - device
-    return cores, cores
+    return split_cores(cores or os.cpu_count() or 2, reserved)
 
 
 def rank_threads(world: int, cores: int | None = None, reserved: float = 0.5
@@ -266,15 +263,12 @@ def lane_threads(reserved: float | None, cuda: bool, world: int = 1, active: boo
     runtime/zenflow/zenflow_utils.py), and every other strategy's host step all of the
     rank's cores, as DeepSpeed's CPU-Adam runs OpenMP over the process's cores
     (`host_threads_by_strategy` says the same to the rate probe)."""
-    if active:
-        split = rank_threads(world, cores, 0.5 if reserved is None else reserved)
-        total = max(2, (cores or available_cores()) // max(1, world))
-    else:
-        split = default_thread_split(cores, 0.5 if reserved is None else reserved)
-        total = cores or os.cpu_count() or 2
+    # the rank's cores, as rank_threads and default_thread_split count them
+    total = (max(2, (cores or available_cores()) // max(1, world)) if active
+             else cores or os.cpu_count() or 2)
     if cuda and reserved is None:
         return total, total
-    return split
+    return split_cores(total, 0.5 if reserved is None else reserved)
 
 
 def host_threads_by_strategy(reserved: float, world: int = 1, active: bool = False,

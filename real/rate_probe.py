@@ -24,7 +24,8 @@ fp32 master, gradient and moments); `measure(repeats)` then times, as the engine
   rates again on each other thread count a strategy's host step runs on
   (`strategy_threads`; on a GPU every strategy but ZenFlow gets all the rank's cores,
   real/distributed.py `lane_threads`), as `host_lanes`: {strategy: {host_threads,
-  rates}}, which the simulator takes for that strategy (sims/costs.py);
+  rates}}, which the simulator takes for that strategy (sims/settings.py
+  `strategy_host_lane`);
 - on CUDA, how the upload link and host AdamW slow each other: the upload timed while
   AdamW repeats on the host threads and AdamW timed while the upload repeats, as
   `h2d_factor_when_host_busy` and `host_factor_when_h2d_busy` (alone / together; the

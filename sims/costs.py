@@ -11,15 +11,15 @@ in elements, and the memory each strategy needs per rank. The SimPy processes in
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from dataclasses import dataclass, field
 
 from zfbench.sims import (collectives, compute_efficiency, device_memory, device_step,
                           host_step, pageable, zero3)
 from zfbench.sims.settings import (OFFLOAD_PARAMS, PRECISIONS, STRATEGIES, TRANSFER_MODES,
-                           SimSettings, SimSettingsError, load_calibration)
+                           SimSettings, SimSettingsError, load_calibration,
+                           strategy_host_lane)
 from zfbench.core import hardware, models
+from zfbench.core.config_zenflow import split_cores
 from zfbench.core.memory_model import (activation_bytes, element_bytes, engine_device_bytes,
                                        host_bytes_per_param)
 from zfbench.core.scenario import GPU_NODE
@@ -43,34 +43,6 @@ ACCUM_BYTES_PER_ELEMENT = 10.0
 # Fraction of peak HBM bandwidth a fused device Adam achieves (judgment; multi-tensor
 # apply kernels typically reach 70-90 % of STREAM-like bandwidth).
 DEVICE_OPTIM_HBM_EFFICIENCY = 0.8
-
-
-def zenflow_optimizer_cores(rank_cores: int, reserved: float) -> int:
-    """The cores DeepSpeed's ZenFlow optimizer process gets of a rank's `rank_cores`:
-    training keeps ceil(reserved x cores), the optimizer the rest; where that leaves
-    either side none both share them all (deepspeed/runtime/zenflow/zenflow_utils.py,
-    `_split_affinity`, DeepSpeed 0.19.5)."""
-    rank_cores = max(1, rank_cores)
-    training = math.ceil(reserved * rank_cores)
-    return rank_cores - training if 0 < training < rank_cores else rank_cores
-
-
-def strategy_host_lane(host: hardware.HostCPU, calibration: dict, strategy: str | None
-                       ) -> tuple[hardware.HostCPU, dict]:
-    """A profile's host and calibration as `strategy`'s host lane ran: where the profile
-    measured that strategy's host-lane rates on its own thread count (`host_lanes`: on a
-    GPU every strategy but ZenFlow runs its host step on all the rank's cores,
-    zfbench.real.distributed `lane_threads`), those rates on that many cores; else as
-    they are. Per-core rates are the lane's rates over its threads, as for the profile's
-    own."""
-    lane = (calibration.get("host_lanes") or {}).get(strategy) if strategy else None
-    if not lane:
-        return host, calibration
-    threads = int(lane["host_threads"])
-    rates = {k: v for k, v in lane.items() if k != "host_threads"}
-    host = dataclasses.replace(host.with_cores(threads), adam_params_per_s_per_core=(
-        rates["host_adam_params_per_s"] / threads))
-    return host, {**calibration, **rates, "host_threads": threads}
 
 
 @dataclass(frozen=True)
@@ -308,8 +280,7 @@ class CostModel:
             return self.node.host.cores
         rank = self.node.host.cores / self.gpus_per_node
         if self.zenflow_pinned:
-            return float(zenflow_optimizer_cores(int(rank),
-                                                 self.settings.pt_reserved_cores_perc))
+            return float(split_cores(int(rank), self.settings.pt_reserved_cores_perc)[1])
         return rank
 
     @property
@@ -335,7 +306,8 @@ class CostModel:
     @property
     def zenflow_pinned(self) -> bool:
         """Whether this is ZenFlow's host work pinned as DeepSpeed pins it
-        (`pt_reserved_cores_perc` given, from presets): on the cores the reserve leaves of
+        (`pt_reserved_cores_perc` given, from presets; zfbench.core.config_zenflow
+        `split_cores`): on the cores the reserve leaves of
         the rank's own contiguous block (`_compute_zf_pt_affinity` binds each rank to one
         first where the launcher did not), so its memory is local as with bind_cores."""
         return (self.strategy == "zenflow" and self.calibration is None

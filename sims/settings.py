@@ -14,6 +14,7 @@ cost model need.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, replace
 
 from zfbench.sims.update_windows import WindowPlan, window_plan
@@ -433,3 +434,21 @@ def load_calibration(path: str, shape: models.ModelShape) -> tuple[hardware.Node
                                f"model at the same width (any --layers), not {shape.name}: "
                                f"per-block times do not carry across widths")
     return node, cal
+
+
+def strategy_host_lane(host: hardware.HostCPU, calibration: dict, strategy: str | None
+                       ) -> tuple[hardware.HostCPU, dict]:
+    """A profile's host and calibration as `strategy`'s host lane ran: where the profile
+    measured that strategy's host-lane rates on its own thread count (`host_lanes`: on a
+    GPU every strategy but ZenFlow runs its host step on all the rank's cores,
+    zfbench.real.distributed `lane_threads`), those rates on that many cores; else as
+    they are. Per-core rates are the lane's rates over its threads, as for the profile's
+    own."""
+    lane = (calibration.get("host_lanes") or {}).get(strategy) if strategy else None
+    if not lane:
+        return host, calibration
+    threads = int(lane["host_threads"])
+    rates = {k: v for k, v in lane.items() if k != "host_threads"}
+    host = dataclasses.replace(host.with_cores(threads), adam_params_per_s_per_core=(
+        rates["host_adam_params_per_s"] / threads))
+    return host, {**calibration, **rates, "host_threads": threads}

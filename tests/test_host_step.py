@@ -198,7 +198,10 @@ def test_deepspeeds_zenflow_pinning_gives_its_host_work_the_unreserved_cores():
     """`pt_reserved_cores_perc` (from presets): ZenFlow's host work on the cores
     DeepSpeed's `_split_affinity` leaves a rank, local to its socket; every other strategy
     and the design (None) keep all the rank's cores."""
-    from zfbench.sims.costs import zenflow_optimizer_cores
+    from zfbench.core.config_zenflow import split_cores  # the engine's rule too
+
+    def zenflow_optimizer_cores(cores, reserved):
+        return split_cores(cores, reserved)[1]
     assert zenflow_optimizer_cores(32, 0.5) == 16
     assert zenflow_optimizer_cores(32, 0.3) == 22  # training keeps ceil(9.6) = 10
     assert zenflow_optimizer_cores(32, 0.0) == 32  # nothing reserved: both share all

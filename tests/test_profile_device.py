@@ -184,7 +184,7 @@ def test_the_probe_measures_each_strategys_own_host_lane():
 
 
 def test_the_simulator_takes_a_strategys_own_host_lane(tmp_path):
-    """sims/costs.py `strategy_host_lane`: with a profile whose `host_lanes` hold a
+    """sims/settings.py `strategy_host_lane` (CostModel with a strategy): with a profile whose `host_lanes` hold a
     strategy's rates on another thread count, that strategy's simulation runs its host
     work on that many cores at those rates; other strategies, `--host-cores`, and
     profiles without lanes keep the profile's own."""

@@ -9,6 +9,8 @@ statistics) import it.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, fields
 
 from zfbench.core.config_fields import (ConfigError, _bool, _check_keys, _choice, _float, _int,
@@ -50,6 +52,18 @@ def _check_interval_order(s_steps: int, ui, prefix: str) -> None:
         raise ConfigError(_join(prefix, "select_interval"),
                           f"got {s_steps} steps with {_join(prefix, 'update_interval')}"
                           f" = {ui}; expected 0 (select once) or >= update_interval")
+
+
+def split_cores(cores: int, reserved: float) -> tuple[int, int]:
+    """(training, optimizer) cores of a rank's `cores` by DeepSpeed's rule for
+    `pt_reserved_cores_perc` (deepspeed/runtime/zenflow/zenflow_utils.py `_split_affinity`,
+    0.19.5): training keeps ceil(reserved x cores), the optimizer the rest; where that
+    leaves either side none (reserved 0 or 1, one core) both share them all."""
+    cores = max(1, int(cores))
+    training = math.ceil(reserved * cores)
+    if 0 < training < cores:
+        return training, cores - training
+    return cores, cores
 
 
 @dataclass(frozen=True)
