@@ -19,9 +19,19 @@ of that band that widens the bound. Beside it: the host step the same paper's Ta
 row's parameters (CPU-Adam alone, 10B parameters in 2.57 s on the DGX-2's two Xeon 8168,
 scaled by parameter count; Adam is the floor of the host step, not all of it).
 
+Second, across figures: two throughput rows of one strategy, node, GPU count, hidden
+size, heads, micro-batch, sequence and accumulation that differ only in depth (Figure
+14's 1B at batch 8 and Figure 9's 2B at batch 8, 20 and 40 layers of hidden 2048) run the
+same layers on the same device: per counted FLOP, only the embedding and head's share and
+the parameters per FLOP (the host step and the copies) differ, so their throughputs can
+differ only by that. `depth_pairs` sets the published ratio (each bar's read-off band
+taken to the end that brings it nearest the simulated one) beside the simulator's ratio by
+shape without anchors, which carries exactly those shares and nothing fitted.
+
     python bench/published_consistency.py [--out bench/results/published_consistency]
 
-Writes `pairs.csv` (one row per ZeRO-Offload/DPU pair) and `summary.json`.
+Writes `pairs.csv` (one row per ZeRO-Offload/DPU pair), `depth_pairs.csv` and
+`summary.json`.
 """
 
 from __future__ import annotations
@@ -37,14 +47,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from zfbench.core.models import get_model  # noqa: E402
 from zfbench.core.trace import write_csv_atomic  # noqa: E402
 from zfbench.sims.costs import CostModel  # noqa: E402
 from zfbench.validate.metrics import counted_flops, implied_step_s  # noqa: E402
 from zfbench.validate.published import (bundled_path, published_value,  # noqa: E402
-                                        read_rows, row_settings)
+                                        read_rows, row_settings, simulate_row)
 
 TABLE4_ID = "zo-table4-cpuadam-10b"
 SETTING = ("source", "model", "micro_batch", "seq", "grad_accum", "gpus", "hardware")
+# What two rows must share to differ only in depth (besides hidden size and heads).
+SAME_BUT_DEPTH = ("strategy", "hardware", "gpu", "gpus", "micro_batch", "seq", "grad_accum",
+                  "precision", "activation_checkpointing")
 
 
 READ_OFF_TFLOPS = 0.5  # the bars' reading accuracy (docs/published.md)
@@ -101,6 +115,38 @@ def pairs(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def depth_pairs(rows: list[dict]) -> pd.DataFrame:
+    """Throughput rows that differ only in depth (module docstring): the published ratio
+    of the shallower to the deeper, its read-off band, and the simulator's ratio."""
+    by_id = {r["id"]: r for r in rows}
+    groups: dict[tuple, list[tuple[int, dict]]] = {}
+    for r in rows:
+        if r["metric"] != "tflops_per_gpu":
+            continue
+        shape = get_model(r["model"])
+        key = (*(r.get(k, "") for k in SAME_BUT_DEPTH), shape.hidden, shape.heads)
+        groups.setdefault(key, []).append((shape.layers, r))
+    out, anchors = [], {}
+    for members in groups.values():
+        members.sort(key=lambda m: m[0])
+        for (l_a, a), (l_b, b) in zip(members, members[1:]):
+            if l_a == l_b:
+                continue
+            pa, pb = published_value(a), published_value(b)
+            sim = (simulate_row(a, by_id, anchors)["simulated_no_anchor"]
+                   / simulate_row(b, by_id, anchors)["simulated_no_anchor"])
+            low = (pa - READ_OFF_TFLOPS) / (pb + READ_OFF_TFLOPS)
+            high = (pa + READ_OFF_TFLOPS) / (pb - READ_OFF_TFLOPS)
+            nearest = min(max(sim, low), high)
+            out.append({"shallow_id": a["id"], "deep_id": b["id"],
+                        "strategy": a["strategy"], "micro_batch": int(a["micro_batch"]),
+                        "layers_shallow": l_a, "layers_deep": l_b,
+                        "published_ratio": pa / pb, "published_ratio_low": low,
+                        "published_ratio_high": high, "simulated_ratio": sim,
+                        "gap_at_nearest_pct": 100 * (nearest / sim - 1)})
+    return pd.DataFrame(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", default=str(bundled_path()),
@@ -112,12 +158,16 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(table, out / "pairs.csv")
+    depth = depth_pairs(rows)
+    write_csv_atomic(depth, out / "depth_pairs.csv")
     held = table[table.bound_holds]
     ratios = dict(zip(held.zo_id, held.table4_over_bound_max.round(2)))
     summary = {
         "rows_file": ("bundled" if Path(args.csv) == bundled_path() else str(args.csv)),
         "pairs": len(table),
         "table4_adam_over_widest_bound": ratios,
+        "depth_gap_at_nearest_pct": dict(zip(depth.shallow_id + " / " + depth.deep_id,
+                                             depth.gap_at_nearest_pct.round(1))),
         "read_off_tflops": READ_OFF_TFLOPS,
         "rule": "host step <= step_zo - step_dpu where DPU exposes no more than "
                 "ZeRO-Offload besides the host step and the counted FLOPs at peak take "
@@ -130,7 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print("Table 4's Adam over the widest bound (above 1: the pair allows less host time "
           "than Table 4's Adam alone): " + ", ".join(f"{k} {v}x" for k, v in ratios.items()))
-    print(f"wrote {out / 'pairs.csv'} and {out / 'summary.json'}")
+    print(depth.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print("Depth pairs (same device work per layer): the published ratio's band against the "
+          "simulator's, gap at the band's nearest end: " + ", ".join(
+              f"{k} {v:+.1f}%" for k, v in summary["depth_gap_at_nearest_pct"].items()))
+    print(f"wrote {out / 'pairs.csv'}, {out / 'depth_pairs.csv'} and {out / 'summary.json'}")
     return 0
 
 

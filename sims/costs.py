@@ -467,8 +467,8 @@ class CostModel:
         act = self.activation_bytes()
         if self.calibration is not None:  # zfbench's engine, as it allocates
             device = engine_device_bytes(strategy, p, b, self.selected_params, act)
-        elif strategy == "device":  # ZeRO-2: 16-bit params, partitioned grads and fp32 state
-            device = p * b + part * b + part * 12 + act
+        elif strategy == "device":  # ZeRO-2 at its step's peak (zfbench.sims.device_memory)
+            device = device_memory.device_strategy_bytes(p, part, b, act)
         elif strategy in ("zero-offload", "zero-offload-dpu"):
             # DeepSpeed's: params + two gradient buckets
             device = device_memory.zero_offload_device_bytes(p, b, act)

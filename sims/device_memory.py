@@ -1,5 +1,23 @@
-"""Device memory of ZeRO-Offload (and its delayed-update variant) and of ZeRO-3 (zero-infinity)
-as DeepSpeed allocates it.
+"""Device memory of ZeRO-2 without offload (`device`), ZeRO-Offload (and its delayed-update
+variant) and ZeRO-3 (zero-infinity) as DeepSpeed allocates it.
+
+ZeRO-2 without offload keeps the whole 16-bit model and the rank's partition of the 16-bit
+gradients, fp32 master, momentum and variance. Its `step()` (stage_1_and_2.py, the branch
+that is not `cpu_offload`; the passes are zfbench.sims.device_step's) then flattens the
+partition's 16-bit gradients (a `cat`: a new 16-bit tensor) and converts that into a new
+fp32 gradient partition (`.to(fp32)`), both alive at once with everything above before the
+16-bit gradients are released, so the step's peak holds b + `FP32_GRAD_BYTES` more per
+partition element:
+
+    device = P x b + S x (b + 12) + S x (b + 4) + activations       (16-bit weights)
+
+with S the rank's partition. A plain PyTorch mixed-precision step (apex amp O2 /
+FP16_Optimizer: the fp32 master's own fp32 gradients beside the model's 16-bit ones) holds
+at least the fp32 gradient too. With fp32 weights neither copy is counted, as
+zfbench.sims.device_step counts none of their passes (a judgment: that path was not
+traced): P x 4 + S x (4 + 12). On one 32 GB V100 this puts the largest GPT-2 that fits
+without offload between 1.3 and 1.5 G parameters, where the ZeRO-Offload paper (abstract
+and section 1) states 1.4B for PyTorch; without the step's copies it would be 1.7B.
 
 DeepSpeed's ZeRO-2 with the optimizer offloaded (`offload_optimizer: cpu`, stage_1_and_2.py)
 keeps on each GPU the whole 16-bit model, but never a whole gradient: backward hooks copy
@@ -42,6 +60,20 @@ from zfbench.core import models
 # DeepSpeed's default `reduce_bucket_size` (elements): 5e8 (DeepSpeed configuration docs,
 # zero_optimization.reduce_bucket_size, "Default: 5e8").
 REDUCE_BUCKET_ELEMS = 500_000_000
+# Extra bytes per partition element at the peak of ZeRO-2's device step with 16-bit weights
+# (module docstring): the flattened 16-bit gradients (b) and the fp32 gradient (4).
+FP32_GRAD_BYTES = 4
+
+
+def device_strategy_bytes(params: int, partition: float, elem_bytes: int,
+                          activation_bytes: float) -> float:
+    """Device bytes per rank of ZeRO-2 without offload at its step's peak (module
+    docstring's formula)."""
+    step_copies = 0 if elem_bytes == 4 else elem_bytes + FP32_GRAD_BYTES
+    return (params * elem_bytes + partition * (elem_bytes + 12) + partition * step_copies
+            + activation_bytes)
+
+
 # ipg buffers with overlap_comm: two (DeepSpeed stage_1_and_2.py allocates `ipg_buffer` as
 # two bucket-sized tensors and alternates `ipg_index` when overlap_comm is on).
 GRAD_BUCKETS = 2

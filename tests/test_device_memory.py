@@ -62,3 +62,27 @@ def test_a_measured_profile_is_simulated_with_the_engines_own_device_buffers(str
     engine = estimate(get_model("tinyllama-1.1b").with_layers(1), strategy, 1, 4, 2,
                       topk_ratio=s.topk_ratio).device_bytes / HEADROOM
     assert simulated == pytest.approx(engine)
+
+
+def test_zero2_step_peak_counts_the_flattened_and_fp32_gradients():
+    # 16-bit: params, the partition's 16-bit gradients, fp32 master/m/v, then the step's
+    # flattened 16-bit copy and its fp32 conversion: 2 + 2 + 12 + 2 + 4 = 22 B per element
+    assert dm.device_strategy_bytes(1000, 1000, 2, 0.0) == 22 * 1000
+    # over 4 ranks the 16-bit model stays whole, the rest is a quarter
+    assert dm.device_strategy_bytes(1000, 250, 2, 5.0) == 2 * 1000 + 20 * 250 + 5.0
+    # fp32 weights: no step copies counted (zfbench.sims.device_step counts no passes)
+    assert dm.device_strategy_bytes(1000, 1000, 4, 0.0) == 20 * 1000
+
+
+def test_largest_gpt2_without_offload_on_a_v100_is_the_papers_1_4b():
+    """The ZeRO-Offload paper (abstract): 1.4B parameters is the largest model PyTorch
+    trains on one 32 GB V100 without running out of memory. Not a row of the dataset."""
+    fitting = []
+    for layers in range(16, 41, 2):
+        s = SimSettings(gpu="v100-sxm3-32g", pcie="gen3-dgx2", precision="fp16",
+                        model=f"gpt2:layers={layers},hidden=2048,heads=16", micro_batch=4,
+                        seq=1024, activation_checkpointing=True, gpus=1)
+        c = CostModel(s)
+        if c.fits("device")["fits"]:
+            fitting.append(c.params)
+    assert 1.25e9 < max(fitting) < 1.55e9

@@ -345,17 +345,23 @@ def test_an_anchored_row_says_what_its_measurement_leaves_beside_compute(run):
     assert all(r["pub_non_compute_s"] == "" for r in rows.values() if not r["anchor"])
 
 
-def test_dpu_pair_bound_by_hand(tmp_path):
-    """bench/published_consistency.py: the host step a ZeRO-Offload/DPU pair allows is the
-    difference of their step times (counted FLOPs over each throughput), widened by the
-    read-off band; Table 4's Adam scales with the partition's parameters."""
+def _published_consistency():
+    """bench/published_consistency.py as a module (bench/ is not a package)."""
     import sys
     bench = Path(__file__).resolve().parents[1] / "bench"
     sys.path.insert(0, str(bench))
     try:
-        import published_consistency as pc
+        import published_consistency
     finally:
         sys.path.remove(str(bench))
+    return published_consistency
+
+
+def test_dpu_pair_bound_by_hand(tmp_path):
+    """bench/published_consistency.py: the host step a ZeRO-Offload/DPU pair allows is the
+    difference of their step times (counted FLOPs over each throughput), widened by the
+    read-off band; Table 4's Adam scales with the partition's parameters."""
+    pc = _published_consistency()
     _, rows = vp.read_rows(vp.bundled_path())
     by_id = {r["id"]: r for r in rows}
     zo, dpu = dict(by_id["zo-fig14-b2-zo"]), dict(by_id["zo-fig14-b2-dpu"])
@@ -379,3 +385,27 @@ def test_dpu_pair_bound_by_hand(tmp_path):
     peak = hardware.get_gpu(settings.gpu).peak_flops_per_s("fp16")
     assert row.compute_floor_s == pytest.approx(tflop * 1e12 / peak)
     assert bool(row.bound_holds) == (row.compute_floor_s > row.host_step_bound_max_s)
+
+
+def test_depth_pairs_by_hand():
+    """bench/published_consistency.py: two throughput rows alike but for depth give the
+    published ratio, its read-off band, and the simulator's ratio of the same two rows."""
+    pc = _published_consistency()
+    _, rows = vp.read_rows(vp.bundled_path())
+    by_id = {r["id"]: r for r in rows}
+    shallow = dict(by_id["zo-fig9-2b-dpu"], id="shallow", value="30",
+                   model="gpt2:layers=20,hidden=2048,heads=16")
+    deep = dict(by_id["zo-fig9-2b-dpu"], id="deep", value="40")
+    other = dict(by_id["zo-fig9-2b-zo"], id="other-strategy", value="5",
+                 model="gpt2:layers=30,hidden=2048,heads=16")
+    table = pc.depth_pairs([shallow, deep, other])
+    assert len(table) == 1  # the ZeRO-Offload row pairs with nothing
+    row = table.iloc[0]
+    assert (row.shallow_id, row.deep_id) == ("shallow", "deep")
+    assert row.published_ratio == pytest.approx(0.75)
+    assert row.published_ratio_low == pytest.approx(29.5 / 40.5)
+    assert row.published_ratio_high == pytest.approx(30.5 / 39.5)
+    sims = {r["id"]: vp.simulate_row(r, {}, {})["simulated_no_anchor"] for r in (shallow, deep)}
+    assert row.simulated_ratio == pytest.approx(sims["shallow"] / sims["deep"])
+    nearest = min(max(row.simulated_ratio, row.published_ratio_low), row.published_ratio_high)
+    assert row.gap_at_nearest_pct == pytest.approx(100 * (nearest / row.simulated_ratio - 1))
