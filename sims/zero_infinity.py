@@ -14,10 +14,18 @@ seconds come from `zfbench.sims.zero3` and `CostModel`. `zero_infinity_step(sim,
   presets, zfbench.sims.zero3 `grad_share_bytes`).
 - Once every gradient is down (with the optimizer state on NVMe: once every gradient
   share, written to NVMe as it came down, is there: DeepSpeed flushes its gradient
-  writes before the first swap-in), the host AdamW updates the rank's share bucket by bucket
-  in backward order (host lane, `host_optim`, shared with the other ranks' as in
-  zero-offload). Nothing goes up: the next step's fetch of bucket i reads the host copy,
-  so it waits for bucket i's update (bucket 0, needed first, is updated last).
+  writes before the first swap-in), the host updates the rank's share bucket by bucket
+  in backward order (host lane, shared with the other ranks' as in zero-offload) as
+  DeepSpeed's ZeRO-3 `step()` does each sub-group (stage3.py, with the optimizer
+  offloaded): `unscale_and_clip_grads` (`host_clip`: the fp32 gradient's `mul_` in place,
+  every step), CPU-Adam (`host_optim`), then the fp32 master into the 16-bit parameters
+  (`host_convert`: `_reassign_or_swap_out_partitioned_parameters` copies it into the
+  host's 16-bit partition, or into the NVMe swapper's 16-bit buffers; with the
+  partitions on the GPUs a blocking `copy_` from the host fp32 tensor converts on the host
+  before the copy up). The two streaming passes run at zfbench.sims.host_step's rates,
+  as zero-offload's; simulations from a measured profile (`CostModel.deepspeed_host_step`
+  False) run Adam alone, as before. Nothing goes up: the next step's fetch of bucket i reads the host
+  copy, so it waits for bucket i's update (bucket 0, needed first, is updated last).
 - The step ends when the next step may start: once the device has issued the next
   step's first d+1 fetches (they belong to step t+1) and the first has landed. The last
   step waits exactly as long, for a fetch of bucket 0 that it does not record (there is
@@ -191,8 +199,9 @@ def unrecorded_fetch(sim, i: int, gate, net_free):
 
 
 def host_update(sim, step: int, downs) -> dict:
-    """Host AdamW on the rank's share, bucket by bucket in backward order, after every
-    gradient is down; returns, per bucket, the event after which its host copy (or its
+    """DeepSpeed's host step on the rank's share (unscale/clip, AdamW, the conversion to
+    16 bits), bucket by bucket in backward order, after every gradient is down; returns,
+    per bucket, the event after which its host copy (or its
     NVMe copy, or with the partitions on the GPUs the device's copy, uploaded after the
     update) holds the new parameters. The state is read from and written back to NVMe
     where it lives there."""
@@ -207,7 +216,12 @@ def host_update(sim, step: int, downs) -> dict:
             free = writes[j - STATE_BUFFERS] if j >= STATE_BUFFERS else None
             work_deps = [*deps, nvme.submit(read, nvme.READ, sim.rank, step,
                                             zero3.state_read_bytes(c, i), [free])]
-        ready[i] = sim.host_work("host_optim", step, elems, work_deps)
+        if c.deepspeed_host_step:  # from presets: DeepSpeed's passes beside Adam
+            clip = sim.host_work("host_clip", step, elems, work_deps)
+            adam = sim.host_work("host_optim", step, elems, [clip])
+            ready[i] = sim.host_work("host_convert", step, elems, [adam])
+        else:
+            ready[i] = sim.host_work("host_optim", step, elems, work_deps)
         back = zero3.state_write_bytes(c, i)
         if back > 0:  # the state and/or the new parameters back to NVMe
             _, write = _nvme_lanes(sim)

@@ -153,7 +153,7 @@ def _dram_ok(costs: CostModel, strategy: str) -> bool:
     if strategy == "zenflow":
         need = max(need, cores * costs.accum_units_per_core_s * ACCUM_BYTES_PER_ELEMENT)
     if costs.deepspeed_host_step and strategy in ("zero-offload", "zero-offload-dpu",
-                                                  "zenflow"):  # clip, conversion passes
+                                                  "zenflow", "zero-infinity"):  # clip, conversion
         need = max(need, cores * costs.stream_units_per_core_s(CLIP_BYTES_PER_ELEM)
                    * CLIP_BYTES_PER_ELEM)
     return gpus * need <= left

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 from zfbench.sims import zero3
+from zfbench.sims.host_step import CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM
 from zfbench.sims.zero_infinity import op_buckets
 
 from .parts import (_CONVERGED, _MAX_PERIODS, NEG, _cycle_intervals, _fixed_point,
@@ -66,7 +67,15 @@ class _Zero3:
                           min(rate, self.c.pageable_copy_bytes_per_s))
 
     def chunk(self, i: int):
-        return (0.0, self.c.share(self.c.buckets[i].numel) / self.adam)
+        """Bucket i's host update: from presets DeepSpeed's clip, Adam and conversion in
+        a row on the host lane (one job's time each, summed), else Adam alone."""
+        c = self.c
+        elems = c.share(c.buckets[i].numel)
+        seconds = elems / self.adam
+        if c.deepspeed_host_step:
+            seconds += sum(elems / (c.cores_per_rank * c.stream_units_per_core_s(b))
+                           for b in (CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM))
+        return (0.0, seconds)
 
     def step(self, carry):
         """One period from a boundary; carry: (update pending, d2h, net, h2d, host free)."""
