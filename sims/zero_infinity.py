@@ -24,8 +24,8 @@ seconds come from `zfbench.sims.zero3` and `CostModel`. `zero_infinity_step(sim,
   partitions on the GPUs a blocking `copy_` from the host fp32 tensor converts on the host
   before the copy up). The two streaming passes run at zfbench.sims.host_step's rates,
   as zero-offload's; simulations from a measured profile (`CostModel.deepspeed_host_step`
-  False) run Adam alone, as before. Nothing goes up: the next step's fetch of bucket i reads the host
-  copy, so it waits for bucket i's update (bucket 0, needed first, is updated last).
+  False) run Adam alone. Nothing goes up: the next step's fetch of bucket i reads the
+  host copy, so it waits for bucket i's update (bucket 0, needed first, is updated last).
 - The step ends when the next step may start: once the device has issued the next
   step's first d+1 fetches (they belong to step t+1) and the first has landed. The last
   step waits exactly as long, for a fetch of bucket 0 that it does not record (there is
@@ -201,9 +201,9 @@ def unrecorded_fetch(sim, i: int, gate, net_free):
 def host_update(sim, step: int, downs) -> dict:
     """DeepSpeed's host step on the rank's share (unscale/clip, AdamW, the conversion to
     16 bits), bucket by bucket in backward order, after every gradient is down; returns,
-    per bucket, the event after which its host copy (or its
-    NVMe copy, or with the partitions on the GPUs the device's copy, uploaded after the
-    update) holds the new parameters. The state is read from and written back to NVMe
+    per bucket, the event after which its host copy (or its NVMe copy, or with the
+    partitions on the GPUs the device's copy, uploaded after the update) holds the new
+    parameters. The state is read from and written back to NVMe
     where it lives there."""
     c = sim.costs
     ready, writes = {}, []
