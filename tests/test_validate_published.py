@@ -409,3 +409,35 @@ def test_depth_pairs_by_hand():
     assert row.simulated_ratio == pytest.approx(sims["shallow"] / sims["deep"])
     nearest = min(max(row.simulated_ratio, row.published_ratio_low), row.published_ratio_high)
     assert row.gap_at_nearest_pct == pytest.approx(100 * (nearest / row.simulated_ratio - 1))
+
+
+def test_the_papers_other_settings_simulate_with_no_row_unsupported():
+    """Rows in the published format beyond the bundled ones (other GPU counts, shapes,
+    placements, strategies and nodes, as the same papers' other figures use them): every
+    one simulates to a finite positive value, none unsupported."""
+    base = {c: "" for c in vp.COLUMNS}
+    base.update(source="other settings", value="1", hardware="dgx2-v100", seq="1024",
+                precision="fp16", activation_checkpointing="true")
+    gpt2 = "gpt2:layers={},hidden={},heads={}".format
+    settings = [
+        dict(strategy="zero-offload", gpus="64", model=gpt2(50, 4096, 32), micro_batch="8"),
+        dict(strategy="zero-offload-dpu", gpus="128", model=gpt2(20, 2048, 16),
+             micro_batch="2", grad_accum="4"),
+        dict(strategy="device", gpus="16", model=gpt2(50, 4096, 32), micro_batch="4"),
+        dict(strategy="zero-infinity", gpus="512", model=gpt2(128, 25600, 160),
+             micro_batch="1", offload_params="nvme", offload_activations="true"),
+        dict(strategy="zero-infinity", gpus="16", model=gpt2(10, 8192, 16), micro_batch="8",
+             offload_params="cpu", offload_optimizer="nvme", metric="backward_time_s"),
+        dict(strategy="zenflow", hardware="h100-4x-gen5", gpus="4", model="llama2-7b",
+             micro_batch="1", precision="bf16", metric="step_time_s"),
+        dict(strategy="zero-offload", hardware="a100-8x-gen4", gpus="8", model="llama2-13b",
+             micro_batch="2", seq="2048", precision="bf16", bind_cores="true",
+             metric="step_time_s"),
+        dict(strategy="zero-offload", gpus="4", model=gpt2(20, 2048, 16), micro_batch="4",
+             metric="host_adam_time_s"),
+    ]
+    rows = [{**base, "metric": "tflops_per_gpu", "id": f"other-{k}", **knobs}
+            for k, knobs in enumerate(settings)]
+    out = vp.validate_rows(rows, quiet=True)
+    assert [r["status"] for r in out] == ["ok"] * len(rows)
+    assert all(0 < float(r["simulated"]) < float("inf") for r in out)
