@@ -126,24 +126,28 @@ def depth_pairs(rows: list[dict]) -> pd.DataFrame:
         shape = get_model(r["model"])
         key = (*(r.get(k, "") for k in SAME_BUT_DEPTH), shape.hidden, shape.heads)
         groups.setdefault(key, []).append((shape.layers, r))
-    out, anchors = [], {}
+    out, anchors, simulated = [], {}, {}
+
+    def sim(row: dict) -> float:  # a row in two pairs is simulated once
+        if row["id"] not in simulated:
+            simulated[row["id"]] = simulate_row(row, by_id, anchors)["simulated_no_anchor"]
+        return simulated[row["id"]]
     for members in groups.values():
         members.sort(key=lambda m: m[0])
         for (l_a, a), (l_b, b) in zip(members, members[1:]):
             if l_a == l_b:
                 continue
             pa, pb = published_value(a), published_value(b)
-            sim = (simulate_row(a, by_id, anchors)["simulated_no_anchor"]
-                   / simulate_row(b, by_id, anchors)["simulated_no_anchor"])
+            ratio = sim(a) / sim(b)
             low = (pa - READ_OFF_TFLOPS) / (pb + READ_OFF_TFLOPS)
             high = (pa + READ_OFF_TFLOPS) / (pb - READ_OFF_TFLOPS)
-            nearest = min(max(sim, low), high)
+            nearest = min(max(ratio, low), high)
             out.append({"shallow_id": a["id"], "deep_id": b["id"],
                         "strategy": a["strategy"], "micro_batch": int(a["micro_batch"]),
                         "layers_shallow": l_a, "layers_deep": l_b,
                         "published_ratio": pa / pb, "published_ratio_low": low,
-                        "published_ratio_high": high, "simulated_ratio": sim,
-                        "gap_at_nearest_pct": 100 * (nearest / sim - 1)})
+                        "published_ratio_high": high, "simulated_ratio": ratio,
+                        "gap_at_nearest_pct": 100 * (nearest / ratio - 1)})
     return pd.DataFrame(out)
 
 

@@ -171,6 +171,17 @@ def fused_tiles(elems: float) -> list[float]:
     return [float(FUSED_TILE_ELEMS)] * int(whole) + ([rest] if rest > 0 else [])
 
 
+def clip_adam_convert(sim, step: int, elems: float, deps):
+    """DeepSpeed's host passes over `elems` elements of the rank's partition, one after
+    the other on its host lane (module docstring): unscale/clip, CPU-Adam, the fp32 master
+    into 16 bits; returns the Adam event (the gradient is consumed) and the conversion's
+    (the 16-bit parameters are ready). ZeRO-2's offload step runs them over the whole
+    partition, ZeRO-3's (zfbench.sims.zero_infinity) bucket by bucket."""
+    clip = sim.host_work("host_clip", step, elems, deps)
+    adam = sim.host_work("host_optim", step, elems, [clip])
+    return adam, sim.host_work("host_convert", step, elems, [adam])
+
+
 def deepspeed_update(sim, step: int, deps):
     """DeepSpeed's ZeRO-2 offload step on the host of `sim` (a `RankSim`; module
     docstring): unscale/clip over the rank's fp32 gradient partition, CPU-Adam over all of
@@ -180,11 +191,9 @@ def deepspeed_update(sim, step: int, deps):
     gradient there)."""
     c = sim.costs
     part = c.share(c.params)
-    clip = sim.host_work("host_clip", step, part, deps)
     if c.settings.fused_param_upload:
-        return fused_update(sim, step, part, clip)
-    adam = sim.host_work("host_optim", step, part, [clip])
-    convert = sim.host_work("host_convert", step, part, [adam])
+        return fused_update(sim, step, part, sim.host_work("host_clip", step, part, deps))
+    adam, convert = clip_adam_convert(sim, step, part, deps)
     up = sim.transfer(sim.h2d, "h2d_param", step, part * c.elem_bytes, [convert])
     landed = sim.gather_when_ready(step, c.model_bytes, up) or up
     return landed, dict.fromkeys(range(sim.nb), adam)

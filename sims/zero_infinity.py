@@ -68,7 +68,7 @@ seconds come from `zfbench.sims.zero3` and `CostModel`. `zero_infinity_step(sim,
 
 from __future__ import annotations
 
-from zfbench.sims import nvme, zero3
+from zfbench.sims import host_step, nvme, zero3
 from zfbench.sims.fluid import Job
 from zfbench.sims.lanes import all_done
 from zfbench.sims.pageable import DRAM_BYTES_PER_BYTE as STAGED_DRAM_BYTES_PER_BYTE
@@ -217,9 +217,7 @@ def host_update(sim, step: int, downs) -> dict:
             work_deps = [*deps, nvme.submit(read, nvme.READ, sim.rank, step,
                                             zero3.state_read_bytes(c, i), [free])]
         if c.deepspeed_host_step:  # from presets: DeepSpeed's passes beside Adam
-            clip = sim.host_work("host_clip", step, elems, work_deps)
-            adam = sim.host_work("host_optim", step, elems, [clip])
-            ready[i] = sim.host_work("host_convert", step, elems, [adam])
+            _, ready[i] = host_step.clip_adam_convert(sim, step, elems, work_deps)
         else:
             ready[i] = sim.host_work("host_optim", step, elems, work_deps)
         back = zero3.state_write_bytes(c, i)

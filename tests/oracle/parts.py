@@ -61,10 +61,13 @@ class _Terms:
         self.deepspeed = c.deepspeed_host_step
         self.wire = c.grad_wire_bytes  # ZeRO-Offload's gradient bytes on the link (fp32)
         part = c.share(c.params)
-        self.clip = (0.0, part / (cores * c.stream_units_per_core_s(CLIP_BYTES_PER_ELEM)))
+        # seconds per element of each streaming pass beside Adam, alone on a rank's cores
+        self.clip_s_per_elem = 1 / (cores * c.stream_units_per_core_s(CLIP_BYTES_PER_ELEM))
+        self.convert_s_per_elem = 1 / (cores * c.stream_units_per_core_s(
+            CONVERT_BYTES_PER_ELEM))
+        self.clip = (0.0, part * self.clip_s_per_elem)
         self.adam_all = (0.0, part / adam)
-        self.convert = (0.0, part / (cores * c.stream_units_per_core_s(
-            CONVERT_BYTES_PER_ELEM)))
+        self.convert = (0.0, part * self.convert_s_per_elem)
         acc = c.share(sum(self.unsel))
         self.acc = (0.0, acc / (cores * c.accum_units_per_core_s)) if acc > 0 else None
         self.o_sel = c.device_optim_s(c.selected_params)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 
 from zfbench.sims import zero3
-from zfbench.sims.host_step import CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM
 from zfbench.sims.zero_infinity import op_buckets
 
 from .parts import (_CONVERGED, _MAX_PERIODS, NEG, _cycle_intervals, _fixed_point,
@@ -69,12 +68,11 @@ class _Zero3:
     def chunk(self, i: int):
         """Bucket i's host update: from presets DeepSpeed's clip, Adam and conversion in
         a row on the host lane (one job's time each, summed), else Adam alone."""
-        c = self.c
+        c, T = self.c, self.T
         elems = c.share(c.buckets[i].numel)
         seconds = elems / self.adam
         if c.deepspeed_host_step:
-            seconds += sum(elems / (c.cores_per_rank * c.stream_units_per_core_s(b))
-                           for b in (CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM))
+            seconds += elems * (T.clip_s_per_elem + T.convert_s_per_elem)
         return (0.0, seconds)
 
     def step(self, carry):
