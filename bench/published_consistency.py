@@ -28,10 +28,19 @@ differ only by that. `depth_pairs` sets the published ratio (each bar's read-off
 taken to the end that brings it nearest the simulated one) beside the simulator's ratio by
 shape without anchors, which carries exactly those shares and nothing fitted.
 
+Third, one GPU without offload across code bases: every `device` row on one GPU, of the
+dataset and of the held-out file `zfbench/data/published/held_out_no_offload_v100.csv`
+(Megatron-LM's own single-V100 baseline, 2019 and 1.0; rows of no figure the error
+averages), with the step its number stands for, its counted FLOPs over that step as a
+fraction of the GPU's peak, and the simulator's step of the same row without anchors.
+`measured_speed_over_simulated` (simulated step over published step) is how much faster
+the measured code ran than the shape-based compute model; its spread over rows of like
+shapes on one GPU kind is what no per-shape model, whatever its constants, can cover.
+
     python bench/published_consistency.py [--out bench/results/published_consistency]
 
-Writes `pairs.csv` (one row per ZeRO-Offload/DPU pair), `depth_pairs.csv` and
-`summary.json`.
+Writes `pairs.csv` (one row per ZeRO-Offload/DPU pair), `depth_pairs.csv`,
+`no_offload.csv` and `summary.json`.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ from zfbench.validate.published import (bundled_path, published_value,  # noqa: 
                                         read_rows, row_settings, simulate_row)
 
 TABLE4_ID = "zo-table4-cpuadam-10b"
+HELD_OUT = ROOT / "zfbench" / "data" / "published" / "held_out_no_offload_v100.csv"
 SETTING = ("source", "model", "micro_batch", "seq", "grad_accum", "gpus", "hardware")
 # What two rows must share to differ only in depth (besides hidden size and heads).
 SAME_BUT_DEPTH = ("strategy", "hardware", "gpu", "gpus", "micro_batch", "seq", "grad_accum",
@@ -151,10 +161,33 @@ def depth_pairs(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def no_offload_rates(rows: list[dict]) -> pd.DataFrame:
+    """One-GPU rows without offload (module docstring): published and simulated step, each
+    as counted FLOPs over the GPU's peak, and the measured code's speed over the model's."""
+    out = []
+    for r in rows:
+        if r["strategy"] != "device" or int(r["gpus"]) != 1 \
+                or r["metric"] not in ("tflops_per_gpu", "step_time_s"):
+            continue
+        step, _, floor = step_and_params(r)
+        simulated = float(simulate_row(r, {}, {})["sim_step_time_s"])
+        shape = get_model(r["model"])
+        out.append({"id": r["id"], "source": r["source"], "hidden": shape.hidden,
+                    "layers": shape.layers, "micro_batch": int(r["micro_batch"]),
+                    "published_step_s": step, "simulated_step_s": simulated,
+                    "published_fraction_of_peak": floor / step,
+                    "simulated_fraction_of_peak": floor / simulated,
+                    "measured_speed_over_simulated": simulated / step})
+    return pd.DataFrame(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", default=str(bundled_path()),
                         help="published rows (default: the bundled dataset)")
+    parser.add_argument("--held-out", default=str(HELD_OUT),
+                        help="rows outside the error, used only by the no-offload table "
+                             "(default: the bundled held-out file)")
     parser.add_argument("--out", default="bench/results/published_consistency")
     args = parser.parse_args(argv)
     _, rows = read_rows(args.csv)
@@ -164,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     write_csv_atomic(table, out / "pairs.csv")
     depth = depth_pairs(rows)
     write_csv_atomic(depth, out / "depth_pairs.csv")
+    no_offload = no_offload_rates(rows + read_rows(args.held_out)[1])
+    write_csv_atomic(no_offload, out / "no_offload.csv")
+    speeds = no_offload.measured_speed_over_simulated
     held = table[table.bound_holds]
     ratios = dict(zip(held.zo_id, held.table4_over_bound_max.round(2)))
     summary = {
@@ -172,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         "table4_adam_over_widest_bound": ratios,
         "depth_gap_at_nearest_pct": dict(zip(depth.shallow_id + " / " + depth.deep_id,
                                              depth.gap_at_nearest_pct.round(1))),
+        "no_offload_measured_speed_over_simulated": dict(zip(no_offload.id,
+                                                             speeds.round(3))),
+        "no_offload_speed_spread": round(float(speeds.max() / speeds.min()), 2),
         "read_off_tflops": READ_OFF_TFLOPS,
         "rule": "host step <= step_zo - step_dpu where DPU exposes no more than "
                 "ZeRO-Offload besides the host step and the counted FLOPs at peak take "
@@ -188,7 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     print("Depth pairs (same device work per layer): the published ratio's band against the "
           "simulator's, gap at the band's nearest end: " + ", ".join(
               f"{k} {v:+.1f}%" for k, v in summary["depth_gap_at_nearest_pct"].items()))
-    print(f"wrote {out / 'pairs.csv'}, {out / 'depth_pairs.csv'} and {out / 'summary.json'}")
+    print(no_offload.drop(columns="source").to_string(
+        index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"One GPU without offload: the measured code ran {speeds.min():.2f}x to "
+          f"{speeds.max():.2f}x the simulated speed ({summary['no_offload_speed_spread']}x "
+          "apart)")
+    print(f"wrote {out / 'pairs.csv'}, {out / 'depth_pairs.csv'}, {out / 'no_offload.csv'} "
+          f"and {out / 'summary.json'}")
     return 0
 
 

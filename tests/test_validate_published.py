@@ -411,6 +411,46 @@ def test_depth_pairs_by_hand():
     assert row.gap_at_nearest_pct == pytest.approx(100 * (nearest / row.simulated_ratio - 1))
 
 
+def test_no_offload_rates_by_hand():
+    """bench/published_consistency.py: a one-GPU row without offload gives the step its
+    number stands for, counted FLOPs over that step and over the simulated one as
+    fractions of the GPU's peak, and the simulated step over the published one; rows with
+    offload or on several GPUs are not in the table."""
+    pc = _published_consistency()
+    _, rows = vp.read_rows(vp.bundled_path())
+    by_id = {r["id"]: r for r in rows}
+    device = dict(by_id["zo-fig14-b4-pt"], id="mine", metric="step_time_s", value="2.0")
+    offload = by_id["zo-fig14-b4-zo"]
+    several = dict(by_id["zo-fig14-b4-pt"], id="several", gpus="2")
+    table = pc.no_offload_rates([device, offload, several])
+    assert list(table.id) == ["mine"]
+    row = table.iloc[0]
+    settings = vp.row_settings(device)
+    from zfbench.sims.costs import CostModel
+    from zfbench.validate.metrics import counted_flops
+    flops = counted_flops(settings, CostModel(settings))
+    peak = hardware.get_gpu(settings.gpu).peak_flops_per_s("fp16")
+    simulated = float(vp.simulate_row(device, {}, {})["sim_step_time_s"])
+    assert row.published_step_s == 2.0
+    assert row.simulated_step_s == pytest.approx(simulated)
+    assert row.published_fraction_of_peak == pytest.approx(flops / (2.0 * peak))
+    assert row.simulated_fraction_of_peak == pytest.approx(flops / (simulated * peak))
+    assert row.measured_speed_over_simulated == pytest.approx(simulated / 2.0)
+
+
+def test_the_held_out_rows_run_and_stay_out_of_the_bundled_error():
+    """The held-out file (Megatron-LM's single-V100 baselines) is in the published format,
+    every row simulates, and none of its ids is in the bundled dataset."""
+    path = vp.bundled_path().with_name("held_out_no_offload_v100.csv")
+    _, held = vp.read_rows(path)
+    _, bundled = vp.read_rows(vp.bundled_path())
+    assert {r["id"] for r in held}.isdisjoint(r["id"] for r in bundled)
+    for row in held:
+        out = vp.simulate_row(row, {}, {})
+        assert out["status"] == "ok", (row["id"], out["status"])
+        assert 0 < float(out["simulated"]) < float("inf")
+
+
 def test_the_papers_other_settings_simulate_with_no_row_unsupported():
     """Rows in the published format beyond the bundled ones (other GPU counts, shapes,
     placements, strategies and nodes, as the same papers' other figures use them): every
