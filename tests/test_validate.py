@@ -485,6 +485,60 @@ def test_a_noisy_sizing_pair_is_capped_for_quick(capsys):
     assert all(s.batch * s.seq <= QUICK_MAX_TOKENS for s in capped.values())
 
 
+def test_a_noisy_sizing_pair_is_measured_again_then_refused(capsys):
+    """The many-token profile no faster than the few-token one is measured again; a pair
+    that is fine on the second attempt is used as it is, and three inverted pairs stop a
+    full validate with an error naming the fixes (--quick keeps the last pair: its
+    shapes are capped). Session 19: an inverted 4/64-token pair sized validate's
+    `shorter` shape at 2 x 4096 tokens, a 70-minute shape at host/compute 0.014."""
+    from zfbench.real.runner import RunSpec
+    from zfbench.core.models import get_model
+    from zfbench.validate.shapes import (SIZING_ATTEMPTS, SIZING_SEQ, NoisySizingError,
+                                         compute_s, sizing_profiles)
+    params = get_model("tiny").total_params
+    base = RunSpec(model="tiny", layers=2)
+    lo_n, hi_n = SIZING_SEQ
+    inverted = [_sizing_profile(lo_n, 0.004, params / 0.01),
+                _sizing_profile(hi_n, 0.003, params / 0.01)]
+    fine = [_sizing_profile(lo_n, 0.004, params / 0.01),
+            _sizing_profile(hi_n, 0.009, params / 0.01)]
+    asked = []
+
+    def measuring(pairs):
+        queue = [p for pair in pairs for p in pair]
+
+        def measure(spec):
+            asked.append((spec.batch, spec.seq))
+            return queue.pop(0)
+        return measure
+
+    low, high = sizing_profiles(base, measuring([inverted, fine]))
+    assert compute_s(high, base.shape()) == pytest.approx(0.009)
+    assert asked == [(1, lo_n), (1, hi_n)] * 2
+    assert "attempt 1 of 3" in capsys.readouterr().err
+    with pytest.raises(NoisySizingError, match="too busy.*--quick"):
+        sizing_profiles(base, measuring([inverted] * SIZING_ATTEMPTS))
+    low, high = sizing_profiles(base, measuring([inverted] * SIZING_ATTEMPTS),
+                                cap_tokens=True)
+    assert compute_s(high, base.shape()) == pytest.approx(0.003)
+
+
+def test_validate_reports_a_machine_too_busy_to_size_its_shapes(tmp_path, monkeypatch,
+                                                                  capsys):
+    import zfbench.validate.command as v
+    from zfbench.core.models import get_model
+    params = get_model("tiny").total_params
+
+    def inverted(spec):
+        return _sizing_profile(spec.seq, 0.004 if spec.seq < 100 else 0.003, params / 0.01)
+    monkeypatch.setattr(v, "measure_profile", inverted)
+    assert validate_main(["--model", "tiny", "--layers", "2", "--quiet", "--out",
+                          str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "error: forward+backward of tiny" in err and "too busy" in err
+    assert not (tmp_path / "validate.csv").exists()
+
+
 def test_fitting_halves_the_batch_until_every_strategy_fits(monkeypatch):
     """A sized shape beyond a small machine's memory (64 rows of 2048 tokens through a
     tinyllama layer: ~50 GB of activations) comes back with the largest halved batch

@@ -1,7 +1,7 @@
 """`python -m zfbench.validate`: does the simulator predict what the engine measures here?
 
 Scenario: three shapes of one model slice (by default `zfbench.run`'s: tinyllama-1.1b[1L],
-bf16 on the device lane), sized from two calibrations (4 and 64 tokens) so that the host
+bf16 on the device lane), sized from two calibrations (4 and 256 tokens) so that the host
 Adam is longer than, about equal to, and shorter than forward+backward on this machine
 (the ratio each shape's own profile measured is printed as `host_adam_over_compute`); for
 each shape a profile is measured (`zfbench.real.profile`) and every strategy runs on the engine,
@@ -65,8 +65,8 @@ from zfbench.core.config import SCENARIO_ZENFLOW, STRATEGIES
 from zfbench.core.trace import merge_chrome_traces, write_csv_atomic, write_json_atomic
 from zfbench.run.defaults import DEFAULT_PRECISION
 from zfbench.validate import published as validate_published
-from zfbench.validate.shapes import (REGIMES, SIZING_SEQ, compute_s, fitting, host_adam_s,
-                                     sized_shapes)
+from zfbench.validate.shapes import (REGIMES, SIZING_SEQ, NoisySizingError, compute_s,
+                                     fitting, host_adam_s, sized_shapes, sizing_profiles)
 
 PAIRS = ((SCENARIO_ZENFLOW["topk_ratio"], SCENARIO_ZENFLOW["update_interval"]),  # the scenario
          (0.25, 2))
@@ -115,7 +115,7 @@ def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool,
     shape = base.shape()
     max_seq = (shape.max_positions - 2) if shape.max_positions else 4096
     print(f"calibrating {shape.name} at {SIZING_SEQ} tokens ...", file=sys.stderr)
-    low, high = (measure_profile(replace(base, batch=1, seq=n)) for n in SIZING_SEQ)
+    low, high = sizing_profiles(base, measure_profile, cap_tokens=quick)
     sized = {name: fitting(spec) for name, spec in sized_shapes(
         base, low, high, max_seq, QUICK_MAX_TOKENS if quick else None).items()}
     shapes = [(regime, name, spec) for regime, (name, spec) in zip(REGIMES, sized.items())
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return validate(base, args.out, args.skip, args.quick, not args.quiet, regimes,
                         head, budget)
-    except InsufficientMemoryError as err:
+    except (InsufficientMemoryError, NoisySizingError) as err:
         return fail(err)
 
 

@@ -1,7 +1,8 @@
 """The three shapes `zfbench.validate` runs, sized on this machine.
 
-`sized_shapes` fits forward+backward as a + b * tokens from two sizing profiles (4 and 64
-tokens) and picks the token counts at which the host Adam is about 2, 1 and 0.5 times it
+`sizing_profiles` measures forward+backward at 4 and 256 tokens (again where the larger came
+out no slower: the machine was busier during the first); `sized_shapes` fits it as a + b *
+tokens and picks the token counts at which the host Adam is about 2, 1 and 0.5 times it
 (capped where a noisy machine cannot reach a ratio); beyond the model's positions the
 batch grows (rows of its longest sequence, at most MAX_BATCH). `fitting` then halves a
 shape's batch until every strategy fits this machine's memory (zfbench.real.memory).
@@ -18,7 +19,12 @@ from zfbench.core.strategies import buckets_on
 from zfbench.real.engine import resolve_device
 from zfbench.real.runner import RunSpec
 
-SIZING_SEQ = (4, 64)  # token counts of the two sizing profiles
+# token counts of the two sizing profiles: on a CPU lane forward+backward at 256 tokens is
+# about 2-4x the 4-token one (tinyllama-1.1b[1L], bf16, Intel Xeon with AMX, 2026-11-27),
+# beyond the +-30% the machine drifts between profiles; at 64 it was 0.9-1.7x, so a busy
+# moment could invert the slope and size a shape 30x too long (docs/results.md)
+SIZING_SEQ = (4, 256)
+SIZING_ATTEMPTS = 3  # measurements of the pair before a noisy machine is reported
 RATIOS = (2.0, 1.0, 0.5)  # host Adam / (forward + backward), host longer to shorter
 MAX_BATCH = 64  # sized shapes: at most this many sequences of the model's longest
 REGIMES = ("longer", "equal", "shorter")  # the host Adam against forward+backward, per ratio
@@ -33,6 +39,35 @@ def compute_s(profile: dict, shape) -> float:
 
 def host_adam_s(profile: dict, shape) -> float:
     return shape.total_params / profile["calibration"]["host_adam_params_per_s"]
+
+
+class NoisySizingError(RuntimeError):
+    """Forward+backward measured no slower at many tokens than at few, attempt after attempt."""
+
+
+def sizing_profiles(base: RunSpec, measure, attempts: int = SIZING_ATTEMPTS,
+                    cap_tokens: bool = False) -> tuple[dict, dict]:
+    """The few- and many-token profiles (`measure(spec)` -> profile) that `sized_shapes`
+    fits. Where the many-token forward+backward came out no slower, the pair is measured
+    again, up to `attempts` times; then, unless the shapes' tokens are capped
+    (`cap_tokens`, --quick), NoisySizingError names the problem and the fixes, as a
+    clamped slope would ask for the largest shape there is (hours on a CPU lane)."""
+    shape = base.shape()
+    for attempt in range(1, attempts + 1):
+        low, high = (measure(replace(base, batch=1, seq=n)) for n in SIZING_SEQ)
+        c_lo, c_hi = compute_s(low, shape), compute_s(high, shape)
+        if c_hi > c_lo:
+            return low, high
+        print(f"forward+backward measured no slower at {SIZING_SEQ[1]} tokens ({c_hi:.3g} s) "
+              f"than at {SIZING_SEQ[0]} ({c_lo:.3g} s), attempt {attempt} of {attempts}: "
+              f"the machine was busier during the first profile", file=sys.stderr)
+    if cap_tokens:
+        return low, high
+    raise NoisySizingError(
+        f"forward+backward of {shape.name} measured no slower at {SIZING_SEQ[1]} tokens than "
+        f"at {SIZING_SEQ[0]} in {attempts} attempts: this machine is too busy to size "
+        f"validate's shapes; run it again when the machine is quieter, or pass --quick "
+        f"(shapes capped at a few hundred tokens)")
 
 
 def sized_shapes(base: RunSpec, low: dict, high: dict, max_seq: int,
