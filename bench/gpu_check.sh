@@ -23,13 +23,21 @@
 #   validate/                  python -m zfbench.validate --device cuda: engine against
 #                              simulator on the GPU (VALIDATE_MIN minutes at most, default 1.5:
 #                              one shape; more with a longer device lease)
+#   op_efficiency/             bench/op_efficiency.py: GEMM, attention and element-wise
+#                              efficiency at fine-tuning token counts (qwen2.5-1.5b and
+#                              llama2-7b shapes), beside the GPU's measured peaks and its
+#                              launch floor (issue 44)
+#   reference_step/            bench/reference_step.py: a plain-PyTorch step (AdamW on the
+#                              device) beside the engine's device strategy, MODEL at SEQ,
+#                              micro-batch 1 and 4, with a profile of each and a Chrome
+#                              trace of both at batch 1 (issue 45)
 #   status.txt                 each step's exit code (a failed step does not stop the rest)
 # DEFAULT_STEPS=N gives run_default --steps N (the shape stays the GPU-sized default);
 # GPU_PRESET (default: the preset of the GPU torch names, else h100-sxm) is predict's --gpu.
 # PACK=FILE.tgz packs bench/results/gpu/<gpu-name>/ into one file at the end (a lent
 # machine whose files come back a few at a time).
-# ONLY="profile validate" runs only the named steps (cuda_tests run_default run_model
-# host_share profile predict contention validate), e.g. to fit each call of a
+# ONLY="profile validate" runs only the named steps (cuda_tests op_efficiency
+# reference_step run_default run_model host_share profile predict contention validate), e.g. to fit each call of a
 # time-limited session.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +53,7 @@ DEFAULT_STEPS=${DEFAULT_STEPS:-12}  # run_default's --steps (empty: the run's ow
 VALIDATE_MIN=${VALIDATE_MIN:-1.5}
 ONLY=${ONLY:-}
 PACK=${PACK:-}  # a .tgz path: the results folder packed into one file at the end
+SUBDIR=${SUBDIR:-}  # results under bench/results/gpu/<gpu-name>/SUBDIR (a later session's)
 
 if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "gpu-check: $PY's torch sees no CUDA device; run this where one is (GPU_PY=... to pick the python)" >&2
@@ -100,7 +109,7 @@ fi
 export PYTHONUNBUFFERED=1
 NAME=$($PY -c "import torch, re; print(re.sub(r'[^A-Za-z0-9._-]+', '-', torch.cuda.get_device_name()))")
 [ -n "$GPU_PRESET" ] || GPU_PRESET=$($PY -c "import torch; from zfbench.run.report import gpu_preset; print(gpu_preset(torch.cuda.get_device_name()) or 'h100-sxm')")
-OUT="bench/results/gpu/$NAME"
+OUT="bench/results/gpu/$NAME${SUBDIR:+/$SUBDIR}"
 mkdir -p "$OUT"
 [ -n "$ONLY" ] || : > "$OUT/status.txt"  # ONLY: append to the earlier steps' codes
 touch "$OUT/status.txt"
@@ -119,6 +128,9 @@ step() {  # step NAME COMMAND...: run, log, record the exit code, go on
   echo "$name $rc" >> "$OUT/status.txt"
 }
 step cuda_tests $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py
+step op_efficiency $PY bench/op_efficiency.py --out "$OUT/op_efficiency"
+step reference_step $PY bench/reference_step.py --model "$MODEL" --seq "$SEQ" --traces \
+  --out "$OUT/reference_step"
 STEPS_FLAG=()
 [ -z "$DEFAULT_STEPS" ] || STEPS_FLAG=(--steps "$DEFAULT_STEPS")
 step run_default $PY -m zfbench.run --device cuda ${STEPS_FLAG[@]+"${STEPS_FLAG[@]}"} --quiet \
@@ -142,6 +154,6 @@ step validate $PY -m zfbench.validate --device cuda --budget-min "$VALIDATE_MIN"
 echo "== gpu-check: wrote $OUT (exit codes in status.txt)"
 cat "$OUT/status.txt"
 if [ -n "$PACK" ]; then  # one file to carry back from a lent machine
-  tar czf "$PACK" -C bench/results/gpu "$NAME" && echo "== gpu-check: packed $OUT into $PACK"
+  tar czf "$PACK" -C "$(dirname "$OUT")" "$(basename "$OUT")" && echo "== gpu-check: packed $OUT into $PACK"
 fi
 ! grep -qv ' 0$' "$OUT/status.txt"
