@@ -43,7 +43,8 @@ class FigureData:
 
     `meta` keys: first_step (first steady-state step of the timelines), where (model and
     node of the timelines), update_interval, topk_ratio (the defaults), timeline_steps,
-    window_s and util_bin_s (figure 1), gpus (figure 8's counts)."""
+    window_s and util_bin_s (figure 1), gpus (figure 8's counts), convergence_dir and
+    convergence_lm_dir (figure 17's committed topic and LM results)."""
     data_dir: Path
     measured: Path
     meta: dict
@@ -273,10 +274,11 @@ def fig_published(c: FigureData):
 
 
 def fig_convergence(c: FigureData):
-    runs, curves = pc.load(Path(c.meta["convergence_dir"]))
+    topics_dir, lm_dir = Path(c.meta["convergence_dir"]), Path(c.meta["convergence_lm_dir"])
+    runs, curves = pc.load_study(topics_dir, lm_dir)
     steps = c.table("convergence_steps.csv")
     step_s = dict(zip(steps["strategy"], steps["step_time_s"]))
-    f = pc.facts(runs, curves, step_s)
+    f = pc.facts(runs, curves, step_s, pc.start_scores(topics_dir, lm_dir))
     return pc.plot(runs, curves, f, c.where), pc.sentence(f)
 
 

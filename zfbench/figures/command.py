@@ -80,10 +80,12 @@ SCALING_INTER_NET = {"a100-8x-gen4": "ib-hdr-200", "h100-8x-gen5": "ib-ndr-400"}
 # Multi-node points of figure 8 run at most this many steps (runtime: a 64-rank run costs
 # 8 x an 8-rank one per step); still above steps_needed (warm-up, 2 skipped windows + 1).
 MULTI_NODE_STEPS = 16
-# Figure 17: the strategies of bench/convergence.py, whose committed results it reads,
-# and the llama2-7b step time each is simulated at for time-to-quality.
+# Figure 17: the strategies of bench/convergence.py, whose committed results it reads
+# (the topic task from convergence/, the LM task's three seeds from pretrained weights from
+# convergence_lm/), and the llama2-7b step time each is simulated at for time-to-quality.
 CONVERGENCE_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zenflow")
 CONVERGENCE_RESULTS = Path(__file__).resolve().parents[2] / "bench/results/convergence"
+CONVERGENCE_LM_RESULTS = CONVERGENCE_RESULTS.with_name("convergence_lm")
 # Figure 5's bars: the two baselines ZenFlow's claims name (DeepSpeed's ZenFlow blog: "up
 # to 5x over ZeRO-Offload and 6.3x over ZeRO-Infinity") and ZenFlow.
 BREAKDOWN_STRATEGIES = ("zero-infinity", "zero-offload", "zenflow")
@@ -292,8 +294,12 @@ def sources(plan: Plan) -> dict[str, str]:
                              f"{', '.join(CONVERGENCE_STRATEGIES)} for {plan.model} on "
                              f"{node_label(TIMELINE_NODE)}, {plan.steps} steps; like "
                              f"`{simulate_command(base)}`) and the committed measurements "
-                             f"of `python bench/convergence.py` under "
-                             f"bench/results/convergence/ (runs.csv, curves.csv)",
+                             f"of `python bench/convergence.py`: the topic task of "
+                             f"bench/results/convergence/ ((a), (c); runs.csv, curves.csv) "
+                             f"and the LM task of bench/results/convergence_lm/ ((b): device "
+                             f"and zenflow, 3 seeds each from pretrained SmolLM2; runs.csv, "
+                             f"summary.json; the one-seed LM runs of convergence/, which "
+                             f"started from the wrong weights, are not drawn)",
         "selection_traffic": f"`data/selection_traffic.csv` (computed from the shapes in "
                              f"zfbench/core/models.py of {', '.join(FULL.models)}, "
                              f"{hardware.get_node(NODES[0]).gpus} GPUs; no simulation)",
@@ -308,7 +314,8 @@ def meta(plan: Plan) -> dict:
             "update_interval": tl.update_interval, "topk_ratio": tl.topk_ratio,
             "timeline_steps": tl.steps, "window_s": plan.window_s, "util_bin_s": plan.util_bin_s,
             "gpus": list(plan.gpus), "model": model,
-            "convergence_dir": CONVERGENCE_RESULTS}
+            "convergence_dir": CONVERGENCE_RESULTS,
+            "convergence_lm_dir": CONVERGENCE_LM_RESULTS}
 
 
 def header(plan: Plan, measured: str) -> str:
