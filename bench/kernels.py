@@ -8,13 +8,19 @@ strategies call; tests/test_kernel_identity.py checks the calibration probe call
 same ones), on the engine's layouts (2-D weights stored column by column), for device
 weights and gradients in fp32, bf16 and fp16 with the host master in fp32 (the dtype
 combinations the engine runs). Each row names the kernel, the strategies and lane that
-run it, the dtypes, the elements, the bytes it must move (at least: each input read once,
-each output written once; temporaries a kernel makes are its own cost, so they show up
-as a lower share), best and median seconds, GB/s, and GB/s as a share of the roofline:
-a same-dtype fp32 `a += b` (12 B per element) measured round-robin with the rest at
-the same thread count. Bytes per element (s: the device dtype's size, 2 or 4):
+run it, the dtypes, the path (`cpp`: real/host_fused.cpp's one pass; `torch`: torch's
+ops), the elements, the bytes it must move (at least: each input read once, each output
+written once; temporaries a kernel makes are its own cost, so they show up as a lower
+share), best and median seconds, G elements/s, GB/s, and GB/s as a share of the
+machine's bandwidth: the best GB/s of four streaming references measured round-robin
+with the rest at the same thread count (`fp32 a += b`, 12 B per element; `a += b c`,
+16 B; `a = b + s c`, 12 B; `a = b`, 8 B; the write-allocate reads of the last two not
+counted, as STREAM does not). Shares above 1 mean the kernel streams faster than these
+references reach on the machine (e.g. more streams per core in flight). Bytes per element (s: the device dtype's size, 2 or 4):
 
     host_adamw_            28        p, g, m, v read; p, m, v written (fp32)
+      + h2d wire           28 + s    the new parameters also written in the device dtype
+      + zero window        +4        the gradient (ZenFlow's window) written with zeros
     adamw_foreach_         28        the same on the device (fp32 master or selected values)
     accumulate_            8 + s     fp32 window read and written, gradients read
     copy_ (conversions)    4 + s     one read, one write, in the two dtypes
@@ -25,10 +31,13 @@ the same thread count. Bytes per element (s: the device dtype's size, 2 or 4):
     top_columns            4         per column (its scores read)
     gather_grads_          s + 4     per selected element: gradient read, fp32 written
     scatter_               4 + s     per selected element: fp32 read, weight written
-Plain torch `window.add_(grads)` with mixed dtypes (the slow path `accumulate_` replaces,
-real/host_accum.py) is timed beside it as a reference row.
+Reference rows, the paths the fused kernels replace (issue 45), with the same bytes:
+the host chunk as torch's ops (real/host_adam.host_adamw_, then `copy_` into the wire,
+then `zero_`: two or three passes), the accumulation as real/host_accum.accumulate_
+(converted chunk by chunk into a scratch), the conversions as torch's `Tensor.copy_`,
+and torch's own mixed-dtype `window.add_`.
 Writes DIR/kernels.csv and kernels.json (with the machine: CPU model, ISA flags, cores,
-torch version).
+torch version, and the fused kernels' build).
 """
 
 from __future__ import annotations
@@ -51,13 +60,19 @@ from zfbench.core.config_zenflow import DEFAULT_TOPK_RATIO  # noqa: E402
 from zfbench.core.provenance import provenance  # noqa: E402
 from zfbench.core.schedule import topk_count  # noqa: E402
 from zfbench.core.trace import write_csv_atomic, write_json_atomic  # noqa: E402
+from zfbench.real import host_fused  # noqa: E402
 from zfbench.real import kernels as K  # noqa: E402
+from zfbench.real.host_accum import accumulate_ as torch_accumulate_  # noqa: E402
+from zfbench.real.host_adam import host_adamw_ as torch_host_adamw_  # noqa: E402
 from zfbench.real.flat import selected_shape, take_columns  # noqa: E402
 
 NAME = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 OFFLOAD = "zero-offload, zero-offload-dpu, zenflow"
 ALL = "device, " + OFFLOAD
-REFERENCE = "fp32 a += b (roofline)"
+# the streaming references: (row name, bytes per element); the bandwidth is their best
+REFERENCES = (("fp32 a += b (bandwidth)", 12), ("fp32 a += b c (bandwidth)", 16),
+              ("fp32 a = b + s c (bandwidth)", 12), ("fp32 a = b (bandwidth)", 8))
+HP = dict(lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
 ROWS = 4096  # rows of the 2-D weight the column kernels work on (e.g. a 7B model's hidden)
 
 
@@ -74,31 +89,68 @@ class Table:
         self.rows: dict[str, tuple] = {}
 
     def add(self, kernel: str, fn, elems: int, per_elem: float, strategies: str, lane: str,
-            dtypes: str, function: str) -> None:
+            dtypes: str, function: str, path: str = "torch") -> None:
         key = f"{kernel} [{dtypes}]"
         self.rows[key] = (fn, elems, per_elem, {
-            "kernel": kernel, "function": function, "strategies": strategies, "lane": lane,
-            "dtypes": dtypes, "elems": elems, "bytes_per_elem": per_elem,
+            "kernel": kernel, "function": function, "path": path, "strategies": strategies,
+            "lane": lane, "dtypes": dtypes, "elems": elems, "bytes_per_elem": per_elem,
             "bytes": elems * per_elem})
 
 
 def host_rows(t: Table, n: int) -> None:
-    """The fp32 host kernels, the roofline and the device's fp32 AdamW over a flat buffer."""
-    a, b = torch.zeros(n), torch.randn(n) * 1e-3
-    t.add(REFERENCE, lambda: a.add_(b), n, 12, "-", "-", "fp32 += fp32", "Tensor.add_")
-    p, g, m, v = torch.randn(n), torch.randn(n) * 1e-3, torch.zeros(n), torch.zeros(n)
-    t.add("host_adamw_", lambda: K.host_adamw_(p, g, m, v, step=1, lr=1e-4, beta1=0.9,
-                                              beta2=0.999, eps=1e-8, weight_decay=0.01),
-          n, 28, OFFLOAD, "host", "fp32 master, grads, m, v", "real.host_adam.host_adamw_")
+    """The streaming references, the fp32 host kernels and the device's fp32 AdamW over a
+    flat buffer."""
+    a, b, c = torch.zeros(n), torch.randn(n) * 1e-3, torch.randn(n)
+    (add, add_b), (fma, fma_b), (triad, triad_b), (copy, copy_b) = REFERENCES
+    t.add(add, lambda: a.add_(b), n, add_b, "-", "-", "fp32 += fp32", "Tensor.add_")
+    t.add(fma, lambda: a.addcmul_(b, c), n, fma_b, "-", "-", "fp32 += fp32 * fp32",
+          "Tensor.addcmul_")
+    t.add(triad, lambda: torch.add(b, c, alpha=0.5, out=a), n, triad_b, "-", "-",
+          "fp32 = fp32 + s fp32", "torch.add(out=)")
+    t.add(copy, lambda: a.copy_(c), n, copy_b, "-", "-", "fp32 = fp32", "Tensor.copy_")
     dp, dm, dv, ds = torch.randn(n), torch.zeros(n), torch.zeros(n), torch.zeros(n)
+    g = torch.randn(n) * 1e-3
     t.add("adamw_foreach_ (whole model)",
-          lambda: K.adamw_foreach_([dp], [g], [dm], [dv], [1], lr=1e-4, beta1=0.9,
-                                   beta2=0.999, eps=1e-8, weight_decay=0.01, scratch=[ds]),
+          lambda: K.adamw_foreach_([dp], [g], [dm], [dv], [1], scratch=[ds], **HP),
           n, 28, "device", "compute", "fp32 master, grads, m, v", "real.adamw.adamw_foreach_")
     t.add("grad_norm (host clip)", lambda: K.grad_norm(g), n, 4, OFFLOAD + " (clipping)",
           "host", "fp32", "real.kernels.grad_norm")
     t.add("mul_ (scale)", lambda: g.mul_(1.0), n, 8,
           OFFLOAD + " (clip scale, zenflow 1/U)", "host", "fp32", "Tensor.mul_ (inline)")
+
+
+def host_chunk_rows(t: Table, n: int, dtype: torch.dtype) -> None:
+    """The host chunk (`host_adamw_`) as the engine runs it with `dtype` weights (the new
+    parameters into the h2d wire unless fp32), without and with ZenFlow's zeroing, and
+    the torch ops it replaces beside it."""
+    s, d = torch.tensor([], dtype=dtype).element_size(), NAME[dtype]
+    low = dtype != torch.float32
+    p, g, m, v = torch.randn(n), torch.randn(n) * 1e-3, torch.zeros(n), torch.zeros(n)
+    wire = torch.empty(n, dtype=dtype) if low else None
+    per = 28 + (s if low else 0)
+    into = f" -> {d} h2d wire" if low else ""
+    fused = host_fused.backend()
+    for zero in (False, True):
+        what = "host_adamw_" + (" + zero window" if zero else "")
+        who = "zenflow (window update)" if zero else OFFLOAD
+
+        def run(zero=zero):
+            K.host_adamw_(p, g, m, v, wire, step=1, zero_grad=zero, **HP)
+
+        def before(zero=zero):
+            torch_host_adamw_(p, g, m, v, step=1, **HP)
+            if low:
+                wire.copy_(p)
+            if zero:
+                g.zero_()
+        dtypes = f"fp32 master, grads, m, v{into}"
+        t.add(what, run, n, per + 4 * zero, who, "host", dtypes,
+              "real.host_fused.host_adamw_", fused)
+        passes = 1 + low + zero
+        t.add(f"{what}: torch ops, {passes} pass{'es' if passes > 1 else ''} (before)",
+              before, n, per + 4 * zero, "- (replaced by host_adamw_)", "host", dtypes,
+              "host_adam.host_adamw_" + (" + copy_" if low else "") + (" + zero_" if zero
+                                                                      else ""))
 
 
 def dtype_rows(t: Table, n: int, dtype: torch.dtype, ratio: float) -> None:
@@ -108,19 +160,28 @@ def dtype_rows(t: Table, n: int, dtype: torch.dtype, ratio: float) -> None:
     fp32 = torch.randn(n) * 1e-3
     window, wire, flat = torch.zeros(n), fp32.to(dtype), fp32.to(dtype)
     low = dtype != torch.float32
+    host_chunk_rows(t, n, dtype)
     t.add("accumulate_", lambda: K.accumulate_(window, wire, 0.25), n, 8 + s, "zenflow",
-          "host", f"fp32 += {d}", "real.host_accum.accumulate_")
+          "host", f"fp32 += {d}", "real.host_fused.accumulate_", host_fused.backend())
+    t.add("accumulate_: torch ops (before)", lambda: torch_accumulate_(window, wire, 0.25),
+          n, 8 + s, "- (replaced by accumulate_)", "host", f"fp32 += {d}",
+          "real.host_accum.accumulate_")
     if low:
         t.add("add_ mixed dtype (reference: the slow path)",
               lambda: window.add_(wire, alpha=0.25), n, 8 + s, "- (replaced by accumulate_)",
               "host", f"fp32 += {d}", "Tensor.add_")
         t.add("copy_ (grads out of the d2h wire)", lambda: K.copy_(fp32, wire), n, 4 + s,
-              OFFLOAD + " (host); device (compute)", "host / compute", f"{d} -> fp32",
-              "real.kernels.copy_")
+              "zero-offload, zero-offload-dpu, zenflow warm-up (host); device (compute)",
+              "host / compute", f"{d} -> fp32",
+              "real.kernels.copy_", host_fused.backend())
         h2d = torch.empty(n, dtype=dtype)
-        t.add("copy_ (params into the h2d wire)", lambda: K.copy_(h2d, fp32), n, 4 + s,
-              OFFLOAD + " (host); device (compute)", "host / compute", f"fp32 -> {d}",
-              "real.kernels.copy_")
+        t.add("copy_ (master write-back)", lambda: K.copy_(h2d, fp32), n, 4 + s,
+              "device (compute); the host chunk's wire before issue 45", "compute",
+              f"fp32 -> {d}", "real.kernels.copy_", host_fused.backend())
+        t.add("copy_: torch ops (before)", lambda: wire.copy_(fp32), n, 4 + s,
+              "- (replaced by copy_)", "host / compute", f"fp32 -> {d}", "Tensor.copy_")
+        t.add("copy_: torch ops (before)", lambda: fp32.copy_(wire), n, 4 + s,
+              "- (replaced by copy_)", "host / compute", f"{d} -> fp32", "Tensor.copy_")
     other = torch.empty_like(flat)
     t.add("copy_ (same dtype)", lambda: K.copy_(other, flat), n, 2 * s,
           "zero-offload-dpu, zenflow (upload applied); link copies", "compute / d2h / h2d",
@@ -202,26 +263,31 @@ def main(argv: list[str] | None = None) -> int:
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
         times = measure(table, args.repeats)
-        ref = n * 12 / min(times[f"{REFERENCE} [fp32 += fp32]"])
+        refs = {name: n * per / min(times[key]) for key, (_, _, per, desc) in table.rows.items()
+                for name, _ in REFERENCES if desc["kernel"] == name}
+        ref = max(refs.values())
         for key, (_, elems, per_elem, desc) in table.rows.items():
             best = min(times[key])
             gbs = elems * per_elem / best
             rows.append({"threads": threads, **desc, "best_s": best,
                          "median_s": statistics.median(times[key]),
-                         "gb_per_s": gbs / 1e9, "roofline_gb_per_s": ref / 1e9,
-                         "share_of_roofline": gbs / ref})
+                         "g_elems_per_s": elems / best / 1e9, "gb_per_s": gbs / 1e9,
+                         "bandwidth_gb_per_s": ref / 1e9, "share_of_bandwidth": gbs / ref})
         print(f"{threads} thread(s): {len(table.rows)} kernels, {n / 2**20:.0f}M elements, "
-              f"roofline {ref / 1e9:.1f} GB/s", flush=True)
+              f"bandwidth {ref / 1e9:.1f} GB/s (" + ", ".join(
+                  f"{k.removesuffix(' (bandwidth)')} {v / 1e9:.1f}" for k, v in refs.items())
+              + ")", flush=True)
     load["after"] = os.getloadavg()
     frame = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(frame, args.out / "kernels.csv")
     write_json_atomic(args.out / "kernels.json",
                       {"provenance": provenance(argv, "python bench/kernels.py"),
+                       "host_kernels": host_fused.status(),
                        "load_average_1_5_15_min": load, "rows": frame.to_dict("records")})
-    with pd.option_context("display.width", 200, "display.max_colwidth", 44):
-        print(frame[["threads", "kernel", "dtypes", "best_s", "gb_per_s",
-                     "share_of_roofline"]].to_string(index=False))
+    with pd.option_context("display.width", 220, "display.max_colwidth", 52):
+        print(frame[["threads", "kernel", "dtypes", "path", "best_s", "g_elems_per_s",
+                     "gb_per_s", "share_of_bandwidth"]].to_string(index=False))
     print(f"wrote {args.out}/kernels.csv, kernels.json")
     return 0
 

@@ -12,11 +12,13 @@ cudaHostRegister where the engine pins):
 - host AdamW over the state (torch's fused CPU AdamW, what the engine runs), alone and
   while the link copies in a loop; on pageable and on page-locked state;
 - the engine's host chunk: AdamW on a chunk, its parameters into the bf16 wire, the
-  gradient chunk zeroed (ZenFlow's window update), chunk by chunk;
+  gradient chunk zeroed (ZenFlow's window update), chunk by chunk: in one pass as the
+  engine runs it (`kernels.host_adamw_`, real/host_fused.py; `host_kernels` names its
+  path) and pass by pass with torch's ops as before issue 45 (`..._passes_...`);
 - d2h of the device buffer into a page-locked wire, alone and beside host AdamW, and host
   AdamW beside the d2h copy loop (ZenFlow accumulates on the host while the next step's
   gradients come down);
-- the engine's pipeline: each chunk's AdamW and conversion, then its upload issued on
+- the engine's pipeline: each chunk's AdamW with its conversion, then its upload issued on
   the h2d stream between two CUDA events, as the host worker does it: the chunks' rate
   and the uploads' own rate by their events (inside validate's runs the uploads took
   2.2x the probe's time).
@@ -47,17 +49,29 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from zfbench.real import kernels  # noqa: E402
+from zfbench.real import host_fused, kernels  # noqa: E402
+from zfbench.real.host_adam import host_adamw_ as torch_host_adamw_  # noqa: E402
 from zfbench.real.backend import register_pinned  # noqa: E402
 from zfbench.real.rate_probe import in_thread, median_time  # noqa: E402
 
 CHUNK_BYTES = 8 << 20  # the engine's upload chunk at bf16: 4M elements
 
 
-def adamw(p, g, m, v) -> None:
-    """The engine's host AdamW kernel (zfbench.real.kernels), at a fixed step."""
-    kernels.host_adamw_(p, g, m, v, step=1, lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8,
-                        weight_decay=0.01)
+HP = dict(step=1, lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
+
+
+def adamw(p, g, m, v, wire=None, zero: bool = False) -> None:
+    """The engine's host chunk kernel (zfbench.real.kernels), at a fixed step: AdamW, the
+    new parameters into `wire` and the gradient zeroed (`zero`) in one pass."""
+    kernels.host_adamw_(p, g, m, v, wire, zero_grad=zero, **HP)
+
+
+def adamw_passes(p, g, m, v, wire, zero: bool) -> None:
+    """The host chunk as torch's ops, pass by pass (the engine before issue 45)."""
+    torch_host_adamw_(p, g, m, v, **HP)
+    wire.copy_(p)
+    if zero:
+        g.zero_()
 
 
 def median_s(fn, repeats: int) -> float:
@@ -136,13 +150,10 @@ def main(argv=None) -> int:
     def adam_locked():
         adamw(p, g, m, v)
 
-    def engine_chunks(zero: bool):
+    def engine_chunks(zero: bool, kernel=adamw):
         def run():
             for a, b in bounds:
-                adamw(p[a:b], g[a:b], m[a:b], v[a:b])
-                wire[a:b].copy_(p[a:b])
-                if zero:
-                    g[a:b].zero_()
+                kernel(p[a:b], g[a:b], m[a:b], v[a:b], wire[a:b], zero)
         return run
 
     def engine_pipeline():
@@ -151,8 +162,7 @@ def main(argv=None) -> int:
         uploads' busy seconds (the sum of the event intervals)."""
         marks = []
         for a, b in bounds:
-            adamw(p[a:b], g[a:b], m[a:b], v[a:b])
-            wire[a:b].copy_(p[a:b])
+            adamw(p[a:b], g[a:b], m[a:b], v[a:b], wire[a:b])
             start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
             with torch.cuda.stream(stream):
                 start.record()
@@ -191,6 +201,10 @@ def main(argv=None) -> int:
             lambda: median_s(engine_chunks(False), R), T) / 1e9
         r["engine_chunks_adam_convert_zero_Gparams"] = n / in_thread(
             lambda: median_s(engine_chunks(True), R), T) / 1e9
+        r["engine_chunks_adam_convert_passes_Gparams"] = n / in_thread(
+            lambda: median_s(engine_chunks(False, adamw_passes), R), T) / 1e9
+        r["engine_chunks_adam_convert_zero_passes_Gparams"] = n / in_thread(
+            lambda: median_s(engine_chunks(True, adamw_passes), R), T) / 1e9
         r["d2h_whole_alone_GBps"] = nbytes / median_s(d2h_whole, R) / 1e9
         r["d2h_whole_beside_adam_GBps"] = nbytes / while_looping(
             adam_locked, T, lambda: median_s(d2h_whole, R)) / 1e9
@@ -205,6 +219,7 @@ def main(argv=None) -> int:
         r["zero_alone_Gelems"] = n / in_thread(lambda: median_s(g.zero_, R), T) / 1e9
         res[f"round{_round}"] = r
         print(json.dumps(r, indent=1), flush=True)
+    res["host_kernels"] = host_fused.status()
     res["machine"] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                       "cpu_count": os.cpu_count(), "processor": platform.processor(),
                       "python": platform.python_version()}

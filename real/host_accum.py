@@ -1,7 +1,9 @@
-"""The host lane's gradient accumulation: `window += alpha * grads`, as fast on every CPU.
+"""The host lane's gradient accumulation with torch's ops: `window += alpha * grads`.
 
 ZenFlow accumulates each step's unselected gradients into an fp32 window on the host
-(real/zenflow.py) and `zfbench.real.rate_probe` times the same call for the simulator.
+(real/zenflow.py) through `zfbench.real.kernels.accumulate_` (real/host_fused.py), which
+runs a one-pass C++ loop with this function's bits where its library builds and this
+function where not; `zfbench.real.rate_probe` times the same call for the simulator.
 With 16-bit weights the gradients land in their own dtype (the d2h wire), and torch's
 in-place add of a bf16 tensor into an fp32 one takes a slow, unvectorized path on some
 CPUs: on a 2-core AMD EPYC (Zen 4, torch 2.13 CPU build) 50M elements took 0.25 s mixed

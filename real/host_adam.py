@@ -1,7 +1,7 @@
 """Host AdamW on flat fp32 buffers: the CPU optimizer step of the `host` lane.
 
 This module owns one thing: applying torch.optim.AdamW's math (decoupled weight decay)
-in place to 1-D contiguous float32 CPU tensors -- typically views into the big flat
+with torch's ops in place to 1-D contiguous float32 CPU tensors -- typically views into the big flat
 parameter / gradient / moment buffers an offloading engine keeps on the host -- as fast
 as torch allows, without ever changing the global thread count (the caller may run it
 from a worker thread that set its own `torch.set_num_threads`).
@@ -13,6 +13,11 @@ internal counter):
     m  = b1 * m + (1 - b1) * g
     v  = b2 * v + (1 - b2) * g * g
     p -= lr / (1 - b1**step) * m / (sqrt(v) / sqrt(1 - b2**step) + eps)
+
+The engine's host chunk calls it through `zfbench.real.kernels.host_adamw_`
+(real/host_fused.py), which does the `auto` method's arithmetic, bit for bit, in one
+C++ pass that also writes the upload wire and zeroes the window, or calls this function
+where that library does not build.
 
 Methods (all give torch.optim.AdamW's result to within a few float32 ulps):
 

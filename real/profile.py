@@ -38,6 +38,7 @@ import torch
 
 from zfbench.real import kernels
 from zfbench.real.flat import FlatLayout, device_dtype, take_columns
+from zfbench.real.host_fused import status as host_kernels_status
 from zfbench.real.inplace_grads import InplaceGrads
 from zfbench.real.model import build_model
 from zfbench.real.distributed import host_threads_by_strategy
@@ -374,6 +375,8 @@ def build_profile(spec: RunSpec, shape, blocks: dict, dev_threads: int, host_thr
             "host": "measured-host", "net": "measured-net"}},
         "calibration": {
             "machine": machine(),  # CPU model, ISA flags, cores, memory, torch version
+            # the host kernels' path the probe timed: 'cpp' (one pass) or 'torch'
+            "host_kernels": host_kernels_status(load=False)["path"],
             "model": shape.name, "batch": spec.batch, "seq": spec.seq,
             "device_threads": dev_threads, "host_threads": host_threads,
             "blocks": blocks, **rates, "source": src, **info},

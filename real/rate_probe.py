@@ -8,19 +8,24 @@ fp32 master, gradient and moments); `measure(repeats)` then times, as the engine
   d2h wire, `Strategy.landing_for`: with 16-bit weights the gradients cross as
   themselves and are converted on the host afterwards), on the calling (device) thread;
   on CUDA a pinned wire, on a d2h stream of its own, timed to the stream's completion;
-- h2d: a host buffer of the device's dtype (the h2d wire, into which the engine converts
-  the master on the host) copied into the device buffer, issued from a host worker
-  thread (on CUDA from a pinned wire on an h2d stream); each alone, and both at once
-  (d2h on the calling thread, h2d on the worker: on CUDA two streams copying at once);
+- h2d: a host buffer of the device's dtype (the h2d wire, into which the engine's host
+  chunk writes the new parameters) copied into the device buffer, issued from a host
+  worker thread (on CUDA from a pinned wire on an h2d stream); each alone, and both at
+  once (d2h on the calling thread, h2d on the worker: on CUDA two streams copying at once);
 - on the host worker's threads (the CPU, either way), each with the engine's own kernel
-  (`zfbench.real.kernels`, the attribute the strategies call): host AdamW
-  (`host_adamw_`) over the whole master; the host accumulation (`accumulate_`) of
-  gradients in the device's dtype into fp32; the gradient clipping norm (`grad_norm`)
-  of the fp32 gradients; and, with 16-bit weights, the two conversions of the wires
-  (`copy_`: gradients out of the d2h wire into fp32, the master into the h2d wire),
-  `host_convert_elems_per_s` per element of both (absent with fp32 weights: the engine
-  converts nothing then); last, clearing the fp32 gradient (`zero_`: the engine clears
-  ZenFlow's window after each chunk's Adam), `host_zero_elems_per_s`; these host-lane
+  (`zfbench.real.kernels`, the attribute the strategies call): the host chunk
+  (`host_adamw_`: AdamW over the whole master, with 16-bit weights writing the new
+  parameters into the h2d wire in the same pass, as the engine's chunks do),
+  `host_adam_params_per_s`; the host accumulation (`accumulate_`) of gradients in the
+  device's dtype into fp32; the gradient clipping norm (`grad_norm`) of the fp32
+  gradients; and, with 16-bit weights, the conversion the host lane still runs apart
+  (`copy_`: gradients out of the d2h wire into fp32), `host_convert_elems_per_s` (absent
+  with fp32 weights: the engine converts nothing then; profiles from before issue 45
+  timed the h2d conversion here too, then a pass of its own); last, what clearing
+  ZenFlow's window adds to the host chunk (`host_adamw_` with `zero_grad`: the engine
+  zeroes the window chunk in the AdamW pass), as `host_zero_elems_per_s`: elements over
+  the added seconds (the median over interleaved pairs of the difference, at least 2 %
+  of AdamW's own seconds; before issue 45 a `zero_` pass of its own); these host-lane
   rates again on each other thread count a strategy's host step runs on
   (`strategy_threads`; on a GPU every strategy but ZenFlow gets all the rank's cores,
   real/distributed.py `lane_threads`), as `host_lanes`: {strategy: {host_threads,
@@ -186,11 +191,17 @@ class RateProbe:
             self.streams = {"d2h": torch.cuda.Stream(self.device),
                             "h2d": torch.cuda.Stream(self.device)}
             torch.cuda.synchronize(self.device)  # `dev` is written before a stream reads it
+        # where the host chunk writes the new parameters: the h2d wire, as the engine's
+        # (none with fp32 weights: the master goes up itself)
+        self.h2d_wire = None if dtype == torch.float32 else self.up_wire
 
-    def host_adam(self) -> None:
-        """One host AdamW step over the whole master (values are irrelevant to its time)."""
-        kernels.host_adamw_(self.master, self.grad, self.m, self.v, step=1, lr=1e-4,
-                            beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
+    def host_adam(self, zero_grad: bool = False) -> None:
+        """One host chunk over the whole master, as the engine runs it: AdamW, with 16-bit
+        weights the new parameters into the h2d wire, and with `zero_grad` the gradient
+        zeroed (ZenFlow's window), in one pass (values are irrelevant to its time)."""
+        kernels.host_adamw_(self.master, self.grad, self.m, self.v, self.h2d_wire, step=1,
+                            lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01,
+                            zero_grad=zero_grad)
 
     def _links(self):
         """(d2h, h2d, d2h_sync, h2d_sync): the two copies and the waits that time each to
@@ -253,9 +264,8 @@ class RateProbe:
         def norm():
             kernels.grad_norm(self.grad)
 
-        def convert():  # out of the d2h wire, into the h2d wire (distinct buffers)
+        def convert():  # out of the d2h wire (the h2d one is written by host_adam)
             kernels.copy_(self.m, self.landed)
-            kernels.copy_(self.up_wire, self.master)
 
         def timed(fn) -> float:
             return in_thread(lambda: (fn(), median_time(fn, repeats))[1], threads)
@@ -264,9 +274,10 @@ class RateProbe:
                  "host_norm_elems_per_s": self.total / timed(norm)}
         if self.dev.dtype != torch.float32:
             rates[CONVERT_KEY] = self.total / timed(convert)
-        # last: clearing the gradient (ZenFlow's window after each chunk's Adam) leaves
+        # last: clearing the gradient (ZenFlow's window, in the chunk's AdamW pass) leaves
         # zeros, which no rate above depends on; the next call's rates neither
-        rates["host_zero_elems_per_s"] = self.total / timed(self.grad.zero_)
+        rates["host_zero_elems_per_s"] = self.total / in_thread(
+            lambda: zeroing_s(self.host_adam, repeats), threads)
         return rates
 
     def _link_host_contention(self, h2d, h2d_sync, h2d_alone: float, adam_alone: float,
@@ -305,6 +316,29 @@ class RateProbe:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown: CUDA may be gone
             pass
+
+
+#: the least share of the host chunk's seconds a zeroing is taken to add (noise can
+#: make the measured difference vanish or turn negative)
+MIN_ZERO_SHARE = 0.02
+
+
+def zeroing_s(host_chunk, repeats: int) -> float:
+    """Seconds the zeroing adds to `host_chunk(zero_grad=...)`: the median over `repeats`
+    interleaved pairs of (with zeroing - without), at least MIN_ZERO_SHARE of the chunk
+    without (each run once before it is timed)."""
+    host_chunk(zero_grad=False)
+    host_chunk(zero_grad=True)
+    extra, alone = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        host_chunk(zero_grad=False)
+        middle = time.perf_counter()
+        host_chunk(zero_grad=True)
+        end = time.perf_counter()
+        alone.append(middle - start)
+        extra.append((end - middle) - (middle - start))
+    return max(statistics.median(extra), MIN_ZERO_SHARE * statistics.median(alone))
 
 
 def _loop_in_thread(fn, threads: int):

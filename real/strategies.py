@@ -107,35 +107,41 @@ class Strategy:
             self.B.access("host", op, reads=(landed,), writes=(dst,))
             kernels.copy_(dst, landed)
 
-    def params_up(self, t: int, target: torch.Tensor, a: int, b: int) -> None:
-        """h2d, from the host worker: master[a:b] (shard-relative) into the device buffer
-        `target` at this rank's shard offset, in the device's dtype (converted on the
-        host into the h2d wire first when it differs)."""
-        e, B, master = self.e, self.B, self.host.master
-        src = master[a:b]
-        if target.dtype != master.dtype:
-            wire = self.wire("h2d")[a:b]
-            B.access("host", "h2d_convert", reads=(src,), writes=(wire,))
-            kernels.copy_(wire, src)
-            src = wire
-        B.copy("h2d", "h2d_param", t, target[e.shard_lo + a:e.shard_lo + b], src)
+    def h2d_wire(self, target: torch.Tensor, a: int, b: int) -> torch.Tensor | None:
+        """The h2d wire's span for master[a:b] (shard-relative) bound for `target`, or
+        None when `target` has the master's dtype (fp32: the master goes up itself)."""
+        if target.dtype == self.host.master.dtype:
+            return None
+        return self.wire("h2d")[a:b]
+
+    def params_up(self, t: int, target: torch.Tensor, a: int, b: int,
+                  wire: torch.Tensor | None) -> None:
+        """h2d, from the host worker: the parameters of master[a:b] (shard-relative) into
+        the device buffer `target` at this rank's shard offset: from `wire`, the h2d wire's
+        span the host chunk wrote them into (`h2d_wire`), or from the master itself
+        (None: the device's dtype is fp32)."""
+        e = self.e
+        src = self.host.master[a:b] if wire is None else wire
+        self.B.copy("h2d", "h2d_param", t, target[e.shard_lo + a:e.shard_lo + b], src)
 
     def _adam_upload_chunks(self, t: int, grad: torch.Tensor, step: int,
                             target: torch.Tensor, zero_after: bool = False):
-        """One host-lane callable per chunk: AdamW on it at `step` (optionally zeroing the
-        gradient chunk after), then its parameters up into `target` (an h2d span); the
-        last one records the event after every upload (`self.uploaded`)."""
+        """One host-lane callable per chunk: AdamW on it at `step`, writing its new
+        parameters into the h2d wire (16-bit weights) and zeroing the gradient chunk
+        (`zero_after`) in the same pass (`kernels.host_adamw_`), then its parameters up
+        into `target` (an h2d span); the last one records the event after every upload
+        (`self.uploaded`)."""
         host, opt, B = self.host, self.opt, self.B
         jobs = []
         for a, b in host.chunks:
             def chunk(a=a, b=b) -> None:
+                wire = self.h2d_wire(target, a, b)
                 B.access("host", "host_optim", reads=(grad[a:b],),
                          writes=(host.master[a:b], host.m[a:b], host.v[a:b])
-                         + ((grad[a:b],) if zero_after else ()))
-                host.adam_chunk(a, b, grad, step, opt)
-                if zero_after:
-                    grad[a:b].zero_()
-                self.params_up(t, target, a, b)
+                         + ((grad[a:b],) if zero_after else ())
+                         + ((wire,) if wire is not None else ()))
+                host.adam_chunk(a, b, grad, step, opt, wire, zero_after)
+                self.params_up(t, target, a, b, wire)
             jobs.append(chunk)
 
         def uploaded() -> None:
@@ -244,10 +250,14 @@ class HostState:
         exchanges fp32 values instead, real/zenflow_shard.py)."""
         self.master.copy_(flat_params[self.lo:self.hi].detach())
 
-    def adam_chunk(self, a: int, b: int, grad: torch.Tensor, step: int, opt) -> None:
-        kernels.host_adamw_(self.master[a:b], grad[a:b], self.m[a:b], self.v[a:b], step=step,
-                    lr=opt.lr, beta1=opt.betas[0], beta2=opt.betas[1], eps=opt.eps,
-                    weight_decay=opt.weight_decay)
+    def adam_chunk(self, a: int, b: int, grad: torch.Tensor, step: int, opt,
+                   wire: torch.Tensor | None = None, zero_grad: bool = False) -> None:
+        """AdamW on chunk [a, b) at `step`; its new parameters also rounded into `wire`
+        (the h2d wire's span, 16-bit weights) and the gradient chunk zeroed (`zero_grad`),
+        in the same pass over memory."""
+        kernels.host_adamw_(self.master[a:b], grad[a:b], self.m[a:b], self.v[a:b], wire,
+                            step=step, lr=opt.lr, beta1=opt.betas[0], beta2=opt.betas[1],
+                            eps=opt.eps, weight_decay=opt.weight_decay, zero_grad=zero_grad)
 
     def clip_(self, grad: torch.Tensor, clip: float) -> None:
         """Scale `grad` in place to global L2 norm `clip` (clip_grad_norm_ semantics)."""

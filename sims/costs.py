@@ -319,11 +319,12 @@ class CostModel:
 
     @property
     def convert_units_per_core_s(self) -> float | None:
-        """Elements/s per core of the host's two wire conversions together (gradients
-        out of the d2h wire into fp32, the master into the h2d wire), as a profile
-        measured them with 16-bit weights (`host_convert_elems_per_s`); None where not
-        measured (fp32 weights convert nothing; on a GPU node DeepSpeed's CPU-Adam, whose
-        rate the preset is, writes the 16-bit parameters itself)."""
+        """Elements/s per core of the host's wire conversions outside its AdamW kernel, as
+        a profile measured them with 16-bit weights (`host_convert_elems_per_s`: the
+        gradients out of the d2h wire into fp32; profiles from before issue 45 timed the
+        master into the h2d wire too, which the engine's AdamW pass now writes itself);
+        None where not measured (fp32 weights convert nothing; on a GPU node DeepSpeed's
+        CPU-Adam, whose rate the preset is, writes the 16-bit parameters itself)."""
         rate = (self.calibration or {}).get("host_convert_elems_per_s")
         if rate is None or self.settings.precision == "fp32":
             return None
@@ -348,9 +349,10 @@ class CostModel:
 
     @property
     def zero_units_per_core_s(self) -> float | None:
-        """Elements/s per core of clearing an fp32 host buffer, as a profile measured it
-        (`host_zero_elems_per_s`: zfbench's engine clears ZenFlow's window after each
-        chunk's Adam); None where not measured (presets, older profiles)."""
+        """Elements/s per core of clearing ZenFlow's fp32 window, as a profile measured it
+        (`host_zero_elems_per_s`: what zeroing adds to zfbench's engine's AdamW pass over
+        a chunk, which clears the window chunk it read; before issue 45 a pass of its
+        own); None where not measured (presets, older profiles)."""
         rate = (self.calibration or {}).get("host_zero_elems_per_s")
         return None if rate is None else rate / self.node.host.cores
 

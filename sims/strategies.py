@@ -144,10 +144,12 @@ class RankSim:
     def host_work(self, op: str, step: int, elems: float, deps,
                   convert_elems: float = 0.0, zero_elems: float = 0.0) -> simpy.Event:
         """Host-lane work; a host AdamW chunk also converts `convert_elems` elements of
-        both wires (gradients into fp32, parameters into the device's dtype) where the
-        profile measured the conversions (zfbench.sims.costs.CostModel.convert_units_per_core_s),
-        and zeroes `zero_elems` gradient elements after its Adam (ZenFlow's window, as the
-        engine clears it) where the profile measured zeroing (`zero_units_per_core_s`)."""
+        the wires its AdamW rate leaves out (the gradients into fp32; the parameters go
+        into the device's dtype within the engine's AdamW pass, in profiles from issue 45
+        on) where the profile measured the conversions
+        (zfbench.sims.costs.CostModel.convert_units_per_core_s), and zeroes `zero_elems`
+        gradient elements (ZenFlow's window, as the engine clears it) where the profile
+        measured what zeroing adds (`zero_units_per_core_s`)."""
         if elems <= 0:
             return _fired(self.env)
         c = self.costs
@@ -242,9 +244,8 @@ class RankSim:
         returns the event of the last upload and each bucket's host event (its last
         chunk's: with a profile of the engine each bucket is cut into the engine's host
         chunks, `CostModel.host_chunk_elems`). `convert_of(i)`:
-        elements of chunk i whose wires the host converts (both directions; default
-        none); `zero_of(i)`: gradient elements of chunk i zeroed after its Adam (default
-        none)."""
+        elements of chunk i whose wires the host converts (default none); `zero_of(i)`:
+        gradient elements of chunk i zeroed with its Adam (default none)."""
         c = self.costs
         last, chunks = None, {}
         for i in reversed(range(self.nb)):

@@ -141,7 +141,7 @@ def test_the_wheel_installs_one_import_name(tmp_path):
     for must in ("zfbench/real/engine.py", "zfbench/sims/simulator.py",
                  "zfbench/analysis/breakdown.py", "zfbench/core/config.py",
                  "zfbench/data/hardware.json", "zfbench/analysis/style.mplstyle",
-                 "zfbench/run/command.py"):
+                 "zfbench/run/command.py", "zfbench/real/host_fused.cpp"):
         assert must in names, must
     (entry,) = [n for n in names if n.endswith("entry_points.txt")]
     scripts = zipfile.ZipFile(wheel).read(entry).decode()

@@ -19,7 +19,8 @@ _FLAGS_OF_INTEREST = ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx5
                       "amx_bf16", "amx_tile", "asimd", "sve", "bf16")
 
 
-def _cpuinfo() -> tuple[str, list[str]]:
+def cpuinfo() -> tuple[str, list[str]]:
+    """The CPU's model name and its full list of ISA flags, from /proc/cpuinfo."""
     model, flags = "", []
     try:
         with open("/proc/cpuinfo") as handle:
@@ -59,7 +60,7 @@ def machine() -> dict:
     build, native bf16 on the CPU, CUDA device (None without one)."""
     import torch
 
-    model, flags = _cpuinfo()
+    model, flags = cpuinfo()
     try:
         bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):

@@ -61,6 +61,7 @@ from pathlib import Path
 
 from zfbench.real.memory import InsufficientMemoryError, check_fits
 from zfbench.real.distributed import env_world
+from zfbench.real.host_fused import status as host_kernels_status
 from zfbench.real.runner import RunSpec, train
 from zfbench.cli_checks import (CliError, OneLineParser, add_zenflow_flags, check_input_file,
                                 check_out_dir, fail, positive_int, zenflow_flags,
@@ -464,6 +465,8 @@ def run_all(args, spec, shape, strategies, elem, configs, ctx=None) -> int:
                    if getattr(args, "expectation", None) else {}),
                 "configs": {s: c.as_dict() for s, c in configs.items()},
                 "column_notes": {"mfu": mfu_note, "fits": MEMORY_NOTE},
+                # which path the host chunk's kernels took ('cpp' or 'torch', real/host_fused.py)
+                "host_kernels": host_kernels_status(load=False),
                 **provenance(args.argv, "python -m zfbench.run")}
         write_outputs(args.out, rows, results, meta)
         print(f"wrote {args.out}/summary.csv, summary.json, steps.csv, per-step JSONL, "

@@ -1,0 +1,252 @@
+"""The host chunk in one pass over memory: AdamW, the upload wire and the window's zeroing
+together, ZenFlow's accumulation with 16-bit gradients widened on the fly, and the
+conversions between fp32 and the 16-bit wires.
+
+This module owns the kernels the engine calls through `zfbench.real.kernels`
+(`host_adamw_`, `accumulate_`, and `convert_` inside `copy_`), the torch paths they fall
+back to, and the check that the C++ library (real/host_fused.cpp, built by
+real/host_native.py on first use) gives those paths' bits on the machine at hand;
+`backend()` says which ran ('cpp' or 'torch').
+
+Issue 45: the host chunk ran AdamW (torch's fused CPU kernel: one pass, 28 B per
+parameter), then `copy_` of the parameters into the bf16 h2d wire (a second pass, 6 B),
+then for ZenFlow's window `zero_` (a third, 4 B): each pass streams the chunk through
+memory again (an H100 host: 2.93-3.32 G params/s for AdamW + wire, 2.25-2.56 with the
+zeroing, against 4.70-4.96 for AdamW alone). The fused kernel reads p, g, m, v once and
+writes p, m, v, the wire element and the zero in the same pass: 30 B per parameter (34
+with zeroing) instead of 34 (38) over two (three) passes.
+
+Results are the torch path's bits, by construction and by test (tests/test_host_fused.py):
+the C++ loop does torch._fused_adamw_'s float operations in its order (with the one fma
+its x86 build contracts) over the chunk but for its last `n % 16` elements, which it
+hands to torch itself (torch's remainder loop contracts `v`'s update otherwise: on a
+15-element tensor its last 2 elements rounded another way), then rounds to the wire as
+`Tensor.copy_` (nearest even; NaN to bf16 0xFFFF as torch) and zeroes. A NaN may come
+out as another NaN (its sign and payload follow each instruction's operand order; torch's
+own loops differ there too). On load, a self-check runs both paths on a buffer past the
+threading threshold, for every wire dtype, with and without zeroing, with and without
+weight decay, and for both lerp branches, and both conversions on special values; any
+difference in a number's bits (a torch built otherwise, another CPU) rejects the library
+with one warning line, and torch's ops run.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import torch
+from torch import Tensor
+
+from zfbench.real import host_native
+from zfbench.real.host_accum import accumulate_ as torch_accumulate_
+from zfbench.real.host_adam import _check, host_adamw_ as torch_host_adamw_
+
+__all__ = ["accumulate_", "backend", "convert_", "host_adamw_", "status"]
+
+#: elements torch's vector loop covers per step at most (AVX512 floats); the last
+#: n % TAIL elements go to torch (its remainder loop has its own rounding)
+TAIL = 16
+#: below this many elements a call runs on the calling thread alone (no parallel region)
+SERIAL_BELOW = 1 << 14
+#: widenings of at least this many elements write with non-temporal stores (x86 with
+#: AVX-512 or AVX2): a plain store reads each line before writing it, 4 of the 10 bytes a
+#: widening to fp32 moves per element (real/host_fused.cpp `widen_streamed`); smaller
+#: buffers are likely read again from the cache
+STREAM_ABOVE = 1 << 20
+_WIRE_KIND = {torch.bfloat16: 1, torch.float16: 2}
+_GRAD_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+_lock = threading.Lock()
+_checked: dict = {}
+
+
+def _torch_adamw(p, g, m, v, wire, step, lr, beta1, beta2, eps, wd, zero_grad) -> None:
+    """The reference: host AdamW (torch's fused kernel), the wire copy, the zeroing."""
+    torch_host_adamw_(p, g, m, v, step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                      weight_decay=wd)
+    if wire is not None:
+        wire.copy_(p)
+    if zero_grad:
+        g.zero_()
+
+
+def _cpp_adamw(lib, p, g, m, v, wire, step, lr, beta1, beta2, eps, wd, zero_grad) -> None:
+    n = p.numel()
+    body = n - n % TAIL
+    if body:
+        lib.zf_adamw(p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(),
+                     None if wire is None else wire.data_ptr(),
+                     0 if wire is None else _WIRE_KIND[wire.dtype], int(zero_grad), body,
+                     float(step), float(lr), float(beta1), float(beta2), float(eps),
+                     float(wd), torch.get_num_threads(), SERIAL_BELOW)
+    if body < n:
+        _torch_adamw(p[body:], g[body:], m[body:], v[body:],
+                     None if wire is None else wire[body:], step, lr, beta1, beta2, eps, wd,
+                     zero_grad)
+
+
+def _cpp_accumulate(lib, window: Tensor, grads: Tensor, alpha: float) -> Tensor:
+    if window.numel():
+        lib.zf_accumulate(window.data_ptr(), grads.data_ptr(), _GRAD_KIND[grads.dtype],
+                          float(alpha), window.numel(), torch.get_num_threads(),
+                          SERIAL_BELOW)
+    return window
+
+
+def _cpp_convert(lib, dst: Tensor, src: Tensor, stream_above: int | None = None) -> Tensor:
+    widen = dst.dtype == torch.float32
+    stream_above = STREAM_ABOVE if stream_above is None else stream_above
+    if dst.numel():
+        lib.zf_convert(dst.data_ptr(), src.data_ptr(),
+                       _WIRE_KIND[src.dtype if widen else dst.dtype], int(widen), dst.numel(),
+                       torch.get_num_threads(), SERIAL_BELOW, stream_above)
+    return dst
+
+
+def _self_check(lib) -> str | None:
+    """None when the library gives the torch paths' bits here, else what differed."""
+    n = SERIAL_BELOW + 2 * TAIL + 5  # threaded, with a remainder for torch
+    gen = torch.Generator().manual_seed(45)
+    base = [torch.randn(n, generator=gen), torch.randn(n, generator=gen) * 1e-2,
+            torch.randn(n, generator=gen) * 1e-3, torch.rand(n, generator=gen) * 1e-5]
+    base[1][::97] = 0.0
+    base[0][::89] *= 1e4
+    want, got = [torch.empty(n) for _ in base], [torch.empty(n) for _ in base]
+    wires = {d: (torch.empty(n, dtype=d), torch.empty(n, dtype=d)) for d in _WIRE_KIND}
+    # every wire, zeroing on and off, both lerp branches, weight decay on and off
+    cases = [((3, 1e-3, 0.9, 0.999, 1e-8, 0.01), None, False),
+             ((3, 1e-3, 0.9, 0.999, 1e-8, 0.01), torch.bfloat16, True),
+             ((3, 1e-3, 0.9, 0.999, 1e-8, 0.01), torch.float16, False),
+             ((1, 1e-2, 0.3, 0.95, 1e-6, 0.0), None, True),
+             ((1, 1e-2, 0.3, 0.95, 1e-6, 0.0), torch.bfloat16, False),
+             ((1, 1e-2, 0.3, 0.95, 1e-6, 0.0), torch.float16, True)]
+    for hyper, dtype, zero in cases:
+        for bufs in (want, got):
+            for dst, src in zip(bufs, base):
+                dst.copy_(src)
+        w = wires.get(dtype, (None, None))
+        _torch_adamw(*want, w[0], *hyper, zero)
+        _cpp_adamw(lib, *got, w[1], *hyper, zero)
+        pairs = list(zip(want, got)) + ([] if dtype is None else [w])
+        if not all(_same_bits(a, b) for a, b in pairs):
+            return f"AdamW bits differ from torch's ({hyper}, wire {dtype}, zero {zero})"
+    for dtype in _GRAD_KIND:
+        grads = base[1].to(dtype)
+        for alpha in (1.0, 1 / 3):
+            want[0].copy_(base[0])
+            got[0].copy_(base[0])
+            torch_accumulate_(want[0], grads, alpha)
+            if not _same_bits(want[0], _cpp_accumulate(lib, got[0], grads, alpha)):
+                return f"accumulation bits differ from torch's ({dtype}, alpha {alpha})"
+    special = torch.tensor([float("nan"), -float("nan"), float("inf"), -float("inf"), 0.0,
+                            -0.0, 65520.0, 65504.0, 3e38, 1e-42, 2.0 ** -25, 2.0 ** -24])
+    values = torch.cat([base[0] * 0.1, base[1] * 1e-3, base[3], special])
+    for dtype in _WIRE_KIND:
+        low = values.to(dtype)
+        for stream_above in (0, values.numel() + 1):  # streamed stores and plain ones
+            if not (_same_bits(low, _cpp_convert(lib, torch.empty_like(low), values,
+                                                 stream_above))
+                    and _same_bits(low.float(), _cpp_convert(
+                        lib, torch.empty_like(values), low, stream_above))):
+                return f"conversion bits differ from torch's ({dtype})"
+    return None
+
+
+def _same_bits(a: Tensor, b: Tensor) -> bool:
+    """The same dtype and bits, but that a NaN may be any NaN: torch itself writes
+    different ones in its vector loops and its remainder loops (an fp16 NaN widens to
+    0x7FC00000 in the one, 0x7FFFFFFF in the other)."""
+    if a.dtype != b.dtype:
+        return False
+    view = {4: torch.int32, 2: torch.int16}[a.element_size()]
+    nan = torch.isnan(a)
+    return torch.equal(nan, torch.isnan(b)) and torch.equal(a.view(view)[~nan],
+                                                            b.view(view)[~nan])
+
+
+def _library():
+    """The checked library, or None (torch's ops): built, loaded and checked once."""
+    if "lib" in _checked:
+        return _checked["lib"]
+    with _lock:
+        if "lib" not in _checked:
+            lib = host_native.library()
+            reason = None if lib is None else _self_check(lib)
+            if reason is not None:
+                host_native.reject(reason)
+                lib = None
+            info = host_native.status()
+            if lib is None and not info.get("reason", "").startswith("$"):
+                print(f"zfbench: fused host kernels off ({info.get('reason')}); "
+                      "torch's ops run instead", file=sys.stderr, flush=True)
+            _checked["lib"] = lib
+        return _checked["lib"]
+
+
+def backend() -> str:
+    """Which path the host kernels take in this process: 'cpp' or 'torch'."""
+    return "cpp" if _library() is not None else "torch"
+
+
+def status(load: bool = True) -> dict:
+    """`backend()` with its details: the library, its build seconds, or why not; with
+    `load` False, {"path": None} when no host kernel has run in this process yet."""
+    if not load and "lib" not in _checked:
+        return {"path": None, "reason": "no host kernel ran in this process"}
+    _library()
+    return host_native.status()
+
+
+def host_adamw_(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
+                wire: Tensor | None = None, *, step: int, lr: float, beta1: float,
+                beta2: float, eps: float, weight_decay: float,
+                zero_grad: bool = False) -> None:
+    """One in-place AdamW update of `param`, `exp_avg`, `exp_avg_sq` from `grad` at the
+    global step `step` (real/host_adam.py's semantics: torch.optim.AdamW's math, 1-D
+    contiguous fp32 CPU tensors of one length), then the new parameters rounded into
+    `wire` (bf16 or fp16, same length; None: no wire) and, with `zero_grad`, zeros into
+    `grad`, all in one pass. Equal in every bit to real.host_adam.host_adamw_ followed by
+    `wire.copy_(param)` and `grad.zero_()`, which run instead without the library."""
+    _check(param, grad, exp_avg, exp_avg_sq, step)
+    if wire is not None and (wire.shape != param.shape or not wire.is_contiguous()
+                             or wire.device.type != "cpu"):
+        raise ValueError(f"wire must be a contiguous CPU tensor shaped as param "
+                         f"{tuple(param.shape)}, got {tuple(wire.shape)} on {wire.device}")
+    args = (param, grad, exp_avg, exp_avg_sq, wire, int(step), float(lr), float(beta1),
+            float(beta2), float(eps), float(weight_decay), bool(zero_grad))
+    lib = _library() if (wire is None or wire.dtype in _WIRE_KIND) else None
+    if lib is None:
+        _torch_adamw(*args)
+    else:
+        _cpp_adamw(lib, *args)
+
+
+def accumulate_(window: Tensor, grads: Tensor, alpha: float = 1.0,
+                chunk_elems: int | None = None) -> Tensor:
+    """`window += alpha * grads` in place (1-D, same length; the fp32 window, gradients
+    in fp32, bf16 or fp16); returns `window`. One pass, each gradient widened as it is
+    read; the bits of real.host_accum.accumulate_ (torch's add_: one fma per element),
+    which runs instead without the library (`chunk_elems` is its scratch chunk)."""
+    fits = (window.dtype == torch.float32 and grads.dtype in _GRAD_KIND
+            and window.shape == grads.shape and window.dim() == 1
+            and window.is_contiguous() and grads.is_contiguous()
+            and window.device.type == "cpu" and grads.device.type == "cpu")
+    lib = _library() if fits else None
+    if lib is None:
+        return torch_accumulate_(window, grads, alpha, chunk_elems)
+    return _cpp_accumulate(lib, window, grads, alpha)
+
+
+def convert_(dst: Tensor, src: Tensor) -> Tensor:
+    """`dst[:] = src` converting between fp32 and bf16 or fp16 (Tensor.copy_'s bits: round
+    to nearest even, NaN as torch writes it), one pass over the calling thread's torch
+    threads; any other pair, layout or device is `dst.copy_(src)`. Returns `dst`."""
+    pair = {dst.dtype, src.dtype}
+    fits = (torch.float32 in pair and len(pair) == 2 and not pair - {torch.float32, *_WIRE_KIND}
+            and dst.shape == src.shape and dst.is_contiguous() and src.is_contiguous()
+            and dst.device.type == "cpu" and src.device.type == "cpu")
+    lib = _library() if fits else None
+    if lib is None:
+        return dst.copy_(src)
+    return _cpp_convert(lib, dst, src)
