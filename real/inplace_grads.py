@@ -35,7 +35,18 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["InplaceGrads"]
+__all__ = ["InplaceGrads", "wanted"]
+
+
+def wanted(configured: bool | None, on_cuda: bool) -> bool:
+    """Whether the engine routes weight gradients here: `zfbench.inplace_grads` where the
+    config sets it, else on for the CPU lanes (the allocation it saves dominates backward
+    there) and off on CUDA, where each routed linear's Python backward costs the host
+    more than the copy it saves: the device strategy's step of qwen2.5-1.5b (bf16, seq
+    1024, one H200, bench/reference_step.py, 2026-11-27) took 0.231 s with it and 0.167 s
+    without at micro-batch 4, 0.196 and 0.200 s at micro-batch 1
+    (bench/results/gpu/NVIDIA-H200/2026-11-27/call2/reference_step)."""
+    return (not on_cuda) if configured is None else bool(configured)
 
 
 def _accumulate(param: torch.Tensor, grad_fn, notify=None):

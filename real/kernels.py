@@ -62,12 +62,13 @@ def grad_norm(grad: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.
     return torch.linalg.vector_norm(grad, dtype=torch.float32)
 
 
-def all_finite(grad: torch.Tensor) -> bool:
-    """Whether the sum of `grad` is finite: one summing pass in the gradients' own dtype
-    (torch accumulates bf16/fp16 sums in fp32; a NaN or inf makes the sum non-finite;
-    measured 15x faster than isfinite or max-abs on CPU). A sum may overflow without a
-    non-finite element: the caller checks element-wise only then."""
-    return bool(torch.isfinite(grad.sum()))
+def all_finite(grad: torch.Tensor) -> torch.Tensor:
+    """Whether the sum of `grad` is finite, as a 0-d bool tensor on `grad`'s device (read
+    it when convenient: on a GPU reading it waits for the device): one summing pass in the
+    gradients' own dtype (torch accumulates bf16/fp16 sums in fp32; a NaN or inf makes
+    the sum non-finite; measured 15x faster than isfinite or max-abs on CPU). A sum may
+    overflow without a non-finite element: the caller checks element-wise only then."""
+    return torch.isfinite(grad.sum())
 
 
 def column_scores(grad: torch.Tensor, importance: str = "l1") -> torch.Tensor:

@@ -30,6 +30,8 @@ which `python -m zfbench.simulate --profile FILE` reads.
 
 from __future__ import annotations
 
+import contextlib
+
 import datetime
 import statistics
 from types import SimpleNamespace
@@ -39,7 +41,7 @@ import torch
 from zfbench.real import kernels
 from zfbench.real.flat import FlatLayout, device_dtype, take_columns
 from zfbench.real.host_fused import status as host_kernels_status
-from zfbench.real.inplace_grads import InplaceGrads
+from zfbench.real.inplace_grads import InplaceGrads, wanted
 from zfbench.real.model import build_model
 from zfbench.real.distributed import host_threads_by_strategy
 from zfbench.real.rate_probe import Clock, RateProbe, lane_contention, median_time
@@ -184,7 +186,10 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
         view.copy_(p.detach())
         p.data = view
         p.grad = layout.view(flat_grads, name)
-    inplace = InplaceGrads(params)
+    # the weight gradients' path the engine takes on this device
+    inplace = (InplaceGrads(params)
+               if wanted(spec.engine_config("device").inplace_grads, cuda)
+               else contextlib.nullcontext())
     data = batches(spec, shape.vocab)
     if cuda:
         data = ({k: v.to(device) for k, v in batch.items()} for batch in data)

@@ -133,7 +133,9 @@ class EngineConfig:
     loss_scale: LossScaleConfig = LossScaleConfig()
     comm_dtype: str | None = None  # communication_data_type; None: the gradients' dtype
     select_comm: str = "scores"  # "scores" | "allgather": ZenFlow's cross-rank selection
-    inplace_grads: bool = True  # weight gradients accumulated into the flat buffer
+    # weight gradients accumulated into the flat buffer; None: the engine's choice by
+    # device (zfbench.real.inplace_grads.wanted: on for the CPU lanes, off on CUDA)
+    inplace_grads: bool | None = None
     column_major: bool = True  # 2-D weights stored column by column in the flat buffers
     # zero_optimization.overlap_comm: gradient buckets reduced and sent during backward
     overlap_comm: bool = False
@@ -292,7 +294,8 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
                          ("l1", "l2sq"))
     select_comm = _choice(own.get("select_comm", "scores"), "zfbench.select_comm",
                           ("scores", "allgather"))
-    inplace_grads = _bool(own.get("inplace_grads", True), "zfbench.inplace_grads")
+    inplace_grads = (None if own.get("inplace_grads") is None
+                     else _bool(own["inplace_grads"], "zfbench.inplace_grads"))
     column_major = _bool(own.get("column_major", True), "zfbench.column_major")
 
     zenflow = None

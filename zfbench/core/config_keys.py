@@ -255,7 +255,8 @@ KEY_RULES: dict[str, KeyRule] = {
     "zfbench.nonfinite": _applied("'skip' or 'raise' on a NaN/inf gradient"),
     "zfbench.importance": _applied("ZenFlow column score: 'l1' or 'l2sq'"),
     "zfbench.select_comm": _applied("ZenFlow selection exchange: 'scores' or 'allgather'"),
-    "zfbench.inplace_grads": _applied("weight gradients accumulated into the flat buffer"),
+    "zfbench.inplace_grads": _applied("weight gradients accumulated into the flat buffer "
+                                      "(unset: on for the CPU lanes, off on CUDA)"),
     "zfbench.column_major": _applied("2-D weights and gradients stored column by column, "
                                      "so ZenFlow's selected columns are contiguous (false: "
                                      "row-major, to compare)"),
