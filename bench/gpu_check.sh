@@ -31,13 +31,16 @@
 #                              device) beside the engine's device strategy, MODEL at SEQ,
 #                              micro-batch 1 and 4, with a profile of each and a Chrome
 #                              trace of both at batch 1 (issue 45)
+#   kernel_census/             bench/kernel_census.py: the kernels one decoder layer launches
+#                              and the host time to issue them (one- and two-layer slices of
+#                              llama2-7b, qwen2.5-1.5b and opt-1.3b at micro-batch 1)
 #   status.txt                 each step's exit code (a failed step does not stop the rest)
 # DEFAULT_STEPS=N gives run_default --steps N (the shape stays the GPU-sized default);
 # GPU_PRESET (default: the preset of the GPU torch names, else h100-sxm) is predict's --gpu.
 # PACK=FILE.tgz packs bench/results/gpu/<gpu-name>/ into one file at the end (a lent
 # machine whose files come back a few at a time).
 # ONLY="profile validate" runs only the named steps (cuda_tests op_efficiency
-# reference_step run_default run_model host_share profile predict contention validate), e.g. to fit each call of a
+# reference_step kernel_census run_default run_model host_share profile predict contention validate), e.g. to fit each call of a
 # time-limited session.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -131,6 +134,8 @@ step cuda_tests $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py
 step op_efficiency $PY bench/op_efficiency.py --out "$OUT/op_efficiency"
 step reference_step $PY bench/reference_step.py --model "$MODEL" --seq "$SEQ" --traces \
   --out "$OUT/reference_step"
+step kernel_census $PY bench/kernel_census.py --micro-batches 1 --seq "$SEQ" \
+  --out "$OUT/kernel_census"
 STEPS_FLAG=()
 [ -z "$DEFAULT_STEPS" ] || STEPS_FLAG=(--steps "$DEFAULT_STEPS")
 step run_default $PY -m zfbench.run --device cuda ${STEPS_FLAG[@]+"${STEPS_FLAG[@]}"} --quiet \

@@ -156,13 +156,20 @@ def main(argv=None) -> int:
                 kernel(p[a:b], g[a:b], m[a:b], v[a:b], wire[a:b], zero)
         return run
 
-    def engine_pipeline():
+    def engine_pipeline(spacing_s: float | None = None):
         """As the engine's host worker: each chunk's AdamW and conversion into the wire,
         then its upload issued on the h2d stream between two events; returns the
-        uploads' busy seconds (the sum of the event intervals)."""
+        uploads' busy seconds (the sum of the event intervals). With `spacing_s` the host
+        spins that long instead of the AdamW (no memory traffic): the uploads spaced as
+        in the pipeline, to tell a link that idles between copies from contention."""
         marks = []
         for a, b in bounds:
-            adamw(p[a:b], g[a:b], m[a:b], v[a:b], wire[a:b])
+            if spacing_s is None:
+                adamw(p[a:b], g[a:b], m[a:b], v[a:b], wire[a:b])
+            else:
+                until = time.perf_counter() + spacing_s
+                while time.perf_counter() < until:
+                    pass
             start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
             with torch.cuda.stream(stream):
                 start.record()
@@ -172,12 +179,12 @@ def main(argv=None) -> int:
         stream.synchronize()
         return sum(s.elapsed_time(e) for s, e in marks) / 1e3
 
-    def pipeline_rates():
-        engine_pipeline()
+    def pipeline_rates(spacing_s: float | None = None):
+        engine_pipeline(spacing_s)
         runs = []
         for _ in range(R):
             t0 = time.perf_counter()
-            up_s = engine_pipeline()
+            up_s = engine_pipeline(spacing_s)
             runs.append((time.perf_counter() - t0, up_s))
         wall = statistics.median(w for w, _ in runs)
         up = statistics.median(u for _, u in runs)
@@ -214,6 +221,9 @@ def main(argv=None) -> int:
         chunks_rate, uploads_rate = in_thread(pipeline_rates, T)
         r["engine_pipeline_Gparams"] = chunks_rate
         r["engine_pipeline_uploads_GBps"] = uploads_rate  # by the uploads' own events
+        spacing = (bounds[0][1] - bounds[0][0]) / (chunks_rate * 1e9)  # one chunk's host time
+        r["spaced_uploads_spacing_s"] = spacing
+        r["spaced_uploads_GBps"] = pipeline_rates(spacing)[1]
         r["convert_alone_Gelems"] = n / in_thread(
             lambda: median_s(lambda: wire.copy_(p), R), T) / 1e9
         r["zero_alone_Gelems"] = n / in_thread(lambda: median_s(g.zero_, R), T) / 1e9

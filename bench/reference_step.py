@@ -55,7 +55,7 @@ from zfbench.core.models import get_model  # noqa: E402
 from zfbench.core.provenance import provenance  # noqa: E402
 from zfbench.core.trace import write_csv_atomic, write_json_atomic  # noqa: E402
 from zfbench.real.engine import initialize  # noqa: E402
-from zfbench.real.model import build_model  # noqa: E402
+from zfbench.real.model import INIT_STD, build_model  # noqa: E402
 
 MODES = ("forward_backward", "plain_adamw", "engine_device", "engine_device_plain_grads")
 COUNT_MODES = ("forward",)  # not run by default: the forward alone, for its kernel count
@@ -88,6 +88,25 @@ class PlainAdamW:
             p.grad = None
 
 
+def build_model_fast(model_name: str, dtype: torch.dtype, device: torch.device,
+                     seed: int) -> torch.nn.Module:
+    """The model, initialised on its device where that is a GPU (zfbench's seeded CPU
+    draw takes seconds per billion parameters; the values do not change a step's time):
+    matrices N(0, INIT_STD), biases 0, norm weights 1, as real/model.py draws them."""
+    if device.type != "cuda":
+        return build_model(get_model(model_name), dtype=dtype, device=device, seed=seed)
+    model = build_model(get_model(model_name), dtype=dtype, device="meta")
+    model = model.to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, INIT_STD, generator=gen)
+            else:
+                p.fill_(0.0 if name.endswith(".bias") else 1.0)
+    return model
+
+
 class Trainer:
     """One mode's training step on a fresh model: `step(ids, labels)` returns the loss."""
 
@@ -97,7 +116,7 @@ class Trainer:
             raise ValueError(f"unknown mode {mode!r}; choose one of: "
                              f"{', '.join(MODES + COUNT_MODES)}")
         self.mode, self.device = mode, device
-        model = build_model(get_model(model_name), dtype=dtype, device=device, seed=seed)
+        model = build_model_fast(model_name, dtype, device, seed)
         self.model, self.engine, self.optim = model, None, None
         if mode.startswith("engine"):
             cfg = build_config("device", micro_batch=batch, lr=LR, weight_decay=WEIGHT_DECAY)
@@ -179,7 +198,7 @@ def profiled_step(trainer: Trainer, ids, labels, trace: Path | None) -> tuple[di
         sync(trainer.device)
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
     busy_s = sum(e.device_time_total for e in kernels) / 1e6
-    table = pd.DataFrame([{"op": e.key, "calls": e.count,
+    table = pd.DataFrame([{"op": e.key[:OP_NAME_CHARS], "calls": e.count,
                            "cpu_self_s": e.self_cpu_time_total / 1e6,
                            "device_self_s": device_time_us(e) / 1e6}
                           for e in prof.key_averages()])
@@ -195,6 +214,7 @@ def profiled_step(trainer: Trainer, ids, labels, trace: Path | None) -> tuple[di
 
 
 TRACED_MODES = ("plain_adamw", "engine_device")
+OP_NAME_CHARS = 120  # kernel names run to 1,000 characters of template arguments
 
 
 def measure(mode: str, args, batch: int, device, dtype) -> tuple[dict, pd.DataFrame]:

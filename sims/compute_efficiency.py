@@ -24,7 +24,13 @@ equals `default_mfu`. At that shape nothing changes; elsewhere the shape decides
 The head block also carries the loss over the vocabulary (`LOSS_FORWARD`,
 `LOSS_BACKWARD`): both reference codes upcast the logits to fp32 and run the softmax
 cross-entropy over every vocabulary entry of every token. Not counted: the embedding
-lookup and its gradient, kernel launch gaps, tile and wave quantization.
+lookup and its gradient, tile and wave quantization.
+
+An eager PyTorch step is also bounded by its host: each kernel is issued by Python, the
+dispatcher and autograd before the GPU can run it, so a block cannot take less than its
+kernels (`KERNEL_CENSUS`) times the host's seconds per kernel
+(`HostCPU.dispatch_s_per_kernel`): `launch_floor_s`. At fine-tuning's small micro-batches
+on a fast GPU the floor, not the FLOPs, sets the step.
 """
 
 from __future__ import annotations
@@ -96,6 +102,52 @@ LLAMA_MLP_PER_INTERMEDIATE = 4 + 6
 # output and the gradient, writes: 4 + 4 + 4), back to 16-bit (4 + 2).
 LOSS_FORWARD = {"opt": 6 + 4 + 8 + 8 + 4 + 8, "llama": 6 + 8}
 LOSS_BACKWARD = {"opt": 8 + 6, "llama": 4 + 12 + 6}
+
+
+# Kernels one block launches per micro-batch in an eager PyTorch training step, by what
+# changes a layer's kernels: (style, grouped K/V heads, q/k/v biases) ->
+# ((decoder layer forward, backward), (the rest: embedding, final norm, LM head and loss;
+# forward, backward)). Measured: bench/kernel_census.py, zfbench's eager model
+# (real/model.py, the reference codes' ops one by one) profiled on one H200 with torch
+# 2.11 (bench/results/gpu/NVIDIA-H200/2026-11-27/kernel_census/kernel_census.json,
+# per_layer at micro-batch 1: a two-layer slice's kernels less a one-layer slice's);
+# llama2-7b, qwen2.5-1.5b and opt-1.3b stand for their rows. A kernel count does not
+# change with the batch or the width.
+KERNEL_CENSUS: dict[tuple[str, bool, bool], tuple[tuple[int, int], tuple[int, int]]] = {
+    ("llama", False, False): ((41, 86), (14, 27)),  # llama2-7b
+    ("llama", True, True): ((43, 92), (14, 29)),    # qwen2.5-1.5b
+    ("opt", False, True): ((13, 39), (11, 17)),     # opt-1.3b
+}
+
+
+def census_key(shape: models.ModelShape) -> tuple[str, bool, bool]:
+    """The census row of `shape`: its style, grouped K/V heads, q/k/v biases; a shape
+    whose combination was not measured takes its style's first row."""
+    biased = any(v.name.endswith("q_proj.bias") for v in shape.vectors())
+    key = (shape.style, shape.kv_heads != shape.heads, biased)
+    if key in KERNEL_CENSUS:
+        return key
+    return next(k for k in KERNEL_CENSUS if k[0] == shape.style)
+
+
+def block_kernels(shape: models.ModelShape, block: models.Block,
+                  checkpointing: bool) -> tuple[int, int]:
+    """(forward, backward) kernels of `block`; the head block carries the rest of the
+    model (embedding, final norm, LM head, loss); checkpointing's backward recomputes a
+    decoder layer's forward."""
+    layer, rest = KERNEL_CENSUS[census_key(shape)]
+    if block.kind == "decoder":
+        return layer[0], layer[1] + (layer[0] if checkpointing else 0)
+    if block.kind == "head":
+        return rest
+    return 0, 0
+
+
+def launch_floor_s(shape: models.ModelShape, block: models.Block, checkpointing: bool,
+                   dispatch_s_per_kernel: float) -> tuple[float, float]:
+    """(forward, backward) seconds the host needs to issue `block`'s kernels."""
+    forward, backward = block_kernels(shape, block, checkpointing)
+    return forward * dispatch_s_per_kernel, backward * dispatch_s_per_kernel
 
 
 def backward_per_forward() -> float:

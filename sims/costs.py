@@ -11,6 +11,7 @@ in elements, and the memory each strategy needs per rank. The SimPy processes in
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from zfbench.sims import (collectives, compute_efficiency, device_memory, device_step,
@@ -84,6 +85,9 @@ class CostModel:
             link = link.scaled(s.bandwidth_scale)
         if s.host_cores is not None:
             host = host.with_cores(s.host_cores)
+        if s.dispatch_s_per_kernel is not None:  # 0: no launch floor
+            host = dataclasses.replace(host, dispatch_s_per_kernel=s.dispatch_s_per_kernel
+                                       or None)
         self.windows = s.window_plan()
         self.boundaries = self.windows.boundaries(s.steps, s.full_warm_up_rounds,
                                                   s.select_interval)
@@ -113,6 +117,11 @@ class CostModel:
                                                          s.activation_checkpointing)
                 fwd += moved.forward_bytes / gpu.hbm_bytes_per_s
                 bwd += moved.backward_bytes / gpu.hbm_bytes_per_s
+                if host.dispatch_s_per_kernel:  # the host issues the kernels (eager)
+                    floor = compute_efficiency.launch_floor_s(
+                        self.shape, block, s.activation_checkpointing,
+                        host.dispatch_s_per_kernel)
+                    fwd, bwd = max(fwd, floor[0]), max(bwd, floor[1])
             flops_total += flops * (1.0 + bwd_factor)
             compute_total += fwd + bwd
             if self.calibration is not None:

@@ -67,6 +67,11 @@ class SimSettings:
     pcie: str = "gen4"
     host: str = "epyc-7763-milan"
     host_cores: int | None = None
+    # Host seconds to issue one kernel of an eager step (the floor under launch-bound
+    # compute, zfbench.sims.compute_efficiency); None: the host preset's; 0: no floor (a
+    # step captured in a CUDA graph or compiled into few kernels). No effect with --mfu
+    # or a measured profile.
+    dispatch_s_per_kernel: float | None = None
     # Host gradient accumulation, elements/s per core on the core's own socket (the node's
     # NUMA factor and DRAM bandwidth still apply); None: zfbench.sims.host_step.
     # ACCUM_ELEMS_PER_CORE_S (a judgment). `python -m zfbench.run` sets it from the rate it
@@ -200,6 +205,9 @@ class SimSettings:
             _check_int(self, "layers", 1)
         if self.host_cores is not None:
             _check_int(self, "host_cores", 1)
+        if self.dispatch_s_per_kernel is not None and not self.dispatch_s_per_kernel >= 0:
+            raise SimSettingsError(f"dispatch_s_per_kernel must be >= 0 seconds (0: no "
+                                   f"launch floor), got {self.dispatch_s_per_kernel!r}")
         if self.precision not in PRECISIONS:
             raise SimSettingsError(f"precision {self.precision!r} is not supported; "
                                    f"choose one of: {', '.join(PRECISIONS)}")

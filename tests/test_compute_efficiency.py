@@ -6,6 +6,7 @@ import pytest
 
 from zfbench.core import hardware as hw
 from zfbench.core import models
+from zfbench.core.models import get_model
 from zfbench.core.scenario import GPU_NODE
 from zfbench.sims import compute_efficiency as ce
 from zfbench.sims.costs import CostModel, SimSettings, SimSettingsError
@@ -70,18 +71,69 @@ def _whole_mfu(c: CostModel, settings: SimSettings) -> float:
 
 
 def test_default_mfu_holds_at_each_gpus_reference():
-    """At the reference shape the whole model runs at the GPU's default_mfu, and the
-    cost model reports that MFU."""
+    """At the reference shape the whole model runs at the GPU's default_mfu where the
+    host's launch floor does not bind (default_mfu is the GPU's, the floor the host's),
+    and the cost model reports that MFU; the floor can only lower it."""
     for gpu in ("a100-80g", "h100-sxm"):
         s = SimSettings(gpu=gpu, model=GPU_NODE.model, micro_batch=GPU_NODE.micro_batch,
-                        seq=GPU_NODE.seq, steps=2)
+                        seq=GPU_NODE.seq, steps=2, dispatch_s_per_kernel=0.0)
         c = CostModel(s)
         assert _whole_mfu(c, s) == pytest.approx(hw.get_gpu(gpu).default_mfu, rel=1e-12)
         assert c.mfu == pytest.approx(hw.get_gpu(gpu).default_mfu, rel=1e-12)
+        floored = CostModel(s.with_(dispatch_s_per_kernel=None))
+        assert floored.mfu <= c.mfu
+    # llama2-7b's backward under checkpointing on an H100 is launch-bound on the preset
+    # host, its forward not: the floor lowers the H100's MFU there, not the A100's
+    h100 = SimSettings(gpu="h100-sxm", model=GPU_NODE.model, steps=2)
+    assert CostModel(h100).mfu < hw.get_gpu("h100-sxm").default_mfu
+    assert CostModel(h100.with_(gpu="a100-80g")).mfu == pytest.approx(
+        hw.get_gpu("a100-80g").default_mfu, rel=1e-12)
     v100 = hw.get_gpu("v100-sxm3-32g")
     model, micro_batch, seq = ce.parse_reference(v100.mfu_reference)
     s = SimSettings(**V100, model=model, micro_batch=micro_batch, seq=seq, steps=2)
     assert _whole_mfu(CostModel(s), s) == pytest.approx(v100.default_mfu, rel=1e-12)
+
+
+def test_launch_floor_by_hand():
+    """A block takes at least its kernels times the host's seconds per kernel: the
+    census's counts, the recomputed forward under checkpointing, the rest of the model
+    on the head, nothing on the embedding."""
+    shape = get_model("qwen2.5-1.5b")
+    embed, layer, head = shape.blocks()[0], shape.blocks()[1], shape.blocks()[-1]
+    assert ce.census_key(shape) == ("llama", True, True)
+    assert ce.census_key(get_model("llama2-7b")) == ("llama", False, False)
+    assert ce.census_key(get_model(gpt2(1024))) == ("opt", False, True)
+    assert ce.block_kernels(shape, layer, False) == (43, 92)
+    assert ce.block_kernels(shape, layer, True) == (43, 92 + 43)
+    assert ce.block_kernels(shape, head, True) == (14, 29)
+    assert ce.block_kernels(shape, embed, True) == (0, 0)
+    assert ce.launch_floor_s(shape, layer, False, 2e-5) == pytest.approx((43 * 2e-5, 92 * 2e-5))
+    # a launch-bound step: qwen2.5-1.5b at micro-batch 1 on an H200 costs its kernels
+    s = SimSettings(gpu="h200", host="xeon-8480-spr", model="qwen2.5-1.5b", gpus=1,
+                    activation_checkpointing=False, steps=2)
+    c = CostModel(s)
+    d = hw.get_host("xeon-8480-spr").dispatch_s_per_kernel
+    kernels = (43 + 92) * shape.layers + 14 + 29
+    layers = [b for b in c.buckets if b.kind == "decoder"]
+    assert sum(b.forward_s + b.backward_s for b in layers) == pytest.approx(
+        (43 + 92) * shape.layers * d)
+    assert c.buckets[-1].forward_s >= 14 * d and c.buckets[-1].backward_s >= 29 * d
+    off = CostModel(s.with_(dispatch_s_per_kernel=0.0))
+    assert sum(b.forward_s + b.backward_s for b in off.buckets) < 0.3 * kernels * d
+
+
+def test_kernel_census_is_the_committed_measurement():
+    """KERNEL_CENSUS holds bench/kernel_census.py's per-layer differences as committed."""
+    import json
+    from pathlib import Path
+    path = (Path(__file__).resolve().parents[1] / "bench" / "results" / "gpu" /
+            "NVIDIA-H200" / "2026-11-27" / "call2" / "kernel_census" / "kernel_census.json")
+    per_layer = {(r["model"], r["mode"]): r for r in json.loads(path.read_text())["per_layer"]}
+    for model in ("llama2-7b", "qwen2.5-1.5b", "opt-1.3b"):
+        fwd, both = per_layer[(model, "forward")], per_layer[(model, "forward_backward")]
+        want = ((fwd["layer_kernels"], both["layer_kernels"] - fwd["layer_kernels"]),
+                (fwd["rest_kernels"], both["rest_kernels"] - fwd["rest_kernels"]))
+        assert ce.KERNEL_CENSUS[ce.census_key(get_model(model))] == want
 
 
 def test_mfu_rises_with_hidden_size_and_falls_with_long_scores():

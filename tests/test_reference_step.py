@@ -13,6 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
+import kernel_census as kc  # noqa: E402
 import op_efficiency as oe  # noqa: E402
 import reference_step as rs  # noqa: E402
 
@@ -86,3 +87,33 @@ def test_census_runs_on_the_cpu(tmp_path):
     gemm = frame[frame["kind"] == "gemm"]
     assert (gemm["flops"] == 2 * gemm["m"] * gemm["n"] * gemm["k"]).all()
     assert (gemm["tflops_per_s"] * 1e12 * gemm["seconds"]).round(0).equals(gemm["flops"].round(0))
+
+
+def test_kernel_census_takes_one_layer_as_the_difference_of_two_slices():
+    frame = pd.DataFrame([
+        {"model": "m", "mode": "forward", "micro_batch": 1, "layers": n,
+         "kernels_per_step": 10 + 40 * n, "step_s_median": 0.001 + 0.002 * n,
+         "kernel_busy_s_per_step": 0.0001 * n} for n in (1, 2)])
+    got = kc.per_layer(frame).iloc[0]
+    assert (got["layer_kernels"], got["rest_kernels"]) == (40, 10)
+    assert got["layer_step_s"] == pytest.approx(0.002)
+    assert got["layer_s_per_kernel"] == pytest.approx(0.002 / 40)
+    assert kc.features("qwen2.5-1.5b") == {"style": "llama", "grouped_kv": True,
+                                           "qkv_bias": True}
+    assert kc.features("llama2-7b") == {"style": "llama", "grouped_kv": False,
+                                        "qkv_bias": False}
+
+
+def test_preset_device_step_holds_the_lent_gpus_measurements():
+    """bench/device_step_check.py on the committed reference_step results: the preset
+    device step (with the host's launch floor) within 15% of every measured plain-PyTorch
+    step and forward+backward, where without the floor micro-batch 1 was 59-76% fast."""
+    import device_step_check as dsc
+
+    frame = dsc.check(dsc.ROOT / "bench" / "results" / "gpu", "xeon-8480-spr")
+    assert set(frame["mode"]) == {"forward_backward", "plain_adamw"}
+    assert set(frame["micro_batch"]) >= {1, 4}
+    assert (frame["error"].abs() <= 0.15).all(), frame[["micro_batch", "mode", "error"]]
+    mb1 = frame[frame["micro_batch"] == 1]
+    assert (mb1["error_no_floor"] < -0.5).all()
+    assert (frame.loc[frame["mode"] == "plain_adamw", "engine_overhead_s"] > 0).all()

@@ -120,6 +120,10 @@ class HostCPU:
     adam_params_per_s_per_core: float
     adam_bytes_per_param: float
     memory_bytes: float
+    # host seconds to issue one kernel of an eager PyTorch training step (Python, the
+    # dispatcher, autograd, the launch): the floor under a launch-bound step's compute
+    # (zfbench.sims.compute_efficiency); None (a measured profile's host): no floor
+    dispatch_s_per_kernel: float | None = None
     sources: Mapping[str, str] = _sources_field()
 
     @property
@@ -235,7 +239,7 @@ _SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                     "d2h_factor_when_h2d_busy", "setup_latency_s"), ()),
     "hosts": (("cores_per_socket", "sockets", "dram_theoretical_bytes_per_s_per_socket",
                "dram_triad_fraction", "adam_params_per_s_per_core", "adam_bytes_per_param",
-               "memory_bytes"), ()),
+               "memory_bytes", "dispatch_s_per_kernel"), ()),
     "net_links": (("bytes_per_s", "latency_s", "efficiency"), ()),
     "nvme_drives": (("read_bytes_per_s", "write_bytes_per_s", "capacity_bytes"), ()),
     "nodes": (("gpus", "gpus_per_switch", "nvme_drives"), ("gpu", "link", "host", "net",
@@ -244,7 +248,8 @@ _SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 # Fields an entry may leave out: a node without NVMe (e.g. a measured profile's node) or
 # without a network to other nodes; a GPU without bf16 tensor cores (V100).
 _OPTIONAL = {"nodes": frozenset({"nvme", "nvme_drives", "inter_net"}),
-             "gpus": frozenset({"bf16_flops_per_s", "mfu_reference"})}
+             "gpus": frozenset({"bf16_flops_per_s", "mfu_reference"}),
+             "hosts": frozenset({"dispatch_s_per_kernel"})}
 _FRACTIONS = {"default_mfu", "h2d_factor_when_d2h_busy", "d2h_factor_when_h2d_busy",
               "dram_triad_fraction", "efficiency"}
 _INTEGERS = {"cores_per_socket", "sockets", "gpus", "gpus_per_switch", "nvme_drives"}
@@ -344,7 +349,8 @@ def _build_host(name: str, p: dict) -> HostCPU:
                "dram_theoretical_bytes_per_s":
                    f"per socket times sockets: {src['dram_theoretical_bytes_per_s_per_socket']}",
                "dram_bytes_per_s": f"theoretical total times {src['dram_triad_fraction']}"}
-    keep = ("sockets", "adam_params_per_s_per_core", "adam_bytes_per_param", "memory_bytes")
+    keep = ("sockets", "adam_params_per_s_per_core", "adam_bytes_per_param", "memory_bytes",
+            "dispatch_s_per_kernel")
     return HostCPU(name=name, cores=vals["cores_per_socket"] * vals["sockets"],
                    dram_theoretical_bytes_per_s=theo,
                    dram_bytes_per_s=theo * vals["dram_triad_fraction"],

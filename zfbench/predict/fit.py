@@ -220,6 +220,9 @@ def write_hardware(path: Path, base: SimSettings, scales: Scales, how: dict[str,
         ln["setup_latency_s"] = {
             "value": ln["setup_latency_s"]["value"] * scales.latency, "source": how["latency"]}
     h = hardware.entry_of("hosts", host)
+    # the measured compute already holds the host's cost of issuing its kernels: the
+    # fitted MFU carries it, so the preset's launch floor does not apply on top
+    h.pop("dispatch_s_per_kernel", None)
     h["adam_params_per_s_per_core"] = {
         "value": host.adam_params_per_s_per_core * scales.host, "source": how["host"]}
     # A faster measured CPU-Adam needs the DRAM to carry it, so the bandwidth rises with the
