@@ -164,7 +164,7 @@ def _join(required, port, engine_kwargs):
     return join_launch(cuda)
 
 
-def _params_from(groups) -> tuple[list, dict]:
+def _params_from(groups, argument: str) -> tuple[list, dict]:
     """(parameters, hyper-parameters shared by every group) of param groups or tensors."""
     groups = list(groups)
     if groups and not isinstance(groups[0], dict):
@@ -173,7 +173,7 @@ def _params_from(groups) -> tuple[list, dict]:
     for group in groups:
         extra = set(group) - {"params", *HYPER}
         if extra:
-            raise InitializeError("model_parameters", f"param-group keys {sorted(extra)} "
+            raise InitializeError(argument, f"param-group keys {sorted(extra)} "
                                   f"are not supported; zfbench's AdamW takes {list(HYPER)}")
         p = group["params"]
         params += [p] if isinstance(p, torch.Tensor) else list(p)
@@ -181,7 +181,7 @@ def _params_from(groups) -> tuple[list, dict]:
             if key in group:
                 value = tuple(group[key]) if key == "betas" else group[key]
                 if shared.setdefault(key, value) != value:
-                    raise InitializeError("model_parameters", f"param groups with different "
+                    raise InitializeError(argument, f"param groups with different "
                                           f"{key} ({shared[key]} and {value}); zfbench "
                                           f"applies one AdamW setting to the whole flat "
                                           f"buffer: give every group the same")
@@ -207,7 +207,7 @@ def _with_optimizer(cfg: EngineConfig, model, optimizer, model_parameters) -> En
     if optimizer is None:
         if model_parameters is None:
             return cfg
-        params, shared = _params_from(model_parameters)
+        params, shared = _params_from(model_parameters, "model_parameters")
         _check_covers(params, model, "model_parameters")
         return _replace_opt(cfg, **shared)
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -236,7 +236,7 @@ def _with_optimizer(cfg: EngineConfig, model, optimizer, model_parameters) -> En
             raise InitializeError("optimizer", "torch.optim.Adam with weight_decay adds L2 "
                                   "to the gradient; zfbench's decay is decoupled (AdamW): "
                                   "use torch.optim.AdamW")
-    params, shared = _params_from(groups)
+    params, shared = _params_from(groups, "optimizer")
     _check_covers(params, model, "optimizer")
     return _replace_opt(cfg, **shared)
 
