@@ -257,6 +257,10 @@ def _replace_opt(cfg: EngineConfig, **hyper) -> EngineConfig:
 
 
 def _loader(engine, data, collate_fn) -> EngineDataLoader:
+    if isinstance(data, torch.utils.data.IterableDataset) or not hasattr(data, "__len__"):
+        raise InitializeError("training_data", f"a {type(data).__name__} has no length to "
+                              f"split over the ranks; pass a map-style Dataset (or build "
+                              f"your own DataLoader)")
     sampler = DistributedSampler(data, num_replicas=engine.dist.world,
                                  rank=engine.dist.rank)
     return EngineDataLoader(data, batch_size=engine.config.micro_batch, sampler=sampler,

@@ -82,6 +82,7 @@ def test_the_short_form_returns_the_engine_and_takes_no_deepspeed_argument():
     (dict(config=None), "config", "none given"),
     (dict(config=NO_OPT, config_params=NO_OPT), "config", "give exactly one"),
     (dict(collate_fn=list), "collate_fn", "pass training_data too"),
+    (dict(training_data=iter(range(3))), "training_data", "no length"),
     (dict(lr_scheduler=lambda opt: None), "lr_scheduler", "beside the config's"),
     (dict(distributed_port=12345), "distributed_port", "launch with torchrun"),
     (dict(model_parameters=[torch.nn.Parameter(torch.zeros(1))]), "model_parameters",
