@@ -1,8 +1,9 @@
 """The engine: DeepSpeed's shape (`initialize`, `engine(batch)`, `backward`, `step`).
 
-`initialize(model, config)` takes any `torch.nn.Module` whose forward returns a loss and a
-DeepSpeed-style config (dict or JSON path, validated by `zfbench.core.config`), and returns an
-`Engine` running one of the four strategies. The engine owns what all strategies share:
+`initialize(model, config)` takes any `torch.nn.Module` and a DeepSpeed-style config (dict
+or JSON path, validated by `zfbench.core.config`), and returns an `Engine` running one of
+the four strategies (DeepSpeed's own `initialize`, with all its arguments, is
+real/deepspeed_api.py's). The engine owns what all strategies share:
 
 - the parameters, re-pointed as views into one flat device buffer, and their gradients
   as views into another (`flat_grads`), into which `zfbench.real.inplace_grads` accumulates the
@@ -20,7 +21,12 @@ DeepSpeed-style config (dict or JSON path, validated by `zfbench.core.config`), 
   overflowing step is skipped, the others are unscaled before the strategy runs;
 - refusal of non-finite gradients (`zfbench.nonfinite`: skip the step or raise);
 - checkpoints that capture a pending asynchronous update, so a resumed run continues
-  exactly as an uninterrupted one;
+  exactly as an uninterrupted one (real/checkpoint.py, with DeepSpeed's tags and `latest`);
+- the learning rate of every step (real/lr_schedule.py): `optimizer` holds it, the
+  config's `scheduler` (or a script's) moves it after each applied step, and the strategy's
+  device and host AdamW use the lr of the step that issues the update;
+- DeepSpeed's names for all of this (real/engine_surface.py: `module`, the batch and lr
+  getters, `train()` / `eval()`, ...);
 - data parallelism (`dist`, a `zfbench.real.distributed.DistContext` of more than one rank):
   the flat gradient buffer is all-reduced (averaged) before the step; the host state of the offloading strategies
   covers only this rank's shard `[shard_lo, shard_hi)` of the flat buffer (ZeRO-2), and
@@ -31,25 +37,27 @@ DeepSpeed-style config (dict or JSON path, validated by `zfbench.core.config`), 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import torch
 
 from zfbench.real import kernels
 from zfbench.real.backend import CpuLanes, CudaBackend
+from zfbench.real.checkpoint import EngineCheckpoint
+from zfbench.real.engine_surface import DeepSpeedSurface
 from zfbench.real.engine_protocol import StrategyForEngine
 from zfbench.real.flat import LOW_PRECISION, FlatLayout
 from zfbench.core.strategies import ENGINE_HOST_CHUNK_ELEMS, gradient_buckets_apply
 from zfbench.real.grad_buckets import GradBuckets
 from zfbench.real.hazards import HazardChecker
 from zfbench.real.distributed import (DistContext, allgather_flat, allreduce_mean_,
-                                      barrier, broadcast_from_rank0,
+                                      broadcast_from_rank0,
                                       default_thread_split,  # noqa: F401 - re-exported
                                       join_launch, lane_threads)
 from zfbench.real.host_lane import HostLane
 from zfbench.real.inplace_grads import InplaceGrads
 from zfbench.real.inplace_grads import wanted as inplace_grads_wanted
 from zfbench.real.loss_scale import LossScaler
+from zfbench.real.lr_schedule import EngineOptimizer, scheduler_from_config
 from zfbench.real.recorder import SpanRecorder
 from zfbench.real.strategies import DelayedOffloadStrategy, DeviceStrategy, OffloadStrategy
 from zfbench.real.zenflow import ZenFlowStrategy
@@ -57,8 +65,6 @@ from zfbench.core.config import ConfigError, EngineConfig, load_config
 
 STRATEGY_CLASSES = {"device": DeviceStrategy, "zero-offload": OffloadStrategy,
                     "zero-offload-dpu": DelayedOffloadStrategy, "zenflow": ZenFlowStrategy}
-CHECKPOINT_FILE = "zfbench_engine.pt"
-COMPLETE_MARKER = "zfbench_engine.complete"  # several ranks: written once all have saved
 from zfbench.real.flat import DTYPES as COMM_DTYPES  # noqa: E402
 
 
@@ -77,7 +83,7 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-class Engine:
+class Engine(EngineCheckpoint, DeepSpeedSurface):
     def __init__(self, model: torch.nn.Module, config: EngineConfig, *, device: str = "auto",
                  device_threads: int | None = None, host_threads: int | None = None,
                  steps_per_epoch: int | None = None, host_chunk_elems: int = ENGINE_HOST_CHUNK_ELEMS,
@@ -114,6 +120,14 @@ class Engine:
         self.backend = (CudaBackend(self.recorder, self.device, hazards, waits_dropped)
                         if self.use_cuda else CpuLanes(self.recorder, hazards, waits_dropped))
         self._flatten_parameters()
+        # the lr: the optimizer's group holds it, a schedule moves it (real/lr_schedule.py)
+        self.optimizer = EngineOptimizer([p for _, p in self.named_params],
+                                         config.optimizer, self._zero_grads)
+        self.lr_scheduler = scheduler_from_config(config.scheduler, self.optimizer)
+        self.lr = self.optimizer.lr  # the lr of the step being run (strategies read it)
+        self.global_steps = 0  # optimizer steps, skipped ones included (DeepSpeed's count)
+        self.skipped_steps = 0
+        self.training_dataloader = None  # set by initialize(training_data=...)
         self.grads_read = None  # the d2h event after the last read of the gradients
         self.host_lane = HostLane(self.recorder, self.host_threads,
                                   device=self.device if self.use_cuda else None,
@@ -233,12 +247,14 @@ class Engine:
             with self.inplace_grads:
                 return self.model(*args, **kwargs)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward of `loss` divided by gradient_accumulation_steps (and times the fp16
-        loss scale), accumulating into the flat gradient buffer, as DeepSpeed does."""
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False,
+                 scale_wrt_gas: bool = True) -> None:
+        """Backward of `loss` divided by gradient_accumulation_steps (not with
+        `scale_wrt_gas` False) and times the fp16 loss scale, accumulating into the flat
+        gradient buffer, as DeepSpeed does."""
         # a tensor: reading it now would hold the backward's launch until the forward ends
         self._micro_losses.append(loss.detach())
-        factor = 1.0 / self.config.grad_accum
+        factor = 1.0 / self.config.grad_accum if scale_wrt_gas else 1.0
         if self.loss_scaler is not None:
             factor *= self.loss_scaler.scale
         landing = None
@@ -248,7 +264,7 @@ class Engine:
                 self.buckets.arm(self.t, landing, self.buckets.expected(self.inplace_grads))
         with self.compute("backward", self.t, reads=(self.flat_params,),
                           writes=(self.flat_grads,)):
-            (loss * factor if factor != 1.0 else loss).backward()
+            (loss * factor if factor != 1.0 else loss).backward(retain_graph=retain_graph)
         if landing is not None:  # what backward did not complete goes down now
             self.sent_down = (landing, self.buckets.finish())
 
@@ -256,8 +272,10 @@ class Engine:
         """Whether the next `step()` updates the parameters (DeepSpeed's name)."""
         return (self.micro_step + 1) % self.config.grad_accum == 0
 
-    def step(self) -> None:
-        """One micro-step: the optimizer step runs at the accumulation boundary only."""
+    def step(self, lr_kwargs: dict | None = None) -> None:
+        """One micro-step: the optimizer step runs at the accumulation boundary only, at
+        the optimizer's lr; an applied one then steps the lr schedule (`lr_kwargs` go to
+        its `step`), as DeepSpeed does."""
         self.host_lane.check()
         boundary = self.is_gradient_accumulation_boundary()
         self.micro_step += 1
@@ -265,6 +283,7 @@ class Engine:
             return
         self.micro_step = 0
         start = self._step_start if self._step_start is not None else self.recorder.now()
+        self.lr = self.optimizer.lr
         self._bind_grad_views()
         # every rank then sees the same (non-)finite gradients; with buckets
         # (sent_down) each was all-reduced during backward already
@@ -278,7 +297,7 @@ class Engine:
             bad = [] if finite else self._nonfinite_params()
         self._loss = sum(losses) / len(losses) if losses else None
         self._micro_losses = []
-        record = {"step": self.t, "loss": self._loss, "skipped": False}
+        record = {"step": self.t, "loss": self._loss, "skipped": False, "lr": self.lr}
         scaler = self.loss_scaler
         if scaler is not None:
             record["loss_scale"] = scaler.scale
@@ -296,9 +315,15 @@ class Engine:
                     f"written to the optimizer state (zfbench.nonfinite: 'skip' skips "
                     f"such steps instead)")
             record["skipped"] = True
-        if not record["skipped"]:
+        self.global_steps += 1
+        if record["skipped"]:
+            self.skipped_steps += 1
+        else:
             with torch.no_grad():
                 self.strategy.step(self.t)
+            self.optimizer.engine_step()
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step(**(lr_kwargs or {}))
         # the gradients are zeroed once the d2h lane has read them
         self.backend.wait("compute", self.grads_read, "zeroing waits for the d2h")
         self.grads_read = None
@@ -337,73 +362,6 @@ class Engine:
         with torch.no_grad():
             self.strategy.finish(flush_partial=flush_partial)
 
-    def save_checkpoint(self, directory: str | os.PathLike) -> Path:
-        """Everything needed to continue exactly: parameters, device and host optimizer
-        state, a pending asynchronous update, counters. Written via a rename."""
-        if self.micro_step != 0:
-            raise RuntimeError(f"save_checkpoint after micro-step {self.micro_step} of "
-                               f"{self.config.grad_accum}: the accumulated gradient would be "
-                               f"lost; save after the step() that ends the accumulation")
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        strategy_state = self.strategy.state_dict()  # waits for the host and the uploads
-        self.backend.declare_state(strategy_state, self.flat_params, write=False)
-        state = {"t": self.t, "strategy_name": self.config.strategy,
-                 "flat_params": self.flat_params.detach().cpu(),
-                 "strategy": strategy_state, "config": self.config.raw,
-                 "loss_scaler": self.loss_scaler.state_dict() if self.loss_scaler
-                 else None}
-        path = directory / self.checkpoint_name
-        tmp = directory / (self.checkpoint_name + ".tmp")
-        marker = directory / COMPLETE_MARKER
-        if self.dist.active:  # an older set is being replaced: unmarked before any file
-            if self.dist.rank == 0:
-                marker.unlink(missing_ok=True)
-            barrier(self.dist, "save_checkpoint")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-        if self.dist.active:  # the set is whole only once every rank's file is in place
-            barrier(self.dist, "save_checkpoint")
-            if self.dist.rank == 0:
-                marker.write_text(f"{self.dist.world} ranks, step {self.t}\n")
-        return path
-
-    def load_checkpoint(self, directory: str | os.PathLike) -> None:
-        path = Path(directory) / self.checkpoint_name
-        if not path.exists():
-            saved = saved_world(Path(directory))
-            if saved is not None and saved != self.dist.world:
-                raise ValueError(f"checkpoint {directory} was saved by {saved} rank(s); this "
-                                 f"engine runs on {self.dist.world}: resume it on {saved} "
-                                 f"rank(s) (its host state is sharded {saved} ways)")
-            raise FileNotFoundError(f"no zfbench checkpoint at {path}")
-        if self.dist.active and not (Path(directory) / COMPLETE_MARKER).exists():
-            raise ValueError(f"checkpoint {directory} is incomplete: not every rank finished "
-                             f"saving it ({COMPLETE_MARKER} is missing); resume from an "
-                             f"earlier one")
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        if state["strategy_name"] != self.config.strategy:
-            raise ValueError(f"checkpoint {path} was written by strategy "
-                             f"{state['strategy_name']!r}, this engine runs "
-                             f"{self.config.strategy!r}")
-        if state["flat_params"].numel() != self.flat_params.numel():
-            raise ValueError(f"checkpoint {path} holds {state['flat_params'].numel()} "
-                             f"parameters, the model has {self.flat_params.numel()}")
-        with torch.no_grad():
-            self.flat_params.copy_(state["flat_params"])
-            self.strategy.load_state_dict(state["strategy"])
-        self.backend.declare_state(self.strategy.state_dict(), self.flat_params,
-                                   write=True)
-        if self.loss_scaler is not None and state.get("loss_scaler"):
-            self.loss_scaler.load_state_dict(state["loss_scaler"])
-        self.t = state["t"]
-
-    @property
-    def checkpoint_name(self) -> str:
-        if not self.dist.active:
-            return CHECKPOINT_FILE
-        return f"zfbench_engine.rank{self.dist.rank}of{self.dist.world}.pt"
-
     def close(self) -> None:
         if self.buckets is not None:
             self.buckets.close()
@@ -418,6 +376,7 @@ class Engine:
         memory while the next strategy runs."""
         self.strategy = None
         self.model = None
+        self.optimizer = self.lr_scheduler = None  # its group holds the parameters
         self.named_params = []
         self.flat_params = self.flat_grads = None
         self.inplace_grads = None
@@ -428,15 +387,6 @@ def read_scalars(values: list[torch.Tensor]) -> list[float]:
     if not values:
         return []
     return torch.stack([v.detach().reshape(()).float() for v in values]).tolist()
-
-
-def saved_world(directory: Path) -> int | None:
-    """How many ranks saved the checkpoint in `directory` (None: no checkpoint there)."""
-    if (directory / CHECKPOINT_FILE).exists():
-        return 1
-    for path in sorted(directory.glob("zfbench_engine.rank*of*.pt")):
-        return int(path.stem.rsplit("of", 1)[1])
-    return None
 
 
 def initialize(model: torch.nn.Module, config: dict | str | os.PathLike | EngineConfig |

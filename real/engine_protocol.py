@@ -55,6 +55,7 @@ class EngineForStrategy(Protocol):
     bucketed: bool  # the gradients go down bucket by bucket during backward
     steps_per_epoch: int | None  # for ZenFlow's epoch-based reselection (None: unsized)
     t: int  # the optimizer step being run
+    lr: float  # its learning rate (the optimizer's, which a schedule moves)
     sent_down: Any  # (host buffer, d2h event) when backward sent the gradients; engine-set
     grads_read: Any  # the d2h event after the last read of the gradients; strategy-set
 

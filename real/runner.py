@@ -123,7 +123,7 @@ class RunSpec:
         if strategy == "zenflow":
             over.update(self.zenflow)
         auto = AutoValues(micro_batch=self.batch or 1, grad_accum=self.grad_accum or 1,
-                          precision=self.precision or "fp32")
+                          precision=self.precision or "fp32", steps=self.steps)
         cfg = load_config(raw, world_size=world, auto=auto, **over)
         if self.config is None and self._on_cuda():
             # zfbench's own defaults on a GPU: gradients go down during backward, in

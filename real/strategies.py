@@ -22,6 +22,8 @@ real/engine_protocol.py (`EngineForStrategy`, `StrategyForEngine`).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from zfbench.real import kernels
@@ -44,9 +46,15 @@ class Strategy:
         self.B = engine.backend
         self.named = engine.named_params
         self.params = [p for _, p in self.named]
-        self.opt = engine.config.optimizer
         self.uploaded = None  # the h2d event after the last host job's uploads
         self._wires: dict[str, torch.Tensor] = {}
+
+    @property
+    def opt(self):
+        """The AdamW hyper-parameters of the step being run: the config's, at the engine's
+        lr of this step (a schedule moves it; a host job takes it when it is issued)."""
+        opt = self.e.config.optimizer
+        return opt if opt.lr == self.e.lr else dataclasses.replace(opt, lr=self.e.lr)
 
     def step(self, t: int) -> None:
         raise NotImplementedError

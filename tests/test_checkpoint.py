@@ -102,7 +102,10 @@ def test_two_ranks_resume_equal_to_uninterrupted(tmp_path, strategy):
                   str(tmp_path / "ckpt"), "--out", str(tmp_path / "resumed.pt"))):
         done = torchrun("--strategy", strategy, *args)
         assert done.returncode == 0, done.stderr[-3000:]
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+    # DeepSpeed's layout: one folder per tag (global_step<N> by default), `latest` names it
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["global_step6", "latest"]
+    assert (tmp_path / "ckpt" / "latest").read_text() == "global_step6"
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "global_step6").iterdir()) == [
         "zfbench_engine.complete", "zfbench_engine.rank0of2.pt", "zfbench_engine.rank1of2.pt"]
     for rank in (0, 1):
         full = torch.load(tmp_path / f"full.pt.rank{rank}")
@@ -122,7 +125,7 @@ def test_resuming_on_another_number_of_ranks_is_refused_in_one_line(tmp_path):
     assert proc.returncode != 0
     assert "was saved by 2 rank(s); this engine runs on 1" in proc.stderr
     # a set one rank never finished (its marker missing) is refused whole
-    (tmp_path / "c" / "zfbench_engine.complete").unlink()
+    (tmp_path / "c" / "global_step2" / "zfbench_engine.complete").unlink()
     done = torchrun("--strategy", "zenflow", "--steps", "1", "--load", str(tmp_path / "c"),
                     "--out", str(tmp_path / "b.pt"))
     assert done.returncode != 0 and "is incomplete" in done.stderr

@@ -68,7 +68,12 @@ def test_hf_trainer_auto_values_resolve_as_the_trainer_fills_them():
                                                        HF_DEFAULT_WEIGHT_DECAY)
     assert c.gradient_clipping == HF_DEFAULT_MAX_GRAD_NORM
     named = {n.split(":")[0] for n in c.notes}
-    assert {"scheduler", "steps_per_print", "wall_clock_breakdown"} <= named
+    assert {"steps_per_print", "wall_clock_breakdown"} <= named
+    # the scheduler applies, its "auto" filled as the Trainer fills it (warmup_steps 0:
+    # DeepSpeed raises a warm-up below 2 to 2)
+    s = c.scheduler
+    assert (s.type, s.warmup_min_lr, s.warmup_max_lr, s.warmup_num_steps) == \
+        ("WarmupLR", 0.0, HF_DEFAULT_LR, 2)
     # applied now (gradient buckets during backward), so not among the ignored keys
     assert c.overlap_comm is True and c.bucket_elems == 500_000_000
     # fp16 when the run asks for it, and then its loss-scale keys apply
@@ -77,15 +82,13 @@ def test_hf_trainer_auto_values_resolve_as_the_trainer_fills_them():
 
 
 def test_keys_deepspeed_accepts_are_applied_or_ignored_with_a_reason():
-    c = load_config({"scheduler": {"type": "WarmupLR"},
-                     "activation_checkpointing": {"partition_activations": False},
+    c = load_config({"activation_checkpointing": {"partition_activations": False},
                      "communication_data_type": "bf16",
                      "zero_optimization": {"stage": 2, "offload_optimizer": {
                          "device": "cpu", "buffer_count": 4}}})
     assert c.comm_dtype == "bf16" and c.strategy == "zero-offload"
     notes = "\n".join(c.notes)
-    for key, why in (("scheduler", "holds the lr"),
-                     ("activation_checkpointing", "deepspeed.checkpointing"),
+    for key, why in (("activation_checkpointing", "deepspeed.checkpointing"),
                      ("zero_optimization.offload_optimizer.buffer_count", "nvme")):
         assert f"{key}: ignored" in notes and why in notes
 

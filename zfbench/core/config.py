@@ -38,6 +38,7 @@ from zfbench.core.config_auto import AutoValues, derive_batch, resolve_auto  # n
 from zfbench.core.config_fields import (ConfigError, _bool,  # noqa: F401
                                    _choice, _float, _int, _unknown)
 from zfbench.core.config_keys import triage
+from zfbench.core.config_scheduler import SchedulerConfig, scheduler_from_dict
 from zfbench.core.config_zenflow import (SCENARIO_ZENFLOW, ZENFLOW_PREFIX,  # noqa: F401
                                     ZenFlowConfig, default_zenflow_config,
                                     zenflow_from_dict)
@@ -140,6 +141,9 @@ class EngineConfig:
     # zero_optimization.overlap_comm: gradient buckets reduced and sent during backward
     overlap_comm: bool = False
     bucket_elems: int = 500_000_000  # zero_optimization.reduce_bucket_size (DeepSpeed's)
+    # the lr schedule (zfbench.core.config_scheduler); None: the lr stays optimizer.params.lr
+    scheduler: SchedulerConfig | None = None
+    dataloader_drop_last: bool = False  # of the loader `initialize` builds (training_data)
     # one line per ignored key (zfbench.core.config_keys), printed by the commands
     notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -150,7 +154,7 @@ class EngineConfig:
     def as_dict(self) -> dict:
         """The effective config, every field resolved (what summary.json records)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "raw"}
-        for name in ("optimizer", "loss_scale", "zenflow"):
+        for name in ("optimizer", "loss_scale", "zenflow", "scheduler"):
             out[name] = asdict(out[name]) if out[name] is not None else None
         out["optimizer"]["betas"] = list(out["optimizer"]["betas"])
         out["notes"] = list(self.notes)
@@ -255,6 +259,8 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
     micro, accum = derive_batch(d, world)
 
     optimizer = _optimizer(d.get("optimizer"))
+    scheduler = scheduler_from_dict(d.get("scheduler"))
+    drop_last = _bool(d.get("dataloader_drop_last", False), "dataloader_drop_last")
     precision, loss_scale = _precision(d)
     clip = _float(d.get("gradient_clipping", 0.0), "gradient_clipping", 0.0)
     comm_dtype = d.get("communication_data_type")
@@ -334,4 +340,5 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
                         comm_dtype=comm_dtype, select_comm=select_comm,
                         inplace_grads=inplace_grads, column_major=column_major,
                         overlap_comm=overlap_comm, bucket_elems=bucket_elems,
+                        scheduler=scheduler, dataloader_drop_last=drop_last,
                         notes=tuple(notes))

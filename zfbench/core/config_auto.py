@@ -11,7 +11,11 @@ keys it fills from its TrainingArguments (transformers.integrations.deepspeed,
 same defaults that TrainingArguments has (lr 5e-5, betas 0.9/0.999, eps 1e-8, weight
 decay 0.0, max_grad_norm 1.0), with the run's own micro batch, accumulation and precision
 standing in for per_device_train_batch_size, gradient_accumulation_steps and --bf16 /
---fp16 (`AutoValues`). "auto" anywhere else is an error naming the keys that take it.
+--fp16 (`AutoValues`). A scheduler's "auto" parameters are filled as the Trainer fills
+them: warmup_min_lr 0, warmup_max_lr its learning rate (5e-5), warmup_num_steps its
+warmup_steps (0), total_num_steps the run's optimizer steps (`AutoValues.steps`; an error
+where the run's length is not known). "auto" anywhere else is an error naming the keys
+that take it.
 ZenFlow's update_interval / select_interval "auto" are ZenFlow's own and are kept.
 """
 from __future__ import annotations
@@ -35,6 +39,7 @@ class AutoValues:
     micro_batch: int = 1
     grad_accum: int = 1
     precision: str = "fp32"
+    steps: int | None = None  # optimizer steps of the run (a scheduler's total_num_steps)
 
 
 def _put(d: dict, dotted: str, value) -> None:
@@ -55,10 +60,15 @@ def _fills(auto: AutoValues) -> dict:
         "optimizer.params.weight_decay": HF_DEFAULT_WEIGHT_DECAY,
         "bf16.enabled": auto.precision == "bf16",
         "fp16.enabled": auto.precision == "fp16",
+        "scheduler.params.warmup_min_lr": 0.0,
+        "scheduler.params.warmup_max_lr": HF_DEFAULT_LR,
+        "scheduler.params.warmup_num_steps": 0,
+        **({"scheduler.params.total_num_steps": auto.steps} if auto.steps else {}),
     }
 
 
-AUTO_KEYS = tuple(_fills(AutoValues())) + ("train_batch_size",)
+_TOTAL = "scheduler.params.total_num_steps"
+AUTO_KEYS = tuple(_fills(AutoValues())) + ("train_batch_size", _TOTAL)
 _ZENFLOW_AUTO = ("zero_optimization.zenflow.update_interval",
                  "zero_optimization.zenflow.select_interval",
                  "zero_optimization.zenflow.select_strategy",  # ZenFlow's default, 'auto' 
@@ -84,6 +94,10 @@ def resolve_auto(d: dict, auto: AutoValues, world: int) -> dict:
             continue
         if full in fills:
             _put(out, full, fills[full])
+        elif full == _TOTAL:
+            raise ConfigError(full, "got 'auto'; the HF Trainer fills it with the run's "
+                              "optimizer steps, which zfbench does not know here: give "
+                              "the number")
         elif full != "train_batch_size":
             raise ConfigError(full, f"got 'auto'; 'auto' is filled only for the keys the "
                               f"HF Trainer fills ({', '.join(AUTO_KEYS)}); give a value")

@@ -66,7 +66,8 @@ KEY_RULES: dict[str, KeyRule] = {
                           section=True),
     "optimizer.type": _applied("'Adam' or 'AdamW'; other optimizers are refused"),
     "optimizer.params": _applied("the AdamW hyper-parameters", section=True),
-    "optimizer.params.lr": _applied("learning rate, held constant (see scheduler)"),
+    "optimizer.params.lr": _applied("learning rate; with a scheduler section the schedule "
+                                    "sets it, as in DeepSpeed"),
     "optimizer.params.betas": _applied("AdamW betas"),
     "optimizer.params.eps": _applied("AdamW eps"),
     "optimizer.params.weight_decay": _applied("decoupled weight decay, the same on device "
@@ -79,8 +80,13 @@ KEY_RULES: dict[str, KeyRule] = {
                                          "it to false", _is_false),
     "optimizer.params.bias_correction": _refused("zfbench always bias-corrects; remove it "
                                                  "or set it to true", lambda v: v is True),
-    "scheduler": _ignored("zfbench holds the lr at optimizer.params.lr: the step time does "
-                          "not depend on the lr, the loss curve of a long run does"),
+    "scheduler": _applied("the lr schedule, stepped after every applied optimizer step as "
+                          "DeepSpeed steps it; it sets the lr of the device and the host "
+                          "AdamW of every strategy", section=True),
+    "scheduler.type": _applied("'WarmupLR' or 'WarmupDecayLR' (DeepSpeed's arithmetic); "
+                               "OneCycle, LRRangeTest and WarmupCosineLR are refused"),
+    "scheduler.params": _applied("warmup_min_lr, warmup_max_lr, warmup_num_steps, "
+                                 "warmup_type, total_num_steps (WarmupDecayLR)"),
     # ---- precision
     "bf16": _applied("bf16 weights and gradients on the device, fp32 master on the host",
                      section=True),
@@ -230,7 +236,8 @@ KEY_RULES: dict[str, KeyRule] = {
                                          "(the simulator has --activation-checkpointing)"),
     "zero_allow_untested_optimizer": _ignored("zfbench's optimizers are all tested"),
     "zero_force_ds_cpu_optimizer": _ignored("zfbench always runs its own host AdamW"),
-    "dataloader_drop_last": _ignored("zfbench streams its own batches"),
+    "dataloader_drop_last": _applied("drop_last of the loader initialize builds over "
+                                     "training_data"),
     "checkpoint": _ignored("checkpoint layout only; zfbench writes one file per rank"),
     "compile": _ignored("torch.compile is not applied by zfbench"),
     "seq_parallel_communication_data_type": _ignored("no sequence parallelism in zfbench"),
