@@ -134,3 +134,28 @@ def test_validate_refuses_a_bad_value_in_one_line(capsys, monkeypatch, flag, dat
             flags = [flag, data.draw(BAD_VALIDATE[flag], label="value")]
         rc = validate_main(["--quick", "--quiet", *flags, "--out", str(out)])
         assert_refused(capsys, rc, out)
+
+
+def test_an_abbreviated_flag_is_refused_not_taken_for_the_whole_one(capsys):
+    """`--lay 2` once set `--layers 2` while the run's argv scan treated the layers as not
+    given; every command now asks for flags spelled whole."""
+    import argparse
+
+    import pytest
+
+    from zfbench.accuracy.command import build_parser as accuracy_parser
+    from zfbench.figures.command import build_parser as figures_parser
+    from zfbench.gradients.command import build_parser as gradients_parser
+    from zfbench.predict.command import main as predict_main
+    from zfbench.run.command import main as run_main
+
+    for main, argv in ((run_main, ["--lay", "2"]), (simulate_main, ["--pci", "gen4"]),
+                       (predict_main, ["--paper", "--quie"])):
+        assert main(argv) == 2
+        assert "unrecognized arguments" in capsys.readouterr().err
+    for build in (accuracy_parser, figures_parser, gradients_parser):
+        parser = build()
+        assert isinstance(parser, argparse.ArgumentParser) and not parser.allow_abbrev
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--ou", "x"])
+    capsys.readouterr()

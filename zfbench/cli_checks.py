@@ -24,7 +24,13 @@ class CliError(ValueError):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a bad command line raises CliError instead of printing usage."""
+    """argparse, but a bad command line raises CliError instead of printing usage, and a
+    flag must be spelled whole: a prefix (`--lay 2` for `--layers 2`) is refused rather
+    than taken for the flag it abbreviates."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         raise CliError(message)

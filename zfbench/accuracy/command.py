@@ -127,8 +127,9 @@ def run_one(module, init, variant, seed, args, train_data, heldout_batches):
     return losses, held, wall, windows
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m zfbench.accuracy", description=__doc__,
+                                allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -150,7 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-threads", type=int, default=1)
     p.add_argument("--cache", default=None, help="model cache dir (default ~/.cache/zfbench)")
     p.add_argument("--out", default="runs")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     for v in args.variants:
         parse_variant(v)
     started = time.perf_counter()

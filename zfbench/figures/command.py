@@ -374,6 +374,7 @@ def write_index(out: Path, plan: Plan, outcomes: list, measured: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m zfbench.figures", description=__doc__,
+                                allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, help="figures, README.md and data/ (default "
                    "paper_figures, or runs/figures-quick with --quick)")

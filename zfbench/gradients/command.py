@@ -182,6 +182,7 @@ def figure_blocks(layers: list[str], n: int) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m zfbench.gradients", description=__doc__,
+                                allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", choices=["smollm2-135m", "tiny"])
     p.add_argument("--steps", type=int, default=20, help="recorded steps (>= max-d + 1)")
