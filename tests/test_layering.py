@@ -270,3 +270,16 @@ def test_each_command_is_a_package():
         assert (folder / "command.py").is_file() and (folder / "__main__.py").is_file(), name
         flat = [*(ROOT / "zfbench").glob(f"{name}.py"), *(ROOT / "zfbench").glob(f"{name}_*.py")]
         assert not flat, flat
+
+
+def test_the_engine_package_loads_torch_only_when_an_engine_name_is_used():
+    """`zfbench.real` resolves its names lazily: a torch-free module of the package
+    imports without torch; `zfbench.real.initialize` then loads the engine."""
+    code = ("import sys\n"
+            "import zfbench.real, zfbench.real.memory\n"
+            "assert 'torch' not in sys.modules, 'torch loaded'\n"
+            "from zfbench.real import initialize, Engine\n"
+            "assert 'torch' in sys.modules and initialize.__module__.endswith('deepspeed_api')\n"
+            "assert set(dir(zfbench.real)) >= set(zfbench.real.__all__)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
