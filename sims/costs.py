@@ -1,18 +1,20 @@
 """The simulator's cost model: what each op costs on the chosen hardware.
 
 `SimSettings` (in `zfbench.sims.settings`, re-exported here) holds every knob of a simulation.
-`CostModel` turns settings into per-rank costs, per bucket of layers in forward
-order: compute seconds (matrix FLOPs at the GPU's GEMM efficiency plus elementwise bytes at
-its HBM bandwidth: `compute_efficiency`; or FLOPs over peak times a given MFU), bytes each
-direction moves, host work
-in elements, and the memory each strategy needs per rank. The SimPy processes in
-`strategies.py` only schedule these costs; all arithmetic about the hardware is here.
+`CostModel` turns settings into per-rank costs, per bucket of layers in forward order:
+compute seconds (matrix FLOPs at the GPU's GEMM efficiency plus elementwise bytes at its
+HBM bandwidth: `compute_efficiency`; or FLOPs over peak times a given MFU), bytes each
+direction moves, host work in elements, and the memory each strategy needs per rank. The
+SimPy processes in `strategies.py` only schedule these costs; all arithmetic about the
+hardware is here. What the simulator reads for every op is computed once per cost model
+(cached properties, sizes remembered): a model serves one run, of frozen settings.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from zfbench.sims import (collectives, compute_efficiency, device_memory, device_step,
                           host_step, pageable, zero3)
@@ -161,13 +163,13 @@ class CostModel:
         """Does zenflow's host window close at the end of step t (zfbench.sims.update_windows)?"""
         return self.boundaries[t]
 
-    @property
+    @cached_property
     def emulated(self) -> bool:
         """A CPU-emulated accelerator (profile measured without CUDA): gradients go down on
         the device thread, parameters go up from the host worker, as the engine does."""
         return self.calibration is not None and self.calibration.get("transfers") == "emulated"
 
-    @property
+    @cached_property
     def engine_grad_passes(self) -> bool:
         """The profile is zfbench's engine's (CPU lane or GPU): each step it checks every
         gradient for non-finite values after backward and zeroes them at the end, two
@@ -178,7 +180,7 @@ class CostModel:
         return "grad_check_s_per_elem" in cal and "grad_zero_s_per_elem" in cal
 
     # -- sizes ------------------------------------------------------------------------
-    @property
+    @cached_property
     def gpus(self) -> int:
         """Ranks of the run, over every node (ZeRO partitions over all of them)."""
         return self.settings.ranks
@@ -191,16 +193,16 @@ class CostModel:
     def nodes(self) -> int:
         return self.settings.nodes
 
-    @property
+    @cached_property
     def elem_bytes(self) -> int:
         """Bytes of a parameter or gradient element on the device and on the link."""
         return element_bytes(self.settings.precision)
 
-    @property
+    @cached_property
     def params(self) -> int:
         return self.shape.total_params
 
-    @property
+    @cached_property
     def model_bytes(self) -> int:
         return self.params * self.elem_bytes
 
@@ -322,11 +324,11 @@ class CostModel:
         return (self.strategy == "zenflow" and self.calibration is None
                 and self.settings.pt_reserved_cores_perc is not None)
 
-    @property
+    @cached_property
     def adam_units_per_core_s(self) -> float:
         return self.node.host.adam_params_per_s_per_core * self.numa_factor
 
-    @property
+    @cached_property
     def convert_units_per_core_s(self) -> float | None:
         """Elements/s per core of the host's wire conversions outside its AdamW kernel, as
         a profile measured them with 16-bit weights (`host_convert_elems_per_s`: the
@@ -349,14 +351,14 @@ class CostModel:
         return {k: float(cal[k]) for k in ("h2d_factor_when_host_busy",
                                            "host_factor_when_h2d_busy") if k in cal}
 
-    @property
+    @cached_property
     def host_chunk_elems(self) -> int | None:
         """Elements per host optimizer job: with a profile of zfbench's engine its chunk
         (`ENGINE_HOST_CHUNK_ELEMS`: the accumulation, urgent, goes ahead of the next
         chunk, and each chunk's upload follows it); from presets None, a job per bucket."""
         return ENGINE_HOST_CHUNK_ELEMS if self.engine_grad_passes else None
 
-    @property
+    @cached_property
     def zero_units_per_core_s(self) -> float | None:
         """Elements/s per core of clearing ZenFlow's fp32 window, as a profile measured it
         (`host_zero_elems_per_s`: what zeroing adds to zfbench's engine's AdamW pass over
@@ -365,7 +367,7 @@ class CostModel:
         rate = (self.calibration or {}).get("host_zero_elems_per_s")
         return None if rate is None else rate / self.node.host.cores
 
-    @property
+    @cached_property
     def deepspeed_host_step(self) -> bool:
         """ZeRO-Offload's host step as DeepSpeed runs it (zfbench.sims.host_step: clip,
         CPU-Adam, the blocking fp32 -> 16-bit conversion over the whole partition, then one
@@ -383,14 +385,14 @@ class CostModel:
             return host_step.GRAD_WIRE_BYTES
         return self.elem_bytes
 
-    @property
+    @cached_property
     def pageable_copies(self) -> bool:
         """Whether the offload's host buffers are pageable (`pin_memory` False), so that
         copies block their issuing lane and are staged (zfbench.sims.pageable); never with
         a measured profile (zfbench's engine pins its buffers) or emulated."""
         return not self.settings.pin_memory and self.calibration is None
 
-    @property
+    @cached_property
     def serial_grad_reduction(self) -> bool:
         """Whether each gradient bucket's reduction and copy down run on the compute stream
         (DeepSpeed's ZeRO-2 with `overlap_comm` False), so that backward waits for them;
@@ -404,9 +406,12 @@ class CostModel:
 
     def stream_units_per_core_s(self, bytes_per_elem: float) -> float:
         """Elements/s per core of a host streaming pass beside Adam (clip, conversion)."""
-        return host_step.stream_units_per_core_s(bytes_per_elem) * self.numa_factor
+        memo, b = self.__dict__.setdefault("_stream_memo", {}), bytes_per_elem
+        if b not in memo:
+            memo[b] = self.numa_factor * host_step.stream_units_per_core_s(b)
+        return memo[b]
 
-    @property
+    @cached_property
     def accum_units_per_core_s(self) -> float:
         if self.calibration is not None:
             return self.calibration["host_accum_elems_per_s"] / self.node.host.cores
@@ -436,20 +441,22 @@ class CostModel:
         N > 1 nodes, two levels (zfbench.sims.collectives.hierarchical_allreduce_s): reduce-scatter
         in the node, all-reduce of B/G across nodes over each GPU's NIC, all-gather in
         the node. Measured among the ranks where the profile did (`measured_collective_s`)."""
-        measured = self.measured_collective_s("allreduce", nbytes)
-        if measured is not None:
-            return measured
-        return collectives.allreduce_s(self.node.net, self.inter_net, self.gpus_per_node,
-                                       self.nodes, nbytes)
+        return self._collective_s("allreduce", nbytes)
 
     def allgather_s(self, nbytes: float) -> float:
         """Ring all-gather (and reduce-scatter) assembling `nbytes`: one node
         (G-1)/G B/bw + (G-1)lat; N > 1 nodes: across nodes on B/G, then in the node."""
-        measured = self.measured_collective_s("allgather", nbytes)
-        if measured is not None:
-            return measured
-        return collectives.allgather_s(self.node.net, self.inter_net, self.gpus_per_node,
-                                       self.nodes, nbytes)
+        return self._collective_s("allgather", nbytes)
+
+    def _collective_s(self, op: str, nbytes: float) -> float:
+        """`op`'s seconds, measured or by the ring formula, once per size."""
+        memo = self.__dict__.setdefault("_collective_memo", {})
+        if (op, nbytes) not in memo:
+            ring = collectives.allreduce_s if op == "allreduce" else collectives.allgather_s
+            measured = self.measured_collective_s(op, nbytes)
+            memo[(op, nbytes)] = measured if measured is not None else ring(
+                self.node.net, self.inter_net, self.gpus_per_node, self.nodes, nbytes)
+        return memo[(op, nbytes)]
 
     # -- memory per rank --------------------------------------------------------------
     def activation_bytes(self) -> float:

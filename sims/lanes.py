@@ -216,8 +216,42 @@ def run_compute(env: simpy.Environment, timeline: Timeline, rank: int, op: str, 
     timeline.add(rank, "compute", op, step, t0, env.now)
 
 
+class _AllFired(simpy.Event):
+    """`env.all_of(events)` without the condition's value (nothing here reads it): it
+    checks each event where the condition would and triggers at the same moment (the
+    last one processed, or at once) with the same `succeed`, so the run unfolds in the
+    same order, without the condition's bookkeeping (its tuple, its value's dict)."""
+
+    def __init__(self, env: simpy.Environment, events: Sequence[simpy.Event]) -> None:
+        self.env, self.callbacks, self._value = env, [], _PENDING
+        self._left = len(events)
+        if not events:
+            self.succeed()
+        check = self._check
+        for event in events:
+            if event.callbacks is None:
+                check(event)
+            else:
+                event.callbacks.append(check)
+
+    def _check(self, event: simpy.Event) -> None:
+        if self._value is not _PENDING:
+            return
+        self._left -= 1
+        if not event._ok:  # as a condition does: take over the failure
+            event._defused = True
+            self.fail(event._value)
+        elif self._left == 0:
+            self.succeed()
+
+
+def all_of(env: simpy.Environment, events: Sequence[simpy.Event]) -> simpy.Event:
+    """An event that fires once every one of `events` has (`env.all_of`'s timing)."""
+    return _AllFired(env, events)
+
+
 def all_done(env: simpy.Environment, events: Sequence[simpy.Event | None]):
     """Wait until every event in `events` has fired (None entries are ignored)."""
-    pending = [e for e in events if e is not None and not e.triggered]
+    pending = [e for e in events if e is not None and e._value is _PENDING]
     if pending:
-        yield env.all_of(pending)
+        yield _AllFired(env, pending)

@@ -78,7 +78,7 @@ from zfbench.sims.emulated import device_thread_op, grad_check_s, grad_zero_s
 from zfbench.sims import host_step, pageable, partitioning
 from zfbench.sims.fluid import FluidPool, Job
 from zfbench.sims.host_step import CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM
-from zfbench.sims.lanes import Lane, all_done, run_compute
+from zfbench.sims.lanes import Lane, all_done, all_of, run_compute
 from zfbench.sims.zero_infinity import zero_infinity_step
 from zfbench.core.schedule import is_selection_step, is_warmup
 from zfbench.core.trace import Timeline
@@ -391,7 +391,7 @@ class RankSim:
             if round(bytes_of(i)) > 0:
                 down[i] = self.transfer(self.d2h, "d2h_grad", t, bytes_of(i), deps)
             else:  # a rank owning none of the bucket copies nothing
-                down[i] = self.env.all_of(deps)
+                down[i] = all_of(self.env, deps)
             if self.owned and self.costs.gpus > 1:
                 self.sync.publish(("down", npass, i, self.rank), down[i])
             return down[i]

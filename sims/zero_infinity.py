@@ -70,7 +70,7 @@ from __future__ import annotations
 
 from zfbench.sims import host_step, nvme, zero3
 from zfbench.sims.fluid import Job
-from zfbench.sims.lanes import all_done
+from zfbench.sims.lanes import all_done, all_of
 from zfbench.sims.pageable import DRAM_BYTES_PER_BYTE as STAGED_DRAM_BYTES_PER_BYTE
 
 # Host-update buckets whose NVMe state buffers are in use at once (double buffering: the
@@ -107,7 +107,7 @@ def fetch(sim, step: int, i: int, deps, blocking: list | None = None):
     c = sim.costs
     if zero3.params_on_device(c):
         done = sim.collective("allgather", step, zero3.bucket_bytes(c, i), list(deps))
-        return done or sim.env.all_of([d for d in deps if d is not None])
+        return done or all_of(sim.env, [d for d in deps if d is not None])
     if zero3.uses_nvme(c):
         read, _ = _nvme_lanes(sim)
         deps = [nvme.submit(read, nvme.READ, sim.rank, step, zero3.share_bytes(c, i), deps)]

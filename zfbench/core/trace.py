@@ -360,13 +360,39 @@ def _write_csv(path: Path, columns: list[str], rows: list[tuple]) -> None:
     # exactly (what the csv module writes too, a third slower); lanes and ops are words
     # of the vocabulary, never needing quotes.
     line = ",".join(["%s"] * len(columns)) + "\n"
+    spans = columns == SPAN_COLUMNS
 
     def write(tmp: Path) -> None:
         with open(tmp, "w", newline="") as handle:
             handle.write(",".join(columns) + "\n")
             for batch in _chunks(rows, ROWS_PER_CHUNK):
-                handle.write("".join([line % row for row in batch]))
+                if spans:  # the same text, each distinct time of the batch formatted once
+                    text = _float_text()
+                    handle.write("".join([f"{r},{la},{o},{st},{text(t0)},{text(t1)},{b}\n"
+                                          for r, la, o, st, t0, t1, b in batch]))
+                else:
+                    handle.write("".join([line % row for row in batch]))
     _replace_through_tmp(path, write)
+
+
+def _float_text():
+    """str(x), remembered for floats: a timeline's times repeat (one op ends as the next
+    starts, ranks run alike), and formatting a float is most of a CSV row's cost. Only
+    floats other than zero are remembered and looked up, so equal keys always have the
+    same text (1 and 1.0, 0.0 and -0.0 are equal keys with different texts)."""
+    memo: dict[float, str] = {}
+    get = memo.get
+
+    def text(x) -> str:
+        if type(x) is not float:
+            return str(x)
+        out = get(x)
+        if out is None:
+            out = str(x)
+            if x:
+                memo[x] = out
+        return out
+    return text
 
 
 _ARROW_TYPES = {"rank": "int64", "lane": "string", "op": "string", "step": "int64",
