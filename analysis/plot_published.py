@@ -1,9 +1,10 @@
 """The published-measurements figure: simulated against published, one marker per row.
 
-Covers: `plot_published(df)` (two panels, throughput rows in TFLOP/s and time rows in
-seconds, each on the simulated = published line with a +-15 % band, markers coloured by
-source and shaped by strategy) `published_facts(df)` (the numbers its sentence quotes) and
-`published_sentence(facts)`. `df` is `python -m zfbench.validate --published`'s published.csv (columns in
+Covers: `plot_published(df)` (one panel per kind of quantity, each on the simulated =
+published line with a +-15 % band, markers coloured by source and shaped by strategy; a
+row whose source calibrates a constant also drawn hollow where its leave-one-source-out
+simulation lands, joined to its filled marker; both mean errors in the title)
+`published_facts(df)` (the numbers its sentence quotes) and `published_sentence(facts)`. `df` is `python -m zfbench.validate --published`'s published.csv (columns in
 docs/published.md); rows whose status is not `ok` are left out. No simulation here.
 """
 
@@ -33,7 +34,16 @@ def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
     ok["value"] = ok["value"].astype(float)
     ok["simulated"] = ok["simulated"].astype(float)
     ok["error_pct"] = ok["error_pct"].astype(float)
+    for column in ("simulated_loso", "error_pct_loso"):  # tables from before LOSO: none
+        ok[column] = ok[column].astype(float) if column in ok else np.nan
     return ok
+
+
+def loso_judged(ok: pd.DataFrame) -> pd.Series:
+    """Whether each row was simulated again with its source's calibrations judged."""
+    if "loso_judged" not in ok:
+        return pd.Series(False, index=ok.index)
+    return ok["loso_judged"].astype(object).fillna("").astype(str).str.strip() != ""
 
 
 def short_source(source: str) -> str:
@@ -54,11 +64,14 @@ def counted_rows(ok: pd.DataFrame) -> pd.DataFrame:
 
 
 def published_facts(df: pd.DataFrame) -> dict:
-    all_ok = ok_rows(df)
+    all_ok = ok_rows(df).reset_index(drop=True)  # one label per row (a concat repeats)
     ok = counted_rows(all_ok)
     worst = ok.loc[ok["error_pct"].abs().idxmax()]
     per = ok.groupby("source", sort=False)["error_pct"].apply(lambda e: e.abs().mean())
+    loso = all_ok["error_pct_loso"].abs()
     return {"rows": len(ok), "calibration": len(all_ok) - len(ok),
+            "rows_loso": int(loso.notna().sum()),
+            "mae_loso_pct": float(loso.mean()) if loso.notna().any() else float("nan"),
             "unsupported": int((df["status"] != "ok").sum()),
             "mae_pct": float(ok["error_pct"].abs().mean()),
             "within_15_pct": float(100 * (ok["error_pct"].abs() <= 100 * BAND).mean()),
@@ -77,7 +90,11 @@ def published_sentence(f: dict) -> str:
             f"{f['within_25_pct']:.0f}% within 25%, {f['unsupported']} unsupported); the "
             f"closest source is {f['best_source']} ({f['best_source_pct']:.1f}%), the "
             f"farthest {f['worst_source']} ({f['worst_source_pct']:.1f}%), and the worst row "
-            f"{f['worst_id']} ({f['worst_pct']:+.0f}%).")
+            f"{f['worst_id']} ({f['worst_pct']:+.0f}%)."
+            + (f" Leave-one-source-out (each source simulated with the constants its own "
+               f"rows calibrate at their sourced judgments, every row counted) it misses by "
+               f"{f['mae_loso_pct']:.1f}% over {f['rows_loso']} rows."
+               if f.get("rows_loso") else ""))
 
 
 @with_style
@@ -93,18 +110,28 @@ def plot_published(df: pd.DataFrame) -> Figure:
         if rows.empty:
             ax.set_visible(False)
             continue
-        lo = float(min(rows["value"].min(), rows["simulated"].min())) / 1.4
-        hi = float(max(rows["value"].max(), rows["simulated"].max())) * 1.4
+        loso = rows["simulated_loso"].where(loso_judged(rows)).dropna()
+        lo = float(min(rows["value"].min(), rows["simulated"].min(),
+                       loso.min() if len(loso) else np.inf)) / 1.4
+        hi = float(max(rows["value"].max(), rows["simulated"].max(),
+                       loso.max() if len(loso) else 0)) * 1.4
         grid = np.geomspace(lo, hi, 60)
         ax.fill_between(grid, grid * (1 - BAND), grid * (1 + BAND), color="#E4E4E4",
                         linewidth=0, label=f"within {100 * BAND:.0f}%")
         ax.plot(grid, grid, color="#222222", linestyle="--", linewidth=0.9,
                 label="simulated = published")
-        for _, r in rows.iterrows():
-            ax.plot(r["value"], r["simulated"], linestyle="none",
-                    marker=strategy_style(r["strategy"])["marker"], markersize=6,
-                    color=colour[r["source"]], markeredgecolor="#222222",
+        judged = loso_judged(rows)
+        for i, r in rows.iterrows():
+            marker = strategy_style(r["strategy"])["marker"]
+            ax.plot(r["value"], r["simulated"], linestyle="none", marker=marker,
+                    markersize=6, color=colour[r["source"]], markeredgecolor="#222222",
                     markeredgewidth=0.4)
+            if judged[i] and r["simulated_loso"] > 0:  # out of sample: hollow, joined
+                ax.plot([r["value"]] * 2, [r["simulated"], r["simulated_loso"]],
+                        color=colour[r["source"]], linewidth=0.7)
+                ax.plot(r["value"], r["simulated_loso"], linestyle="none", marker=marker,
+                        markersize=6, markerfacecolor="none",
+                        markeredgecolor=colour[r["source"]], markeredgewidth=1.0)
         log_log_axes(ax)
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
@@ -117,7 +144,17 @@ def plot_published(df: pd.DataFrame) -> Figure:
         st = strategy_style(strategy)
         handles.append(axes[0, 0].plot([], [], linestyle="none", marker=st["marker"],
                                        color="#888888", label=st["label"])[0])
+    if loso_judged(ok).any():
+        handles.append(axes[0, 0].plot([], [], linestyle="none", marker="o",
+                                       markerfacecolor="none", color="#444444",
+                                       label="leave-one-source-out (its source's "
+                                             "calibrations at their judgments)")[0])
     band = [h for h in axes[0, 0].get_legend_handles_labels()[0][:2]]
     fig.legend(handles=band + handles, loc="outside lower center", ncols=3, fontsize=7)
-    fig.suptitle("Simulated against published GPU measurements (one marker per row)")
+    f = published_facts(df)
+    errors = f"mean |error| {f['mae_pct']:.1f}% over {f['rows']} rows (calibration rows " \
+             f"left out)" + (f", leave-one-source-out {f['mae_loso_pct']:.1f}% over " \
+                             f"{f['rows_loso']} rows" if f["rows_loso"] else "")
+    fig.suptitle("Simulated against published GPU measurements (one marker per row)\n"
+                 + errors, fontsize=10)
     return fig

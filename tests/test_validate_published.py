@@ -128,10 +128,14 @@ def test_summary_is_mean_absolute_error_per_source(run):
     rows, _ = run
     ok = [r for r in rows.values() if r["status"] == "ok"]
     done = [{**r, "error_pct": float(r["error_pct"]),
-             "error_pct_no_anchor": float(r["error_pct_no_anchor"])} for r in rows.values()
+             "error_pct_no_anchor": float(r["error_pct_no_anchor"]),
+             "error_pct_loso": float(r["error_pct_loso"])} for r in rows.values()
             if r["status"] == "ok"]
     head = vp.summary(done)
     assert head["mae_pct"] == pytest.approx(sum(abs(float(r["error_pct"])) for r in ok) / len(ok))
+    # no row of the fixture calibrates a constant: leave-one-source-out changes nothing
+    assert head["mae_loso_pct"] == pytest.approx(head["mae_pct"])
+    assert all(r["loso_judged"] == "" for r in ok)
     per = {s["source"]: s for s in head["per_source"]}
     a = [abs(float(r["error_pct"])) for r in ok if r["source"] == "test fixture A"]
     assert per["test fixture A"]["mae_pct"] == pytest.approx(sum(a) / len(a))

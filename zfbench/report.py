@@ -53,6 +53,11 @@ TABLE_HEAD = ("strategy", "step_s", "speedup", "stall%", "exp_io_s", "host_wait_
               "mfu%", "fits")
 
 
+# The column a table gains where a row's numbers were calibrated on its very setting
+# (zfbench.validate.calibrated): the published rows' ids.
+CALIBRATED_HEAD = "calibrated on this case"
+
+
 def missing(value) -> bool:
     """None or NaN: a value the source could not give."""
     return value is None or (isinstance(value, float) and value != value)
@@ -134,16 +139,22 @@ def render(head: list[str] | tuple, cells: list[list[str]]) -> str:
 def format_table(rows: list[dict], sweep_knobs: list[str] | tuple = (),
                  loss: bool = False) -> str:
     """The table both commands print: `TABLE_HEAD`, a sweep's knobs in front and, for a
-    measured run (`loss`), the loss it went from and to at the end."""
-    head = list(sweep_knobs) + list(TABLE_HEAD) + (["loss"] if loss else [])
+    measured run (`loss`), the loss it went from and to at the end; where a row carries a
+    `calibrated_on` (zfbench.validate.calibrated), a last column with it."""
+    marked = any(r.get("calibrated_on") for r in rows)
+    head = list(sweep_knobs) + list(TABLE_HEAD) + (["loss"] if loss else []) + \
+        ([CALIBRATED_HEAD] if marked else [])
     cells = []
     for r in rows:
         line = [str(r[k]) for k in sweep_knobs] + table_cells(r)
         if loss:
             line.append("-" if missing(r.get("loss_first")) else
                         f"{r['loss_first']:.3f}->{r['loss_last']:.3f}")
+        if marked:
+            line.append(r.get("calibrated_on") or "")
         cells.append(line)
-    return render(head, cells)
+    table = render(head, cells)
+    return "\n".join(line.rstrip() for line in table.split("\n")) if marked else table
 
 
 def json_ready(value):

@@ -6,7 +6,10 @@ NetLink, NvmeDrive, Node: their fields and the small derived quantities on them)
 named presets. The numbers live in ``zfbench/data/hardware.json`` (package data), where
 every numeric field is ``{"value": ..., "source": "..."}``; this module reads that file
 once, refuses any number without a source, and turns the entries into the dataclasses
-(each carrying its ``sources``). It also reads user profiles in the same layout
+(each carrying its ``sources``). A number calibrated from one published row (its
+source begins ``calibration row <id>``) carries its sourced fallback beside it,
+``"judgment": {"value", "source"}`` (a preset's calibrated number must; :func:`judgments`
+reads them). It also reads user profiles in the same layout
 (:func:`load_profile`). Units: bytes, seconds, bytes/s per direction, FLOP/s, parameters/s.
 No torch here: the simulator and the analysis code use it without a GPU stack.
 """
@@ -26,7 +29,7 @@ __all__ = ["GPU", "HostCPU", "HostLink", "NetLink", "Node", "NvmeDrive",
            "UnknownHardwareError", "HardwareProfileError", "load_profile", "lookup",
            "get_gpu", "get_link", "get_host", "get_net", "get_nvme", "get_node",
            "gpu_names", "link_names", "host_names", "net_names", "nvme_names",
-           "node_names", "entry_of"]
+           "node_names", "entry_of", "judgments", "CALIBRATED_PREFIX"]
 
 # ---------------------------------------------------------------- the hardware objects
 
@@ -254,6 +257,10 @@ _FRACTIONS = {"default_mfu", "h2d_factor_when_d2h_busy", "d2h_factor_when_h2d_bu
               "dram_triad_fraction", "efficiency"}
 _INTEGERS = {"cores_per_socket", "sockets", "gpus", "gpus_per_switch", "nvme_drives"}
 _ZERO_OK = {"setup_latency_s", "latency_s"}
+# How a source names a number calibrated from one row of zfbench/data/published, and how
+# its fallback's source begins.
+CALIBRATED_PREFIX = "calibration row "
+JUDGMENT_PREFIX = "judgment:"
 # ---------------------------------------------------------------- validation and building
 
 def _validate(raw: Any, origin: str, require_all: bool) -> dict[str, dict[str, dict]]:
@@ -286,11 +293,14 @@ def _validate(raw: Any, origin: str, require_all: bool) -> dict[str, dict[str, d
             if extra:
                 raise HardwareProfileError(f"{where}: unknown field(s) {sorted(extra)}; "
                                            f"expected {list(numeric) + list(strings)}")
-            parsed: dict[str, Any] = {}
+            parsed: dict[str, Any] = {"judgments": {}}
             optional = _OPTIONAL.get(section, frozenset())
             for f in numeric:
                 if f not in optional or f in entry:
                     parsed[f] = _number(entry, f, where)
+                    found = _judgment(entry[f], f, where, require=require_all)
+                    if found is not None:
+                        parsed["judgments"][f] = found
             for f in strings:
                 if f in optional and f not in entry:
                     continue
@@ -323,6 +333,23 @@ def _number(entry: dict, f: str, where: str) -> tuple[float, str]:
     if f in _INTEGERS and int(v) != v:
         raise HardwareProfileError(f"{where}: field {f!r} must be an integer, got {v}")
     return (int(v) if f in _INTEGERS else float(v)), source
+
+
+def _judgment(item: dict, f: str, where: str, require: bool) -> tuple[float, str] | None:
+    """The field's `judgment` (value, source), checked as the field is; None where it has
+    none, which `require` (the bundled presets) refuses for a calibrated number."""
+    calibrated = item["source"].startswith(CALIBRATED_PREFIX)
+    if "judgment" not in item:
+        if require and calibrated:
+            raise HardwareProfileError(f"{where}: field {f!r} is calibrated from a published "
+                                       f"row and has no \"judgment\" to fall back to")
+        return None
+    value, source = _number({f: item["judgment"]}, f, f"{where} (judgment)")
+    if not calibrated or not source.startswith(JUDGMENT_PREFIX):
+        raise HardwareProfileError(f"{where}: field {f!r}: only a number whose source begins "
+                                   f"{CALIBRATED_PREFIX!r} carries a judgment, and its "
+                                   f"source begins {JUDGMENT_PREFIX!r}")
+    return value, source
 
 
 def _vals(parsed: dict, fields: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -394,10 +421,20 @@ def _build(validated: dict, fallback: dict | None, origin: str) -> dict[str, dic
 
 
 @lru_cache(maxsize=1)
-def _presets() -> dict[str, dict[str, Any]]:
+def _validated_presets() -> dict[str, dict[str, dict]]:
     text = resources.files("zfbench").joinpath("data/hardware.json").read_text("utf-8")
-    validated = _validate(json.loads(text), "zfbench/data/hardware.json", require_all=True)
-    return _build(validated, None, "zfbench/data/hardware.json")
+    return _validate(json.loads(text), "zfbench/data/hardware.json", require_all=True)
+
+
+@lru_cache(maxsize=1)
+def _presets() -> dict[str, dict[str, Any]]:
+    return _build(_validated_presets(), None, "zfbench/data/hardware.json")
+
+
+def judgments(section: str, name: str) -> dict[str, tuple[float, str]]:
+    """{field: (value, source)}: the sourced judgments the preset `name`'s calibrated
+    numbers fall back to (module docstring); {} where none is calibrated."""
+    return dict(_validated_presets()[section][_get(section, name).name]["judgments"])
 
 
 def load_profile(path: str | Path) -> dict[str, dict[str, Any]]:

@@ -18,6 +18,12 @@ baseline never exercises (the device-side top-k update, selection) come from the
 preset. The host's DRAM bandwidth rises with a faster inferred CPU-Adam and stays the
 preset's with a slower one (host accumulation is memory-bound streaming, CPU-Adam is not).
 
+A baseline whose setting is a calibration row's (zfbench.validate.calibrated: e.g. llama2-7b
+on 4 x a100-80g with the epyc-7763-milan host, the ZenFlow blog's Figure 3) prints
+"calibrated on this case: <row id>" and writes it as summary.json's `calibration_note`:
+that row set the preset's constant, which the fit replaces with the measurement's, so the
+predicted rows' `calibrated_on` stays empty.
+
 Baselines (one of):
   --from-breakdown compute=S,io=S,stall=S   seconds per ZeRO-Offload step
   --deepspeed-log FILE   DeepSpeed's "wall_clock_breakdown": true timer lines
@@ -51,6 +57,7 @@ from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, fail
 from zfbench.report import fits_cell, json_ready, render, times
 from zfbench.simulation import KNOBS, parse_value, run, write_outputs
 from zfbench.core.trace import write_csv_atomic, write_json_atomic
+from zfbench.validate.calibrated import calibrated_on
 
 PROG = "python -m zfbench.predict"
 INFERRED = ("mfu", "bandwidth_scale", "profile", "hardware")  # found, not given
@@ -118,6 +125,7 @@ def predict(base: SimSettings, measured: Breakdown, workdir: Path, quiet: bool =
         for r in case_rows:
             r["case"] = labels.get("case", fits[0].case)
             r["unreached_s"] = f.unreached_s
+            r["calibrated_on"] = " ".join(calibrated_on(f.settings, r["strategy"]))
         rows.extend(case_rows)
         if not labels:
             nominal, nominal_results = case_rows, case_results
@@ -318,6 +326,10 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
     except SimSettingsError as err:
         return fail(err)
     print(report(base, measured, fits, rows))
+    base_note = calibration_note(base)
+    if base_note is not None:
+        print(base_note)
+        head["calibration_note"] = base_note
     if args.from_run is not None and settings["emulated"]:
         print("note: that run's accelerator was the CPU-emulated lane, whose compute and host "
               "share cores; the prediction treats them as a GPU and a host that do not "
@@ -349,6 +361,20 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
         print(f"wrote {args.out}/summary.csv, summary.json, range.csv, inferred.json, "
               f"inferred_hardware.json, steps.csv, spans, trace.json")
     return 0
+
+
+def calibration_note(base: SimSettings) -> str | None:
+    """Where the ZeRO-Offload baseline is the very setting a preset constant was
+    calibrated on (zfbench.validate.calibrated): which row, and that the fit replaced it.
+    Every predicted number runs on the inferred hardware, fitted to this measurement, so
+    no row of the table is calibrated on a published row (their `calibrated_on`, in
+    summary.json, is empty)."""
+    ids = calibrated_on(base, "zero-offload")
+    if not ids:
+        return None
+    return (f"calibrated on this case: {', '.join(ids)} (a published row of this very "
+            f"setting set the --gpu/--host preset's constant; the fit replaced it with "
+            f"this measurement's, so no predicted number is calibrated on it)")
 
 
 def run_host_note(settings: dict, base: SimSettings) -> str | None:

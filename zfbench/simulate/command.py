@@ -29,6 +29,13 @@ sims/collectives.py); `--gpus` is one node's rank count and must agree (N x G) i
 `--profile FILE` (from `python -m zfbench.run --profile`) simulates the profile's machine
 and shape on one rank, in the profile's precision unless `--precision` says otherwise.
 
+A case that is the very setting a constant was calibrated on (its GPU, host, ranks, model,
+batch and precision those of a calibration row of the bundled published dataset, and the
+row's strategy: zfbench.validate.calibrated.same_setting, docs/published.md) says so: the
+table gains a column `calibrated on this case` with the row's id, and the summary rows a
+`calibrated_on` (the ids, space-separated; empty elsewhere). Such a number reproduces that
+published measurement by construction; it is not a prediction of it.
+
 Runs shorter than warm-up + two update windows (left out of the averages) + one measured
 window print a one-line warning with the steps needed; their rows carry `too_short` true
 and every row `steps_needed`. Bad flags, values and paths (an `--out` that is a file or
@@ -78,6 +85,7 @@ from zfbench.simulation import (DEFAULTS, KNOBS, TRACE_STEPS_DEFAULT, FilePlan, 
                                 auto_jobs, case_label, parse_value, run, too_short_warning,
                                 write_outputs)
 from zfbench.core.trace import columnar_format
+from zfbench.validate.calibrated import mark
 
 __all__ = ["main", "parse_sweep"]
 
@@ -320,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     if warning:
         print(warning, file=sys.stderr)
     if not args.out:
-        rows, _ = run(cases, strategies, args.quiet, jobs)
+        rows = mark(run(cases, strategies, args.quiet, jobs)[0], cases)
         print(format_table(rows, [k for k, _ in sweeps]))
         return 0
     try:
@@ -328,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             plan = FilePlan(stage, trace, fmt, chrome_trace=not sweeps)
             rows, results = run(cases, strategies, args.quiet, jobs, plan,
                                 meanwhile=machine)  # torch's import beside the runs
+            mark(rows, cases)
             print(format_table(rows, [k for k, _ in sweeps]))
             write_outputs(args.out, summary_head(argv, given, sweeps, cases, node), rows,
                           results, trace=trace, fmt=fmt, staging=stage)

@@ -5,7 +5,11 @@ measurements.
 Modules:
     command    the flags, `main`, the shapes measured and simulated side by side
     shapes     the three shapes it runs, sized on this machine
-    published  `--published`: the simulator against the bundled or given measurements
+    published  `--published`: the simulator against the bundled or given measurements,
+               with the leave-one-source-out error
+    rows       the published-measurements format and a row's simulation settings
+    calibrated the constants calibrated from single published rows: their judgments,
+               the judged hardware file, the same-setting rule simulate and predict mark
 """
 
 

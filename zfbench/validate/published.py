@@ -1,11 +1,13 @@
 """`python -m zfbench.validate --published [FILE.csv] [--out DIR]`: the simulator against
 what other people measured on real GPUs.
 
-This module owns that check: reading a published-measurements CSV (the bundled
-`zfbench/data/published/offload_measurements.csv` when FILE is left out; its columns are
-documented in docs/published.md), turning each row into `SimSettings`, simulating it,
-reading the row's metric off the simulated timeline, fixing the compute efficiency from
-an anchor row, and the table, summary and files it prints and writes. It fits nothing:
+This module owns that check: simulating each row of a published-measurements CSV (the
+bundled `zfbench/data/published/offload_measurements.csv` when FILE is left out; the
+format and a row's `SimSettings` are zfbench.validate.rows'), reading the row's metric
+off the simulated timeline, fixing the compute efficiency from an anchor row, the
+leave-one-source-out error (each source's rows simulated again with the constants its own
+rows calibrate at their judgments: zfbench.validate.calibrated, docs/published.md), and
+the table, summary and files it prints and writes. It fits nothing:
 every row is simulated with the presets' numbers (an anchored row with the MFU its anchor
 implies), and the error is what it is.
 
@@ -31,167 +33,41 @@ import csv
 import json
 import math
 import os
+import tempfile
 import time
-from importlib import resources
 from pathlib import Path
 
 from zfbench.cli_checks import CliError, OneLineParser, check_input_file, check_out_dir, fail
 from zfbench.core.progress import progress
-from zfbench.sims.costs import STRATEGIES, CostModel, SimSettings, SimSettingsError
-from zfbench.sims import compute_efficiency
-from zfbench.sims.host_step import CALIBRATION_ROWS
-from zfbench.sims.settings import node_knobs
-from zfbench.sims.simulator import default_skip_steps, simulate, steps_needed
-from zfbench.sims.partitioning import ZERO2_STRATEGIES
-from zfbench.validate.metrics import (METRICS, THROUGHPUT_METRICS, Unsupported,
-                                      fwd_bwd_and_step_s, implied_step_s, measure,
-                                      step_parts)
+from zfbench.sims.costs import CostModel, SimSettingsError
+from zfbench.sims.simulator import simulate
+from zfbench.validate.calibrated import BY_ROW, write_judged_hardware
+from zfbench.validate.metrics import (METRICS, THROUGHPUT_METRICS,  # noqa: F401
+                                      Unsupported, fwd_bwd_and_step_s, implied_step_s,
+                                      measure, step_parts)
+# the format and a row's settings, read from here too
+from zfbench.validate.rows import (BUNDLED, COLUMNS, REQUIRED, STEPS, SKIP_STEPS,  # noqa: F401
+                                   bundled_path, published_value, read_rows, row_settings,
+                                   skip_of)
 
 PROG = "python -m zfbench.validate --published"
-BUNDLED = "zfbench/data/published/offload_measurements.csv"
-# Every column the format has, in its order; REQUIRED must be present (the rest may be
-# left out of a file, or left empty in a row, for their defaults).
-COLUMNS = ("id", "source", "metric", "value", "strategy", "hardware", "gpu", "gpus", "model",
-           "micro_batch", "seq", "grad_accum", "precision", "activation_checkpointing",
-           "offload_params", "offload_optimizer", "offload_activations", "bind_cores",
-           "pin_memory", "overlap_comm", "fused_param_upload", "anchor", "note")
-REQUIRED = ("id", "source", "metric", "value", "strategy", "hardware", "gpus", "model",
-            "micro_batch", "seq")
 OUTPUT_COLUMNS = ("simulated", "error_pct", "status", "calibration", "mfu",
                   "simulated_no_anchor", "error_pct_no_anchor", "fits", "sim_step_time_s",
-                  "sim_compute_s", "sim_exposed_io_s", "sim_host_wait_s", "pub_non_compute_s")
+                  "sim_compute_s", "sim_exposed_io_s", "sim_host_wait_s", "pub_non_compute_s",
+                  "simulated_loso", "error_pct_loso", "loso_judged")
 ANCHOR_METRICS = ("step_time_s", *THROUGHPUT_METRICS)
-FUSED_UPLOAD_STRATEGIES = ("zero-offload", "zero-offload-dpu")
-STEPS, SKIP_STEPS = 4, 2  # steps simulated per row and left out of the averages
 ANCHOR_ROUNDS = 5
 
 
-# -- reading ------------------------------------------------------------------------
-def bundled_path() -> Path:
-    return Path(str(resources.files("zfbench").joinpath("data/published/"
-                                                          "offload_measurements.csv")))
-
-
-def read_rows(path: str | Path) -> tuple[list[str], list[dict]]:
-    """The file's columns (in its order) and rows; an unknown or missing column, an empty
-    or repeated id is a CliError naming it."""
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        columns = list(reader.fieldnames or [])
-        rows = [dict(r) for r in reader]
-    unknown = [c for c in columns if c not in COLUMNS]
-    if unknown:
-        raise CliError(f"{path}: unknown column {unknown[0]!r}; the columns are "
-                       f"{', '.join(COLUMNS)} (docs/published.md)")
-    missing = [c for c in REQUIRED if c not in columns]
-    if missing:
-        raise CliError(f"{path}: missing column {missing[0]!r}; required: "
-                       f"{', '.join(REQUIRED)}")
-    seen: set[str] = set()
-    for n, row in enumerate(rows, 2):
-        if None in row:  # more cells than columns
-            raise CliError(f"{path}: line {n} has more cells than the header's columns")
-        rid = (row["id"] or "").strip()
-        if not rid or rid in seen:
-            raise CliError(f"{path}: line {n}: id {rid!r} is " +
-                           ("empty" if not rid else "given twice") + "; ids are unique")
-        seen.add(rid)
-        for c in COLUMNS:
-            row[c] = (row.get(c) or "").strip()
-    return columns, rows
-
-
-def _int(row: dict, key: str, default: int | None = None) -> int:
-    text = row[key]
-    if not text and default is not None:
-        return default
-    if not text.isdigit() or int(text) < 1:
-        raise Unsupported(f"{key} {text!r} is not a positive integer")
-    return int(text)
-
-
-def _bool(row: dict, key: str, default: bool) -> bool:
-    text = row[key].lower()
-    if not text:
-        return default
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no"):
-        return False
-    raise Unsupported(f"{key} {row[key]!r} is not true or false")
-
-
-def published_value(row: dict) -> float:
-    try:
-        value = float(row["value"])
-    except ValueError:
-        value = math.nan
-    if not value > 0 or math.isinf(value):
-        raise Unsupported(f"value {row['value']!r} is not a positive number")
-    return value
-
-
-def row_settings(row: dict) -> SimSettings:
-    """The simulation of one row, its compute by shape (Unsupported with the reason)."""
-    if row["metric"] not in METRICS:
-        raise Unsupported(f"metric {row['metric']!r} is not one of {', '.join(METRICS)}")
-    if row["strategy"] not in STRATEGIES:
-        raise Unsupported(f"strategy {row['strategy']!r} is not simulated; choose one of "
-                          f"{', '.join(STRATEGIES)}")
-    if not row["hardware"]:
-        raise Unsupported("hardware is empty; name a node preset (python -c 'from "
-                          "zfbench.core.hardware import node_names; print(node_names())')")
-    try:
-        knobs = node_knobs(row["hardware"], _int(row, "gpus"))
-        if row["gpu"]:
-            knobs["gpu"] = row["gpu"]
-        knobs.update(model=row["model"], micro_batch=_int(row, "micro_batch"),
-                     seq=_int(row, "seq"), grad_accum=_int(row, "grad_accum", 1),
-                     activation_checkpointing=_bool(row, "activation_checkpointing", True),
-                     bind_cores=_bool(row, "bind_cores", False),
-                     pin_memory=_bool(row, "pin_memory", True),
-                     overlap_comm=_bool(row, "overlap_comm", True),
-                     fused_param_upload=_bool(row, "fused_param_upload", False))
-        if row["precision"]:
-            knobs["precision"] = row["precision"]
-        if not knobs["overlap_comm"] and row["strategy"] not in ZERO2_STRATEGIES:
-            raise Unsupported(f"overlap_comm false is simulated for "
-                              f"{', '.join(ZERO2_STRATEGIES)} (DeepSpeed's ZeRO-2); "
-                              f"leave it empty for {row['strategy']}")
-        if knobs["fused_param_upload"] and row["strategy"] not in FUSED_UPLOAD_STRATEGIES:
-            raise Unsupported(f"fused_param_upload is DeepSpeed's ZeRO-2 offload step "
-                              f"({', '.join(FUSED_UPLOAD_STRATEGIES)}); leave it empty for "
-                              f"{row['strategy']}")
-        for key in ("offload_params", "offload_optimizer"):
-            if row[key]:
-                if row["strategy"] != "zero-infinity":
-                    raise Unsupported(f"{key} is a zero-infinity setting; leave it empty")
-                knobs[key] = row[key]
-        if _bool(row, "offload_activations", False):
-            if row["strategy"] != "zero-infinity":
-                raise Unsupported("offload_activations is a zero-infinity setting "
-                                  "(DeepSpeed's cpu_checkpointing); leave it empty")
-            knobs["offload_activations"] = True
-        settings = SimSettings(**knobs, steps=STEPS)
-        if row["strategy"] == "zenflow":  # its windows: warm-up, two skipped, one measured
-            settings = settings.with_(steps=steps_needed(settings))
-        return settings
-    except (SimSettingsError, ValueError) as err:
-        raise Unsupported(" ".join(str(err).split())) from None
-
-
-def skip_of(settings: SimSettings, strategy: str) -> int:
-    return default_skip_steps(settings) if strategy == "zenflow" else SKIP_STEPS
-
-
 # -- anchors --------------------------------------------------------------------------
-def anchor_mfu(anchor: dict) -> float:
+def anchor_mfu(anchor: dict, hardware_file: str | None = None) -> float:
     """The MFU at which the anchor row's simulation reproduces its measurement (module
-    docstring); Unsupported when none in (0, 1] does."""
+    docstring), on the presets or `hardware_file`'s entries; Unsupported when none in
+    (0, 1] does."""
     if anchor["metric"] not in ANCHOR_METRICS:
         raise Unsupported(f"anchor {anchor['id']} measures {anchor['metric']}; an anchor "
                           f"gives a step time or a throughput ({', '.join(ANCHOR_METRICS)})")
-    settings = row_settings(anchor)
+    settings = row_settings(anchor, hardware_file)
     costs = CostModel(settings)
     published = published_value(anchor)
     target = implied_step_s(settings, costs, anchor["metric"], published)
@@ -215,22 +91,20 @@ def anchor_mfu(anchor: dict) -> float:
 
 # -- one row ------------------------------------------------------------------------
 def calibration_of(row: dict) -> str:
-    """What a calibration row sets ("preset field"), or "" (zfbench.sims.host_step's and
-    zfbench.sims.compute_efficiency's CALIBRATION_ROWS: a constant only a measurement
-    gives, taken from that one row)."""
-    rows = {**CALIBRATION_ROWS, **compute_efficiency.CALIBRATION_ROWS}
-    if row["id"] not in rows:
-        return ""
-    preset, field = rows[row["id"]]
-    return f"{preset} {field}"
+    """What a calibration row sets ("preset field"), or "" (zfbench.validate.calibrated:
+    a constant only a measurement gives, taken from that one row)."""
+    found = BY_ROW.get(row["id"])
+    return found.label if found else ""
 
 
-def simulate_row(row: dict, by_id: dict, anchors: dict) -> dict:
-    """The output columns of one row (`anchors` caches each anchor's MFU or reason)."""
+def simulate_row(row: dict, by_id: dict, anchors: dict,
+                 hardware_file: str | None = None) -> dict:
+    """The output columns of one row (`anchors` caches each anchor's MFU or reason), on
+    the presets or, where given, `hardware_file`'s entries."""
     out = {c: "" for c in OUTPUT_COLUMNS}
     try:
         published = published_value(row)
-        settings = row_settings(row)
+        settings = row_settings(row, hardware_file)
         skip = skip_of(settings, row["strategy"])
         base = CostModel(settings)
         plain = simulate(settings, row["strategy"])
@@ -241,7 +115,7 @@ def simulate_row(row: dict, by_id: dict, anchors: dict) -> dict:
                 raise Unsupported(f"anchor {row['anchor']!r} names no row of the file")
             if row["anchor"] not in anchors:
                 try:
-                    anchors[row["anchor"]] = anchor_mfu(by_id[row["anchor"]])
+                    anchors[row["anchor"]] = anchor_mfu(by_id[row["anchor"]], hardware_file)
                 except Unsupported as err:
                     anchors[row["anchor"]] = err
             found = anchors[row["anchor"]]
@@ -267,33 +141,71 @@ def simulate_row(row: dict, by_id: dict, anchors: dict) -> dict:
     return out
 
 
+def judged_by_source(rows: list[dict]) -> dict[str, list]:
+    """{source: the calibrations its rows set (zfbench.validate.calibrated.Calibration)},
+    the sources whose rows set none left out."""
+    out: dict[str, list] = {}
+    for r in rows:
+        if r["id"] in BY_ROW:
+            out.setdefault(r["source"], []).append(BY_ROW[r["id"]])
+    return out
+
+
 def validate_rows(rows: list[dict], quiet: bool = False) -> list[dict]:
-    """Every row with its output columns added, in order."""
+    """Every row with its output columns added, in order. The leave-one-source-out
+    columns (`simulated_loso`, `error_pct_loso`, `loso_judged`): each source's rows
+    simulated again with the constants calibrated from that source's own rows at their
+    judgments (zfbench.validate.calibrated), every other constant as it is; a source
+    whose rows calibrate nothing keeps its simulation."""
     by_id, anchors, done = {r["id"]: r for r in rows}, {}, []
-    bar = progress(total=len(rows), desc="simulating published rows", unit="row",
-                   quiet=quiet)
+    judged = judged_by_source(rows)
+    again = [r for r in rows if r["source"] in judged]
+    bar = progress(total=len(rows) + len(again), desc="simulating published rows",
+                   unit="row", quiet=quiet)
     for row in rows:
         bar.set_postfix_str(row["id"])
         done.append({**row, **simulate_row(row, by_id, anchors)})
+        done[-1].update(simulated_loso=done[-1]["simulated"],
+                        error_pct_loso=done[-1]["error_pct"], loso_judged="")
         bar.update()
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, (source, calibrations) in enumerate(judged.items()):
+            path = write_judged_hardware(calibrations, Path(tmp) / f"judged{k}.json")
+            loso_anchors: dict = {}
+            for r in done:
+                if r["source"] != source:
+                    continue
+                bar.set_postfix_str(f"{r['id']} (leave-one-source-out)")
+                out = simulate_row(by_id[r["id"]], by_id, loso_anchors, path)
+                r.update(simulated_loso=out["simulated"], error_pct_loso=out["error_pct"],
+                         loso_judged="; ".join(c.label for c in calibrations))
+                bar.update()
     bar.close()
     return done
 
 
 # -- summary, table, files ----------------------------------------------------------
-def _counted(r: dict) -> bool:
-    """A row that counts in the error: simulated, and not a calibration row."""
-    return r["status"] == "ok" and not r.get("calibration")
+def _counted(r: dict, loso: bool = False) -> bool:
+    """A row that counts in the error: simulated, and not a calibration row; under
+    leave-one-source-out (`loso`) every simulated row."""
+    return r["status"] == "ok" and (loso or not r.get("calibration"))
 
 
-def _mae(rows: list[dict], key: str) -> float:
-    ok = [abs(r[key]) for r in rows if _counted(r)]
+def _mae(rows: list[dict], key: str, loso: bool = False) -> float:
+    ok = [abs(r[key]) for r in rows if _counted(r, loso)]
     return sum(ok) / len(ok) if ok else math.nan
+
+
+def _within_25(rows: list[dict], key: str, loso: bool = False) -> float:
+    ok = [abs(r[key]) <= 25 for r in rows if _counted(r, loso)]
+    return 100 * sum(ok) / len(ok) if ok else math.nan
 
 
 def summary(rows: list[dict]) -> dict:
     """Mean absolute error (%) overall and per source, with and without anchors; rows
-    within 25 %; unsupported rows. Calibration rows are left out of all but `calibration`."""
+    within 25 %; unsupported rows. Calibration rows are left out of all but `calibration`
+    and the leave-one-source-out errors (`*_loso_pct`, over every simulated row: a row is
+    judged with its own source's calibrations at their judgments)."""
     ok = [r for r in rows if _counted(r)]
     sources = list(dict.fromkeys(r["source"] for r in rows))
     return {
@@ -302,13 +214,19 @@ def summary(rows: list[dict]) -> dict:
         "calibration": [r["id"] for r in rows if r["status"] == "ok" and r.get("calibration")],
         "mae_pct": _mae(rows, "error_pct"),
         "mae_no_anchor_pct": _mae(rows, "error_pct_no_anchor"),
-        "within_25_pct": (100 * sum(abs(r["error_pct"]) <= 25 for r in ok) / len(ok)
-                          if ok else math.nan),
+        "within_25_pct": _within_25(rows, "error_pct"),
+        "rows_loso": sum(_counted(r, True) for r in rows),
+        "mae_loso_pct": _mae(rows, "error_pct_loso", True),
+        "within_25_loso_pct": _within_25(rows, "error_pct_loso", True),
         "per_source": [{"source": s, "rows": sum(r["source"] == s for r in ok),
-                        "mae_pct": _mae([r for r in rows if r["source"] == s], "error_pct"),
-                        "mae_no_anchor_pct": _mae([r for r in rows if r["source"] == s],
-                                                  "error_pct_no_anchor")}
-                       for s in sources]}
+                        "mae_pct": _mae(mine, "error_pct"),
+                        "mae_no_anchor_pct": _mae(mine, "error_pct_no_anchor"),
+                        "rows_loso": sum(_counted(r, True) for r in mine),
+                        "mae_loso_pct": _mae(mine, "error_pct_loso", True),
+                        "loso_judged": next((r["loso_judged"] for r in mine
+                                             if r.get("loso_judged")), "")}
+                       for s in sources
+                       for mine in [[r for r in rows if r["source"] == s]]]}
 
 
 def _fmt(value, spec: str) -> str:
@@ -317,8 +235,9 @@ def _fmt(value, spec: str) -> str:
 
 def format_table(rows: list[dict], head: dict) -> str:
     anchored = any(r["anchor"] for r in rows)
+    judged = any(r.get("loso_judged") for r in rows)
     header = ["id", "metric", "published", "simulated", "error%"] + \
-        (["no-anchor%"] if anchored else []) + ["status"]
+        (["no-anchor%"] if anchored else []) + (["loso%"] if judged else []) + ["status"]
     body = []
     for r in rows:
         line = [r["id"], r["metric"], _fmt(float(r["value"]), ".4g") if r["status"] == "ok"
@@ -326,6 +245,8 @@ def format_table(rows: list[dict], head: dict) -> str:
                 _fmt(r["simulated"], ".4g"), _fmt(r["error_pct"], "+.1f")]
         if anchored:
             line.append(_fmt(r["error_pct_no_anchor"], "+.1f") if r["anchor"] else "")
+        if judged:  # only where the row's source set a constant: elsewhere it is error%
+            line.append(_fmt(r["error_pct_loso"], "+.1f") if r.get("loso_judged") else "")
         status = r["status"] + (f" (calibration: {r['calibration']})"
                                 if r.get("calibration") else "")
         line.append(status + (" (does not fit)" if r["fits"] == "false" else ""))
@@ -340,13 +261,20 @@ def format_table(rows: list[dict], head: dict) -> str:
                  f"{head['unsupported']} unsupported"
                  + (f"; calibration rows left out: {', '.join(head['calibration'])}"
                     if head["calibration"] else ""))
+    lines.append(f"leave-one-source-out: {_fmt(head['mae_loso_pct'], '.1f')}% over "
+                 f"{head['rows_loso']} rows (each source simulated with the constants its "
+                 f"own rows calibrate at their judgments, calibration rows counted); "
+                 f"{_fmt(head['within_25_loso_pct'], '.0f')}% of rows within 25%")
     for s in head["per_source"]:
+        loso = (f"; leave-one-source-out {_fmt(s['mae_loso_pct'], '.1f')}% over "
+                f"{s['rows_loso']} with {s['loso_judged']} at its judgment"
+                if s["loso_judged"] else "")
         if not s["rows"]:
-            lines.append(f"  calibration rows only: {s['source']}")
+            lines.append(f"  calibration rows only{loso}: {s['source']}")
             continue
         lines.append(f"  {_fmt(s['mae_pct'], '5.1f')}% (anchors ignored "
-                     f"{_fmt(s['mae_no_anchor_pct'], '5.1f')}%) over {s['rows']:2d} rows: "
-                     f"{s['source']}")
+                     f"{_fmt(s['mae_no_anchor_pct'], '5.1f')}%{loso}) over {s['rows']:2d} "
+                     f"rows: {s['source']}")
     return "\n".join(lines)
 
 
