@@ -376,3 +376,14 @@ def test_a_gpu_run_on_a_smaller_host_than_the_preset_is_told_what_the_preset_dec
     assert "--pt-reserved-cores-perc 0.5" in note  # and the engine's ZenFlow share
     assert run_host_note(gpu_run, base.with_(host_cores=8)) is None  # taken already
     assert "(16 cores)" in run_host_note(gpu_run, base.with_(host_cores=16))
+
+
+def test_predict_spells_the_zenflow_knobs_as_every_command_does():
+    """`--zenflow.topk-ratio` as on run, simulate and gradients; `--topk-ratio` stays an
+    alias, both landing on the same knob."""
+    from zfbench.predict.command import build_parser, given_knobs
+
+    for flag in ("--zenflow.topk-ratio", "--topk-ratio"):
+        args = build_parser().parse_args(["--paper", flag, "0.2",
+                                          "--zenflow.update-interval", "8"])
+        assert given_knobs(args) == {"topk_ratio": 0.2, "update_interval": 8}

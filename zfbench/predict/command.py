@@ -53,7 +53,8 @@ from zfbench.sims.settings import on_node
 from zfbench.predict.fit import Breakdown, Fit, infer, on_hardware_file
 from zfbench.sims.simulator import steps_needed
 from zfbench.predict import inputs as predict_inputs
-from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, fail
+from zfbench.cli_checks import (ZENFLOW_KNOBS, CliError, OneLineParser, check_out_dir,
+                                fail, zenflow_flags)
 from zfbench.report import fits_cell, json_ready, render, times
 from zfbench.simulation import KNOBS, parse_value, run, write_outputs
 from zfbench.core.trace import write_csv_atomic, write_json_atomic
@@ -76,7 +77,10 @@ def build_parser() -> OneLineParser:
     defaults = SimSettings()
     for name in KNOBS:
         if name not in INFERRED:
-            p.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+            # the ZenFlow knobs as every command spells them, the older spelling an alias
+            flags = (zenflow_flags(name) if name in ZENFLOW_KNOBS
+                     else ("--" + name.replace("_", "-"),))
+            p.add_argument(*flags, dest=name, default=None,
                            metavar="V", help=f"default: {getattr(defaults, name)}")
     p.add_argument("--batch", dest="micro_batch", help="alias of --micro-batch")
     p.add_argument("--node", metavar="NAME",
