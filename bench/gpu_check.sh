@@ -47,9 +47,12 @@ cd "$(dirname "$0")/.."
 PY=${GPU_PY:-python3}
 MODEL=${MODEL:-qwen2.5-1.5b}
 SEQ=${SEQ:-1024}
-# The defaults fit one 10-minute device call: on one H200 the check took 470 s with 8
-# steps and VALIDATE_MIN=1.5 (bench/results/gpu/NVIDIA-H200); 12 steps (the fewest that
-# measure zenflow a full window) add about 90 s (estimated from those runs' step times).
+# The whole check no longer fits one 10-minute device call: on one H200 it took 470 s
+# with 8 steps and VALIDATE_MIN=1.5 (bench/results/gpu/NVIDIA-H200), before op_efficiency,
+# reference_step and kernel_census. Split it with ONLY across calls; measured on one H200
+# (2026-11-27): cuda_tests op_efficiency reference_step(failed early) run_model profile
+# predict contention in 460 s at STEPS=12; reference_step + contention + kernel_census
+# (micro-batch 1) in 142 s, install included (bench/results/gpu/NVIDIA-H200/2026-11-27).
 STEPS=${STEPS:-12}
 GPU_PRESET=${GPU_PRESET:-}  # default: the preset of the GPU torch names (else h100-sxm)
 DEFAULT_STEPS=${DEFAULT_STEPS:-12}  # run_default's --steps (empty: the run's own, 30)
