@@ -2,29 +2,23 @@
 
 Pure numpy / pandas (no torch): every function takes arrays or the long column-norm
 table that `zfbench.real.gradcapture` records and `zfbench.gradients` writes as
-`gradients/colnorms.parquet` with columns
-
-    step (int), layer (str, parameter name), kind (q|k|v|o|gate|up|down|embedding|
-    lm_head|other), col (int), sq_norm (float: sum over rows of g^2),
-    l1_norm (float: sum over rows of |g|)
+`gradients/colnorms.parquet` (step, layer, kind, col, sq_norm: sum over rows of g^2,
+l1_norm: sum over rows of |g|).
 
 Covers:
 - `top_share(values, fraction)`: the share of the total held by the top
-  k = max(1, floor(fraction * n)) entries (ZenFlow's k: `zfbench.core.schedule.topk_count`,
-  the one definition, used here for every k).
-- `cumulative_curve`: share held by the top x of entries, x on a grid.
+  k = max(1, floor(fraction * n)) entries (ZenFlow's k, `zfbench.core.schedule.topk_count`,
+  used here for every k); `cumulative_curve`: that share on a grid of x.
 - `skew_table`: top-1/5/10 % shares of the squared norm per matrix, per kind and for the
-  whole model (all columns of all matrices pooled; and the mean over matrices), averaged
-  over steps.
-- `topk_membership`, `overlap_pairs`: the top-k column sets of each matrix per recorded
-  step, and for every pair of steps their overlap |A_a & A_b| / k and Jaccard
-  |A & B| / |A | B| (the one top-k locality computation: `locality_table` and the figure
-  of `zfbench.analysis.plot_measured` aggregate it).
-- `locality_table`: overlap and Jaccard for d = 1..max_d, per kind.
+  whole model (pooled, and the mean over matrices), averaged over steps.
+- `topk_membership`, `overlap_pairs`: the top-k column sets of each matrix per step, and
+  for every pair of steps their overlap |A_a & A_b| / k and Jaccard |A & B| / |A | B|
+  (the one top-k locality computation: `locality_table`, d = 1..max_d per kind, and
+  `zfbench.analysis.plot_measured`'s figure aggregate it).
 - `reselection_table`: for select_interval S, how much of the selected set a
   reselection every S steps changes.
 - `spatial_share(sq_grad, fraction)`: of the energy in the top-k elements of a matrix,
-  the part lying in its top-k columns (k = fraction of elements / of columns).
+  the part lying in its top-k columns.
 - `pooled_heatmap`: block-mean |gradient| of a matrix, as a long (row, col, abs_grad) frame.
 """
 

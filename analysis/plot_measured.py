@@ -8,30 +8,10 @@ squared norm held by the top columns (11), and temporal locality of the top-k co
 
 Every input lives under one directory (`zfbench.figures --measured DIR`, by default
 `paper_figures/data/measured/`); a `.csv` may be replaced by a `.parquet` of the same
-stem (read when pandas has a Parquet engine). The layouts:
-
-    validate.csv                    fig 10, written by `python -m zfbench.validate --out DIR`
-        one row per case and strategy: strategy, measured_step_time_s,
-        simulated_step_time_s, measured_stall_fraction, simulated_stall_fraction,
-        optional case (a label of the configuration; default: the `shape` column
-        validate writes) and topk_ratio, update_interval (tell zenflow rows apart).
-        Also accepted in long form: strategy, source ("measured" | "simulated"),
-        step_time_s, stall_fraction, case.
-    grad_stats/heatmap.csv          fig 11: weight, row, col, abs_grad
-        |gradient| of one or more 2-D weights at one step (row, col may be block indices
-        of a pooled matrix); the figure shows the first weight in the file.
-    grad_stats/column_norms.csv     figs 11, 12: weight, step, col, sq_norm
-        squared L2 norm of each column's gradient (sum over rows of g^2), for every column
-        of each weight at each recorded step.
-    accuracy/<strategy>.steps.jsonl fig 13: one JSON object per line with `loss` (the
-        per-step JSONL `python -m zfbench.run --out DIR` writes), for any of device,
-        zero-offload, zero-offload-dpu, zenflow.
-    accuracy/quality.csv            fig 13, optional: strategy, metric, value (e.g.
-        heldout_perplexity, as `python -m zfbench.accuracy` writes it; a `pretrained`
-        row is drawn as the before-fine-tuning line); without it the final quality is
-        the mean training loss of the last 10 % of steps.
-    auto_interval/windows.csv       fig 14: window, length_steps, optional end_step
-        (the iteration whose end closed the window; default: running sum of lengths - 1).
+stem (read when pandas has a Parquet engine). The layouts (`validate.csv`,
+`grad_stats/heatmap.csv`, `grad_stats/column_norms.csv`, `accuracy/<strategy>.steps.jsonl`,
+`accuracy/quality.csv`, `auto_interval/windows.csv`), each with its columns, the command
+that writes it and the forms accepted, are described beside `LAYOUT`.
 """
 
 from __future__ import annotations
@@ -46,6 +26,31 @@ from matplotlib.ticker import MaxNLocator
 from zfbench.analysis.gradstats import overlap_pairs
 from zfbench.analysis.plots import STRATEGY_STYLE, log_log_axes, new_figure, with_style
 
+# The layout of each measured input, in detail (the figures command and its README point
+# here; LAYOUT and LAYOUT_COLUMNS below are what the loaders check):
+#
+#     validate.csv                    fig 10, written by `python -m zfbench.validate --out DIR`
+#         one row per case and strategy: strategy, measured_step_time_s,
+#         simulated_step_time_s, measured_stall_fraction, simulated_stall_fraction,
+#         optional case (a label of the configuration; default: the `shape` column
+#         validate writes) and topk_ratio, update_interval (tell zenflow rows apart).
+#         Also accepted in long form: strategy, source ("measured" | "simulated"),
+#         step_time_s, stall_fraction, case.
+#     grad_stats/heatmap.csv          fig 11: weight, row, col, abs_grad
+#         |gradient| of one or more 2-D weights at one step (row, col may be block indices
+#         of a pooled matrix); the figure shows the first weight in the file.
+#     grad_stats/column_norms.csv     figs 11, 12: weight, step, col, sq_norm
+#         squared L2 norm of each column's gradient (sum over rows of g^2), for every column
+#         of each weight at each recorded step.
+#     accuracy/<strategy>.steps.jsonl fig 13: one JSON object per line with `loss` (the
+#         per-step JSONL `python -m zfbench.run --out DIR` writes), for any of device,
+#         zero-offload, zero-offload-dpu, zenflow.
+#     accuracy/quality.csv            fig 13, optional: strategy, metric, value (e.g.
+#         heldout_perplexity, as `python -m zfbench.accuracy` writes it; a `pretrained`
+#         row is drawn as the before-fine-tuning line); without it the final quality is
+#         the mean training loss of the last 10 % of steps.
+#     auto_interval/windows.csv       fig 14: window, length_steps, optional end_step
+#         (the iteration whose end closed the window; default: running sum of lengths - 1).
 LAYOUT = {
     "validate": "validate.csv",
     "heatmap": "grad_stats/heatmap.csv",

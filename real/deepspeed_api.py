@@ -8,30 +8,9 @@ The rule for the first positional argument (DeepSpeed's is `args`): when it is a
 returns the engine alone (zfbench's own code uses it) and takes no other DeepSpeed
 argument; every other call is DeepSpeed's, positional arguments in DeepSpeed's order
 `(args, model, optimizer, model_parameters, training_data, lr_scheduler, ...)`, and returns
-`(engine, optimizer, training_dataloader, lr_scheduler)`.
-
-What each argument does here (docs/commands.md, "From a DeepSpeed script"):
-- `config` (dict or JSON path), or `args.deepspeed_config`, or the old `config_params`;
-  exactly one of them, as DeepSpeed requires;
-- `optimizer`: None (the config's `optimizer` section), or a fresh `torch.optim.AdamW` /
-  `torch.optim.Adam` (or a callable that builds one from the parameters): its
-  hyper-parameters become the engine's AdamW, offloaded as the config says. Any other
-  optimizer, one that already stepped, AMSGrad, `maximize`, Adam's coupled L2 decay, or
-  parameter groups that differ are refused: zfbench runs its own AdamW on the device and
-  the host, one set of hyper-parameters over the flat buffer;
-- `model_parameters`: must be the model's trainable parameters (param-group dicts may set
-  lr, betas, eps, weight_decay, the same in every group);
-- `training_data` (+ `collate_fn`): a DataLoader with a DistributedSampler over the ranks
-  (DeepSpeed's default: shuffled, seed 0) and the micro-batch;
-  `dataloader_drop_last` from the config;
-- `lr_scheduler`: a callable `optimizer -> scheduler` (torch's or any with `step()`),
-  given the engine's optimizer; a scheduler object built on another optimizer is refused
-  (it would move an lr the engine never reads), and so is one beside a config `scheduler`;
-- `dist_init_required`: None / True join (or create) torchrun's group; False uses the
-  group the script made, and is refused under a launch of several ranks without one;
-- `distributed_port`: DeepSpeed uses it only for MPI discovery outside a launcher;
-  refused there (zfbench does none), accepted under torchrun, which set MASTER_PORT;
-- `mpu` (model parallelism) and `mesh_param` (sequence / tensor-parallel meshes): refused.
+`(engine, optimizer, training_dataloader, lr_scheduler)`. What each argument does, and
+what is refused, is in `initialize`'s docstring and docs/commands.md ("From a DeepSpeed
+script").
 """
 
 from __future__ import annotations
@@ -73,8 +52,33 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
                training_data=None, lr_scheduler=None, distributed_port=DEFAULT_PORT,
                mpu=None, dist_init_required=None, collate_fn=None, config=None,
                mesh_param=None, config_params=None, *, dist=None, **engine_kwargs):
-    """DeepSpeed's `initialize` (module docstring); `dist` and `engine_kwargs` (device,
-    device_threads, host_threads, ...) are zfbench's own, keyword only."""
+    """DeepSpeed's `initialize` (the first argument's rule: module docstring); `dist` and
+    `engine_kwargs` (device, device_threads, host_threads, ...) are zfbench's own, keyword
+    only.
+
+    What each argument does here (docs/commands.md, "From a DeepSpeed script"):
+    - `config` (dict or JSON path), or `args.deepspeed_config`, or the old `config_params`;
+      exactly one of them, as DeepSpeed requires;
+    - `optimizer`: None (the config's `optimizer` section), or a fresh `torch.optim.AdamW` /
+      `torch.optim.Adam` (or a callable that builds one from the parameters): its
+      hyper-parameters become the engine's AdamW, offloaded as the config says. Any other
+      optimizer, one that already stepped, AMSGrad, `maximize`, Adam's coupled L2 decay, or
+      parameter groups that differ are refused: zfbench runs its own AdamW on the device and
+      the host, one set of hyper-parameters over the flat buffer;
+    - `model_parameters`: must be the model's trainable parameters (param-group dicts may set
+      lr, betas, eps, weight_decay, the same in every group);
+    - `training_data` (+ `collate_fn`): a DataLoader with a DistributedSampler over the ranks
+      (DeepSpeed's default: shuffled, seed 0) and the micro-batch;
+      `dataloader_drop_last` from the config;
+    - `lr_scheduler`: a callable `optimizer -> scheduler` (torch's or any with `step()`),
+      given the engine's optimizer; a scheduler object built on another optimizer is refused
+      (it would move an lr the engine never reads), and so is one beside a config `scheduler`;
+    - `dist_init_required`: None / True join (or create) torchrun's group; False uses the
+      group the script made, and is refused under a launch of several ranks without one;
+    - `distributed_port`: DeepSpeed uses it only for MPI discovery outside a launcher;
+      refused there (zfbench does none), accepted under torchrun, which set MASTER_PORT;
+    - `mpu` (model parallelism) and `mesh_param` (sequence / tensor-parallel meshes): refused.
+    """
     if isinstance(args, nn.Module):
         given = {k: v for k, v in dict(
             optimizer=optimizer, model_parameters=model_parameters,

@@ -5,33 +5,23 @@ or JSON path, validated by `zfbench.core.config`), and returns an `Engine` runni
 the four strategies (DeepSpeed's own `initialize`, with all its arguments, is
 real/deepspeed_api.py's). The engine owns what all strategies share:
 
-- the parameters, re-pointed as views into one flat device buffer, and their gradients
-  as views into another (`flat_grads`), into which `zfbench.real.inplace_grads` accumulates the
-  weight gradients of `F.linear` / `F.embedding` directly (`zfbench.inplace_grads`);
-- the lanes, behind one interface (real/backend.py). With CUDA: a compute stream, a d2h
-  and an h2d stream, events, pinned host buffers. Without CUDA the accelerator is
-  emulated: the calling thread is the device lane with `device_threads` torch threads, and
-  a `HostLane` worker with `host_threads` threads runs the host optimizer, so asynchronous
-  schedules really overlap and their stalls are real. `hazard_check=True` runs the CPU
-  lanes under real/hazards.py's checker: every cross-lane access must follow a wait;
-- the span recorder (every op as a span in the shared vocabulary) and the per-step log;
-- gradient accumulation as DeepSpeed does it: `backward` divides the loss by
-  gradient_accumulation_steps, and `step()` updates only at the accumulation boundary;
-- fp16 loss scaling (`zfbench.real.loss_scale`): the loss is scaled before backward, an
-  overflowing step is skipped, the others are unscaled before the strategy runs;
-- refusal of non-finite gradients (`zfbench.nonfinite`: skip the step or raise);
-- checkpoints that capture a pending asynchronous update, so a resumed run continues
-  exactly as an uninterrupted one (real/checkpoint.py, with DeepSpeed's tags and `latest`);
-- the learning rate of every step (real/lr_schedule.py): `optimizer` holds it, the
-  config's `scheduler` (or a script's) moves it after each applied step, and the strategy's
-  device and host AdamW use the lr of the step that issues the update;
-- DeepSpeed's names for all of this (real/engine_surface.py: `module`, the batch and lr
-  getters, `train()` / `eval()`, ...);
-- data parallelism (`dist`, a `zfbench.real.distributed.DistContext` of more than one rank):
-  the flat gradient buffer is all-reduced (averaged) before the step; the host state of the offloading strategies
-  covers only this rank's shard `[shard_lo, shard_hi)` of the flat buffer (ZeRO-2), and
-  updated shards are all-gathered back into the full parameter buffer (`gather_params`).
-  Both collectives are `net` spans with their bytes. Checkpoints are one file per rank.
+- the parameters and gradients as views into flat device buffers (`flat_grads`; weight
+  gradients accumulated in place by `zfbench.real.inplace_grads`);
+- the lanes behind real/backend.py: CUDA streams, events and pinned buffers, or without
+  CUDA an emulated accelerator (the calling thread as device lane, a `HostLane` worker for
+  the host optimizer, so overlap and stalls are real); `hazard_check=True` runs the CPU
+  lanes under real/hazards.py's checker;
+- the span recorder and per-step log; gradient accumulation as DeepSpeed does it (loss
+  divided, update only at the boundary); fp16 loss scaling (`zfbench.real.loss_scale`);
+  refusal of non-finite gradients (`zfbench.nonfinite`);
+- checkpoints that capture a pending asynchronous update (real/checkpoint.py, DeepSpeed's
+  tags and `latest`, one file per rank); each step's learning rate (real/lr_schedule.py:
+  the strategy's AdamW uses the lr of the step that issues the update); DeepSpeed's names
+  for all of it (real/engine_surface.py);
+- data parallelism (`dist`, a `zfbench.real.distributed.DistContext`): the flat gradients
+  all-reduced before the step, the host state covering only this rank's shard
+  `[shard_lo, shard_hi)` (ZeRO-2), updated shards all-gathered back (`gather_params`), both
+  collectives `net` spans with their bytes.
 """
 
 from __future__ import annotations

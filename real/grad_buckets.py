@@ -4,25 +4,18 @@ Backward produces gradients roughly from the last parameter to the first. With
 `zero_optimization.overlap_comm` the engine cuts its flat gradient buffer into buckets of
 about `reduce_bucket_size` elements along the parameters' order, from the end, and as soon
 as every parameter of a bucket has its gradient the bucket's d2h copy is queued on the d2h
-lane (after an event on the compute lane), so the link works while backward goes on. What
-is not sent when backward returns (a parameter that got no gradient) is sent then.
+lane (after an event on the compute lane), so the link works while backward goes on; what
+is not sent when backward returns is sent then. A parameter's gradient is complete when
+every contribution has been added (autograd's post-accumulate hook, and `InplaceGrads`,
+real/inplace_grads.py, for what it writes straight into the buffer, having counted the
+contributions in the forward), so a bucket is never sent early; late is only less overlap.
 
-A parameter's gradient is complete when every contribution has been added: autograd's
-post-accumulate hook fires once per backward for the contributions that go through
-autograd, and `InplaceGrads` (real/inplace_grads.py) reports each contribution it writes
-straight into the buffer; it also counts, in the forward, how many each parameter will get.
-A bucket is therefore never sent early; sent late, it is only less overlap.
-
-With several ranks each bucket is first all-reduced (averaged) across ranks, then the part
-of it inside this rank's shard goes down (ZeRO-2: each rank's host holds its shard). Every
-rank must issue the same collectives in the same order, so there a bucket is sent only
-after every bucket before it (in bucket order, the order backward completes them); with
-one rank a bucket goes as soon as it is complete.
-
-Used in bf16 or fp32 by every offloading strategy (`zfbench.core.strategies.
-gradient_buckets_apply`): each names a host buffer free to be written during backward
-(`grads_landing`); zero-offload-dpu alternates two, since its pending host step still
-reads the previous step's gradients.
+With several ranks each bucket is first all-reduced, then the part inside this rank's
+shard goes down (ZeRO-2); every rank must issue the same collectives in the same order, so
+there a bucket is sent only after every bucket before it. Used in bf16 or fp32 by every
+offloading strategy (`zfbench.core.strategies.gradient_buckets_apply`): each names a host
+buffer free to be written during backward (`grads_landing`); zero-offload-dpu alternates
+two, since its pending host step still reads the previous step's gradients.
 """
 
 from __future__ import annotations

@@ -17,46 +17,8 @@ internal counter):
 The engine's host chunk calls it through `zfbench.real.kernels.host_adamw_`
 (real/host_fused.py), which does the `auto` method's arithmetic, bit for bit, in one
 C++ pass that also writes the upload wire and zeroes the window, or calls this function
-where that library does not build.
-
-Methods (all give torch.optim.AdamW's result to within a few float32 ulps):
-
-* ``fused``   -- torch's fused CPU AdamW kernel (``torch._fused_adamw_``, one vectorized
-  pass over p, g, m, v split across the intra-op threads); the step tensor is set to
-  ``step`` (the kernel does not increment it). ``chunk_elems`` splits it into a list
-  of chunks (measured slower: one parallel region per chunk).
-* ``foreach`` -- torch's foreach AdamW sequence (``torch._foreach_*``) on lists of
-  ``chunk_elems`` chunks, applied window by window (``FOREACH_WINDOW_CHUNKS`` chunks at a
-  time) so the window stays in cache across the seven passes (torch's own foreach math).
-* ``inplace`` -- plain in-place tensor ops on ``chunk_elems`` chunks with a preallocated,
-  per-thread scratch chunk for the denominator (no allocation in steady state).
-* ``reference`` -- ``adamw_reference_``: allocating, obviously correct, for tests.
-* ``auto``    -- ``AUTO_METHOD`` (falls back to ``inplace`` without the fused kernel).
-
-Measured (bench/host_adam.py -> bench/results/host_adam.json, host_adam_thp.json) on the
-2-core AMD EPYC (Zen 4, KVM, shared: load average 2.6-9.6 from other work during the run),
-torch 2.13 CPU (AVX512), 2 threads; best of 2 rounds x 10 calls, 28 B per parameter:
-
-    numpy STREAM triad (fp64, 2 threads), best       37.6 GB/s (other runs 9-24 GB/s)
-    64M elements              THP=0 best           THP=1 best        medians (0 / 1)
-    fused                     2.02 G/s  56.5 GB/s  2.24 G/s 62.8 GB/s  15.5 / 15.6 GB/s
-    inplace, 1M chunks        0.57 G/s  15.8 GB/s  0.60 G/s 16.9 GB/s   1.7 /  1.1 GB/s
-    inplace, unchunked        0.44 G/s  12.2 GB/s  0.28 G/s  7.9 GB/s   5.0 /  4.8 GB/s
-    foreach, 1M chunks        0.63 G/s  17.7 GB/s  0.12 G/s  3.5 GB/s   1.1 /  1.0 GB/s
-    16M, quietest round: fused 2.01 G/s, inplace 1M 1.04 G/s, foreach 1M 1.03 G/s.
-    small buffers (per call): fused ~10 us at 1-1K elements, 28 us at 64K; inplace 30/95 us.
-
-``fused`` makes one pass in one parallel region, which reaches 150-167 % of the triad
-figure (STREAM does not count the triad's write-allocate; Adam only rewrites lines it has
-just read). The op-by-op methods make six or seven passes and open a parallel region per
-op per chunk: from cache they reach at best half of ``fused``, and on an oversubscribed
-host every region waits for a descheduled thread, so their medians collapse (1-2 GB/s)
-while ``fused`` holds ~15 GB/s. Chunks of 256K-1M elements beat both 16-64K chunks and
-none in best-of; the foreach window (lists of 1 or 16 chunks) made no difference, and
-unchunked foreach allocates a full-size sqrt temporary per call. THP_MEM_ALLOC_ENABLE=1
-was 5-20 % ahead for ``fused`` in the alternating THP run (64M medians 22.6 vs 19.8 GB/s),
-well inside the 2x round-to-round spread: not a reliable gain here. Hence ``auto`` =
-``fused`` at every size.
+where that library does not build. The methods (`METHODS`: fused, foreach, inplace,
+reference, auto) and the measurements that make `auto` = `fused` are beside `METHODS`.
 """
 
 from __future__ import annotations
@@ -77,10 +39,48 @@ __all__ = [
     "resolve_method",
 ]
 
+# Methods (all give torch.optim.AdamW's result to within a few float32 ulps):
+#
+# * ``fused``   -- torch's fused CPU AdamW kernel (``torch._fused_adamw_``, one vectorized
+#   pass over p, g, m, v split across the intra-op threads); the step tensor is set to
+#   ``step`` (the kernel does not increment it). ``chunk_elems`` splits it into a list
+#   of chunks (measured slower: one parallel region per chunk).
+# * ``foreach`` -- torch's foreach AdamW sequence (``torch._foreach_*``) on lists of
+#   ``chunk_elems`` chunks, applied window by window (``FOREACH_WINDOW_CHUNKS`` chunks at a
+#   time) so the window stays in cache across the seven passes (torch's own foreach math).
+# * ``inplace`` -- plain in-place tensor ops on ``chunk_elems`` chunks with a preallocated,
+#   per-thread scratch chunk for the denominator (no allocation in steady state).
+# * ``reference`` -- ``adamw_reference_``: allocating, obviously correct, for tests.
+# * ``auto``    -- ``AUTO_METHOD`` (falls back to ``inplace`` without the fused kernel).
+#
+# Measured (bench/host_adam.py -> bench/results/host_adam.json, host_adam_thp.json) on the
+# 2-core AMD EPYC (Zen 4, KVM, shared: load average 2.6-9.6 from other work during the run),
+# torch 2.13 CPU (AVX512), 2 threads; best of 2 rounds x 10 calls, 28 B per parameter:
+#
+#     numpy STREAM triad (fp64, 2 threads), best       37.6 GB/s (other runs 9-24 GB/s)
+#     64M elements              THP=0 best           THP=1 best        medians (0 / 1)
+#     fused                     2.02 G/s  56.5 GB/s  2.24 G/s 62.8 GB/s  15.5 / 15.6 GB/s
+#     inplace, 1M chunks        0.57 G/s  15.8 GB/s  0.60 G/s 16.9 GB/s   1.7 /  1.1 GB/s
+#     inplace, unchunked        0.44 G/s  12.2 GB/s  0.28 G/s  7.9 GB/s   5.0 /  4.8 GB/s
+#     foreach, 1M chunks        0.63 G/s  17.7 GB/s  0.12 G/s  3.5 GB/s   1.1 /  1.0 GB/s
+#     16M, quietest round: fused 2.01 G/s, inplace 1M 1.04 G/s, foreach 1M 1.03 G/s.
+#     small buffers (per call): fused ~10 us at 1-1K elements, 28 us at 64K; inplace 30/95 us.
+#
+# ``fused`` makes one pass in one parallel region, which reaches 150-167 % of the triad
+# figure (STREAM does not count the triad's write-allocate; Adam only rewrites lines it has
+# just read). The op-by-op methods make six or seven passes and open a parallel region per
+# op per chunk: from cache they reach at best half of ``fused``, and on an oversubscribed
+# host every region waits for a descheduled thread, so their medians collapse (1-2 GB/s)
+# while ``fused`` holds ~15 GB/s. Chunks of 256K-1M elements beat both 16-64K chunks and
+# none in best-of; the foreach window (lists of 1 or 16 chunks) made no difference, and
+# unchunked foreach allocates a full-size sqrt temporary per call. THP_MEM_ALLOC_ENABLE=1
+# was 5-20 % ahead for ``fused`` in the alternating THP run (64M medians 22.6 vs 19.8 GB/s),
+# well inside the 2x round-to-round spread: not a reliable gain here. Hence ``auto`` =
+# ``fused`` at every size.
 METHODS = ("auto", "fused", "foreach", "inplace", "reference")
 AUTO_METHOD = "fused"
 #: Chunk for the op-by-op methods: 1M fp32 = 4 MB per array, so p, g, m, v and the scratch
-#: chunk (20 MB) stay in the 32 MB L3 across the passes; best measured (see above).
+#: chunk (20 MB) stay in the 32 MB L3 across the passes; best measured (above).
 DEFAULT_CHUNK_ELEMS = 1 << 20
 #: foreach: chunks per list, i.e. the cache window the foreach op sequence runs over.
 FOREACH_WINDOW_CHUNKS = 1

@@ -8,26 +8,11 @@ back to, and the check that the C++ library (real/host_fused.cpp, built by
 real/host_native.py on first use) gives those paths' bits on the machine at hand;
 `backend()` says which ran ('cpp' or 'torch').
 
-Issue 45: the host chunk ran AdamW (torch's fused CPU kernel: one pass, 28 B per
-parameter), then `copy_` of the parameters into the bf16 h2d wire (a second pass, 6 B),
-then for ZenFlow's window `zero_` (a third, 4 B): each pass streams the chunk through
-memory again (an H100 host: 2.93-3.32 G params/s for AdamW + wire, 2.25-2.56 with the
-zeroing, against 4.70-4.96 for AdamW alone). The fused kernel reads p, g, m, v once and
-writes p, m, v, the wire element and the zero in the same pass: 30 B per parameter (34
-with zeroing) instead of 34 (38) over two (three) passes.
-
-Results are the torch path's bits, by construction and by test (tests/test_host_fused.py):
-the C++ loop does torch._fused_adamw_'s float operations in its order (with the one fma
-its x86 build contracts) over the chunk but for its last `n % 16` elements, which it
-hands to torch itself (torch's remainder loop contracts `v`'s update otherwise: on a
-15-element tensor its last 2 elements rounded another way), then rounds to the wire as
-`Tensor.copy_` (nearest even; NaN to bf16 0xFFFF as torch) and zeroes. A NaN may come
-out as another NaN (its sign and payload follow each instruction's operand order; torch's
-own loops differ there too). On load, a self-check runs both paths on a buffer past the
-threading threshold, for every wire dtype, with and without zeroing, with and without
-weight decay, and for both lerp branches, and both conversions on special values; any
-difference in a number's bits (a torch built otherwise, another CPU) rejects the library
-with one warning line, and torch's ops run.
+Why one pass (issue 45: 30 B per parameter instead of 34 over two passes, with the
+H100 host's measurements) is in `host_adamw_`'s docstring. Results are the torch path's
+bits, by construction and by test (tests/test_host_fused.py); how the C++ loop keeps
+them, and the self-check on load that rejects the library with one warning line where any
+bit differs, is in `_self_check`'s docstring.
 """
 
 from __future__ import annotations
@@ -105,7 +90,21 @@ def _cpp_convert(lib, dst: Tensor, src: Tensor, stream_above: int | None = None)
 
 
 def _self_check(lib) -> str | None:
-    """None when the library gives the torch paths' bits here, else what differed."""
+    """None when the library gives the torch paths' bits here, else what differed.
+
+    Results are the torch path's bits, by construction and by test (tests/test_host_fused.py):
+    the C++ loop does torch._fused_adamw_'s float operations in its order (with the one fma
+    its x86 build contracts) over the chunk but for its last `n % 16` elements, which it
+    hands to torch itself (torch's remainder loop contracts `v`'s update otherwise: on a
+    15-element tensor its last 2 elements rounded another way), then rounds to the wire as
+    `Tensor.copy_` (nearest even; NaN to bf16 0xFFFF as torch) and zeroes. A NaN may come
+    out as another NaN (its sign and payload follow each instruction's operand order; torch's
+    own loops differ there too). On load, a self-check runs both paths on a buffer past the
+    threading threshold, for every wire dtype, with and without zeroing, with and without
+    weight decay, and for both lerp branches, and both conversions on special values; any
+    difference in a number's bits (a torch built otherwise, another CPU) rejects the library
+    with one warning line, and torch's ops run.
+    """
     n = SERIAL_BELOW + 2 * TAIL + 5  # threaded, with a remainder for torch
     gen = torch.Generator().manual_seed(45)
     base = [torch.randn(n, generator=gen), torch.randn(n, generator=gen) * 1e-2,
@@ -207,7 +206,16 @@ def host_adamw_(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor
     contiguous fp32 CPU tensors of one length), then the new parameters rounded into
     `wire` (bf16 or fp16, same length; None: no wire) and, with `zero_grad`, zeros into
     `grad`, all in one pass. Equal in every bit to real.host_adam.host_adamw_ followed by
-    `wire.copy_(param)` and `grad.zero_()`, which run instead without the library."""
+    `wire.copy_(param)` and `grad.zero_()`, which run instead without the library.
+
+    Issue 45: the host chunk ran AdamW (torch's fused CPU kernel: one pass, 28 B per
+    parameter), then `copy_` of the parameters into the bf16 h2d wire (a second pass, 6 B),
+    then for ZenFlow's window `zero_` (a third, 4 B): each pass streams the chunk through
+    memory again (an H100 host: 2.93-3.32 G params/s for AdamW + wire, 2.25-2.56 with the
+    zeroing, against 4.70-4.96 for AdamW alone). The fused kernel reads p, g, m, v once and
+    writes p, m, v, the wire element and the zero in the same pass: 30 B per parameter (34
+    with zeroing) instead of 34 (38) over two (three) passes.
+    """
     _check(param, grad, exp_avg, exp_avg_sq, step)
     if wire is not None and (wire.shape != param.shape or not wire.is_contiguous()
                              or wire.device.type != "cpu"):

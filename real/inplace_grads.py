@@ -12,21 +12,11 @@ forward. Every `F.linear` and `F.embedding` whose weight is one of the engine's
 parameters, with its `.grad` already a view into the flat buffer, is routed through an
 autograd function whose backward accumulates the weight (and bias) gradient into that
 view (`addmm_`, `index_add_`; for the engine's column-major 2-D slots the transposed
-`addmm_` and an accumulating `index_put_`, the kernels that are fast on such memory) and
-hands autograd no weight gradient. The input gradient
-flows as usual, and every other op (norms, attention, other modules' parameters) goes
-through plain autograd, which accumulates into the same views in place. The sums are the
-ones autograd forms, in a possibly different order (rounding-level differences).
-
-Not routed, so plain autograd handles them: embeddings with `max_norm`, `sparse` or
-`scale_grad_by_freq`, weights that are not leaf parameters of the engine (a transposed
-or sliced weight) and any parameter whose `.grad` is None (set to none by the caller).
-Gradient hooks registered on a routed weight do not fire (the gradient never passes
-through autograd); turn the mode off with `zfbench.inplace_grads: false` for such models.
-For the engine's own bookkeeping (real/grad_buckets.py: is a parameter's gradient
-complete?) the mode counts, in each forward, the routed uses of every parameter (`uses`)
-and notes the parameters that other ops use (`plain`: autograd accumulates those, and its
-hook fires), and `notify(param)` is called after each routed contribution in backward.
+`addmm_` and an accumulating `index_put_`) and hands autograd no weight gradient. The
+input gradient and every other op go through plain autograd, which accumulates into the
+same views in place. The sums are autograd's, in a possibly different order
+(rounding-level differences). What is not routed, and the bookkeeping for
+real/grad_buckets.py, is in `InplaceGrads`' docstring.
 """
 
 from __future__ import annotations
@@ -126,7 +116,18 @@ def _arg(args, kwargs, i, name, default=None):
 
 class InplaceGrads(TorchFunctionMode):
     """Route `F.linear` / `F.embedding` on the given parameters through in-place
-    gradient accumulation (see the module docstring)."""
+    gradient accumulation (the module docstring).
+
+    Not routed, so plain autograd handles them: embeddings with `max_norm`, `sparse` or
+    `scale_grad_by_freq`, weights that are not leaf parameters of the engine (a transposed
+    or sliced weight) and any parameter whose `.grad` is None (set to none by the caller).
+    Gradient hooks registered on a routed weight do not fire (the gradient never passes
+    through autograd); turn the mode off with `zfbench.inplace_grads: false` for such models.
+    For the engine's own bookkeeping (real/grad_buckets.py: is a parameter's gradient
+    complete?) the mode counts, in each forward, the routed uses of every parameter (`uses`)
+    and notes the parameters that other ops use (`plain`: autograd accumulates those, and its
+    hook fires), and `notify(param)` is called after each routed contribution in backward.
+    """
 
     def __init__(self, params) -> None:
         super().__init__()

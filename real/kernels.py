@@ -3,29 +3,20 @@ calibration probe and the kernel bench.
 
 The strategies (real/strategies.py, real/zenflow.py) and the engine call every hot
 element-wise kernel through this module's attributes (`kernels.copy_(...)`), and so do
-the calibration measurements (real/rate_probe.py, real/profile.py) and
-bench/kernels.py. The probe therefore times the very function the engine runs, and
-tests/test_kernel_identity.py checks it by replacing each attribute here with a counting
-wrapper and running both. Where each kernel runs:
+the calibration measurements (real/rate_probe.py, real/profile.py) and bench/kernels.py,
+so the probe times the very function the engine runs (tests/test_kernel_identity.py
+replaces each attribute with a counting wrapper and runs both). The kernels and their lanes:
 
-- `host_adamw_` (real/host_fused.py): the host chunk: AdamW over fp32 master chunks
-  (real/host_adam.py's semantics), the new parameters rounded into the 16-bit h2d wire
-  (16-bit weights) and, for ZenFlow's window, the gradient chunk zeroed, in one pass over
-  memory (a C++ loop with torch's bits, or torch's ops: `host_fused.backend()`); every
-  offloading strategy, host lane.
-- `accumulate_` (real/host_fused.py): ZenFlow's `window += alpha * grads` into the fp32
-  window, gradients in the device's dtype widened as they are read; host lane.
-- `adamw_foreach_` (real/adamw.py): device AdamW; `device` (the whole flat buffer) and
-  `zenflow` (the selected columns and 1-D parameters); compute lane.
-- `copy_`: a copy converting dtype where the two differ: the gradients out of the d2h
-  wire into fp32 (host lane, 16-bit weights), the device strategy's fp32 gradient copy
-  and master write-back, the upload applied (compute lane).
-- `grad_norm`: the L2 norm of gradient clipping (host lane for the offloading strategies,
-  compute lane for `device`).
-- `all_finite`: the engine's one-pass non-finite check of the flat gradients.
-- `column_scores`, `top_columns`: ZenFlow's selection (compute lane).
-- `gather_grads_`, `scatter_`: ZenFlow's per-step gather of the selected columns'
-  gradients (into fp32) and write-back of their new values (rounded into 16-bit weights).
+- `host_adamw_` (real/host_fused.py), every offloading strategy's host chunk: AdamW over
+  fp32 master chunks, the new parameters rounded into the 16-bit h2d wire and ZenFlow's
+  window zeroed, in one pass; `accumulate_` (real/host_fused.py): ZenFlow's
+  `window += alpha * grads` into fp32; both host lane;
+- `adamw_foreach_` (real/adamw.py): device AdamW, `device` and `zenflow`; compute lane;
+- `copy_`: a dtype-converting copy (the d2h wire into fp32 on the host lane; the device
+  strategy's fp32 gradient and master write-back and the applied upload on the compute lane);
+- `grad_norm` (clipping; host lane when offloading, compute lane for `device`), `all_finite`
+  (the non-finite check), `column_scores`, `top_columns`, `gather_grads_`, `scatter_`
+  (ZenFlow's selection and its per-step gather and write-back; compute lane).
 """
 
 from __future__ import annotations

@@ -3,22 +3,19 @@
 This module owns the trainable network the real engine runs: :func:`build_model`
 turns a named shape into a :class:`DecoderLM` whose parameter names and shapes are
 exactly the shape's ``matrices()`` (``<name>.weight``) and ``vectors()``, so the
-engine, the selection code and the simulator all speak of the same tensors.
-
-Two styles, as in :mod:`zfbench.core.models`:
+engine, the selection code and the simulator all speak of the same tensors
+(``embed.{embed_tokens,embed_positions,project_in}``, ``layers.<i>.{q_proj,...,<norms>}``,
+``head.{norm|final_layer_norm,project_out,lm_head}``). Two styles, as in
+:mod:`zfbench.core.models`:
 
 * ``"llama"`` (Llama 2, Qwen 2.5): RMSNorm, rotary positions (``rotate_half``
   convention), SwiGLU MLP (``gate_proj``/``up_proj``/``down_proj``), grouped K/V
   heads, optional q/k/v biases, lm_head tied to ``embed_tokens`` or not.
 * ``"opt"``: LayerNorm with bias, learned positions offset by 2, ReLU MLP
   (``fc1``/``fc2``), biases on every decoder linear, optional ``project_in`` /
-  ``project_out`` when the word-embedding width differs from ``hidden``.  A shape
+  ``project_out`` when the word-embedding width differs from ``hidden``. A shape
   without a final norm (opt-350m, ``do_layer_norm_before=False`` upstream) is run
-  post-layernorm; one with it is run pre-layernorm.
-
-Module tree (the names the shape lists): ``embed.{embed_tokens,embed_positions,
-project_in}``, ``layers.<i>.{q_proj,...,<norms>}``, ``head.{norm|final_layer_norm,
-project_out,lm_head}``.
+  post-layernorm; one with it pre-layernorm.
 
 Initialisation is seeded and device-independent (drawn on CPU with a
 ``torch.Generator``): every matrix ~ N(0, 0.02), norm weights 1, biases 0.

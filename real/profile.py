@@ -1,31 +1,24 @@
 """Calibration: measure, on this machine, the costs the simulator needs.
 
 `measure_profile(spec)` builds the run's model in the run's precision on the run's device
-(`spec.device`, as the engine resolves it: "auto" is CUDA when torch sees a GPU), warms up,
-then measures with the engine's own lanes, thread split and gradient path (in place into
-one flat buffer, `zfbench.real.inplace_grads`):
+(`spec.device`, as the engine resolves it), warms up, then measures with the engine's own
+lanes, thread split, gradient path (`zfbench.real.inplace_grads`) and kernels
+(`zfbench.real.kernels`; tests/test_kernel_identity.py checks they are the same):
 - forward and backward seconds of each block kind (embedding, one decoder layer, head
   with the loss), from module hooks around a real training step, median of repeats;
-- the device optimizer rate on the selected columns (elements/s), the selection cost and
-  ZenFlow's per-step column gather/scatter around that optimizer (seconds per 2-D
-  gradient element), the non-finite check, the clipping norm and the zeroing of the flat
-  gradients, on the device thread, with the engine's own buffers and kernels
-  (`zfbench.real.kernels`: tests/test_kernel_identity.py checks they are the same);
-- d2h (device thread) and h2d (host worker) copy bandwidth, each alone and both at once;
-- host AdamW parameters/s and host accumulation elements/s on the host worker's threads;
-- how much the device and host lanes slow each other when they run at once (both are
-  cores over the same DRAM here): rate factors of forward+backward while host AdamW runs
-  and of host AdamW while forward+backward runs.
-On CUDA the model, the flat buffers, the selected columns and the device optimizer live on
-the GPU in the run's dtype and every device time is the GPU's: `median_time` synchronizes
-before starting and before reading the clock, and the per-block times come from CUDA
-events recorded in the hooks (`zfbench.real.rate_probe.Clock`); the links are the engine's
-CUDA copies between the GPU and pinned host buffers on their own streams (`RateProbe`),
-and the host lane stays on the CPU threads.
-The result is a hardware profile in the layout of `zfbench/data/hardware.json` (every
-number with its source: this measurement) plus a `calibration` section with the
-per-block times and the device measured on (`device`, `transfers`: "cuda" or "emulated"),
-which `python -m zfbench.simulate --profile FILE` reads.
+- the device optimizer rate on the selected columns, the selection cost, ZenFlow's column
+  gather/scatter, the non-finite check, the clipping norm and the gradients' zeroing;
+- the link and host-lane rates (`zfbench.real.rate_probe.RateProbe`): d2h and h2d alone
+  and together, host AdamW and accumulation;
+- how much the device and host lanes slow each other when they run at once (cores over
+  the same DRAM).
+On CUDA every device time is the GPU's (synchronized clocks, CUDA events in the hooks:
+`zfbench.real.rate_probe.Clock`), the links are the engine's copies to pinned host
+buffers on their own streams, and the host lane stays on the CPU threads. The result is a
+hardware profile in the layout of `zfbench/data/hardware.json` (every number with its
+source: this measurement) plus a `calibration` section with the per-block times and the
+device measured on (`device`, `transfers`: "cuda" or "emulated"), which
+`python -m zfbench.simulate --profile FILE` reads.
 """
 
 from __future__ import annotations

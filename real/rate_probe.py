@@ -3,47 +3,20 @@ and how every measurement of `zfbench.real.profile` waits for the device it time
 
 `RateProbe(total, dtype, host_threads, device)` allocates, once, the buffers the engine's
 host side works on for a model of `total` parameters (a device-precision flat buffer, the
-fp32 master, gradient and moments); `measure(repeats)` then times, as the engine does them:
-- d2h: the device buffer copied into a host buffer of the device's dtype (the engine's
-  d2h wire, `Strategy.landing_for`: with 16-bit weights the gradients cross as
-  themselves and are converted on the host afterwards), on the calling (device) thread;
-  on CUDA a pinned wire, on a d2h stream of its own, timed to the stream's completion;
-- h2d: a host buffer of the device's dtype (the h2d wire, into which the engine's host
-  chunk writes the new parameters) copied into the device buffer, issued from a host
-  worker thread (on CUDA from a pinned wire on an h2d stream); each alone, and both at
-  once (d2h on the calling thread, h2d on the worker: on CUDA two streams copying at once);
-- on the host worker's threads (the CPU, either way), each with the engine's own kernel
-  (`zfbench.real.kernels`, the attribute the strategies call): the host chunk
-  (`host_adamw_`: AdamW over the whole master, with 16-bit weights writing the new
-  parameters into the h2d wire in the same pass, as the engine's chunks do),
-  `host_adam_params_per_s`; the host accumulation (`accumulate_`) of gradients in the
-  device's dtype into fp32; the gradient clipping norm (`grad_norm`) of the fp32
-  gradients; and, with 16-bit weights, the conversion the host lane still runs apart
-  (`copy_`: gradients out of the d2h wire into fp32), `host_convert_elems_per_s` (absent
-  with fp32 weights: the engine converts nothing then; profiles from before issue 45
-  timed the h2d conversion here too, then a pass of its own); last, what clearing
-  ZenFlow's window adds to the host chunk (`host_adamw_` with `zero_grad`: the engine
-  zeroes the window chunk in the AdamW pass), as `host_zero_elems_per_s`: elements over
-  the added seconds (the median over interleaved pairs of the difference, at least 2 %
-  of AdamW's own seconds; before issue 45 a `zero_` pass of its own); these host-lane
-  rates again on each other thread count a strategy's host step runs on
-  (`strategy_threads`; on a GPU every strategy but ZenFlow gets all the rank's cores,
-  real/distributed.py `lane_threads`), as `host_lanes`: {strategy: {host_threads,
-  rates}}, which the simulator takes for that strategy (sims/settings.py
-  `strategy_host_lane`);
-- on CUDA, how the upload link and host AdamW slow each other: the upload timed while
-  AdamW repeats on the host threads and AdamW timed while the upload repeats, as
-  `h2d_factor_when_host_busy` and `host_factor_when_h2d_busy` (alone / together; the
-  simulator applies them wherever an upload and host work overlap, sims/fluid.py).
+fp32 master, gradient and moments); `measure(repeats)` then times, as the engine does them
+and with the engine's own kernels (`zfbench.real.kernels`), the d2h and h2d links alone
+and together, the host lane's AdamW chunk, accumulation, clipping norm, conversion and
+ZenFlow's zeroing, again at each strategy's host thread count (`host_lanes`), and on CUDA
+how the upload link and host AdamW slow each other (`RateProbe.measure` lists each key).
 tests/test_kernel_identity.py checks that the probe and the engine reach the same kernels
-with the same dtypes.
-Pinned buffers are `zfbench.real.backend.register_pinned`'s, released by `close()` (or when
-the probe is collected).
-It returns the rate keys of a profile's `calibration` section. `zfbench.real.profile` measures
-them once per profile; `zfbench.validate` measures them again right before and after
-each cell, because on a shared machine these memory-bound rates drift by 1.5x within
-minutes (host AdamW over 175M parameters measured 0.10 s and 0.25 s on this machine
-half an hour apart), and the cell is best predicted from the rates of its own minute.
+with the same dtypes. Pinned buffers are `zfbench.real.backend.register_pinned`'s,
+released by `close()` (or when the probe is collected).
+
+`zfbench.real.profile` measures the rates once per profile; `zfbench.validate` measures
+them again right before and after each cell, because on a shared machine these
+memory-bound rates drift by 1.5x within minutes (host AdamW over 175M parameters measured
+0.10 s and 0.25 s on this machine half an hour apart), and the cell is best predicted from
+the rates of its own minute.
 
 Timing (`median_time`, `Clock`): on the CPU lanes work is done when the call returns, so a
 wall clock around it is its time; on CUDA the call only queues it, so the timing waits for
@@ -225,6 +198,40 @@ class RateProbe:
         return d2h_cuda, h2d_cuda, down.synchronize, up.synchronize
 
     def measure(self, repeats: int = 5) -> dict[str, float]:
+        """The rate keys of a profile's `calibration`, each timed as the engine does it:
+
+        - d2h: the device buffer copied into a host buffer of the device's dtype (the engine's
+          d2h wire, `Strategy.landing_for`: with 16-bit weights the gradients cross as
+          themselves and are converted on the host afterwards), on the calling (device) thread;
+          on CUDA a pinned wire, on a d2h stream of its own, timed to the stream's completion;
+        - h2d: a host buffer of the device's dtype (the h2d wire, into which the engine's host
+          chunk writes the new parameters) copied into the device buffer, issued from a host
+          worker thread (on CUDA from a pinned wire on an h2d stream); each alone, and both at
+          once (d2h on the calling thread, h2d on the worker: on CUDA two streams copying at once);
+        - on the host worker's threads (the CPU, either way), each with the engine's own kernel
+          (`zfbench.real.kernels`, the attribute the strategies call): the host chunk
+          (`host_adamw_`: AdamW over the whole master, with 16-bit weights writing the new
+          parameters into the h2d wire in the same pass, as the engine's chunks do),
+          `host_adam_params_per_s`; the host accumulation (`accumulate_`) of gradients in the
+          device's dtype into fp32; the gradient clipping norm (`grad_norm`) of the fp32
+          gradients; and, with 16-bit weights, the conversion the host lane still runs apart
+          (`copy_`: gradients out of the d2h wire into fp32), `host_convert_elems_per_s` (absent
+          with fp32 weights: the engine converts nothing then; profiles from before issue 45
+          timed the h2d conversion here too, then a pass of its own); last, what clearing
+          ZenFlow's window adds to the host chunk (`host_adamw_` with `zero_grad`: the engine
+          zeroes the window chunk in the AdamW pass), as `host_zero_elems_per_s`: elements over
+          the added seconds (the median over interleaved pairs of the difference, at least 2 %
+          of AdamW's own seconds; before issue 45 a `zero_` pass of its own); these host-lane
+          rates again on each other thread count a strategy's host step runs on
+          (`strategy_threads`; on a GPU every strategy but ZenFlow gets all the rank's cores,
+          real/distributed.py `lane_threads`), as `host_lanes`: {strategy: {host_threads,
+          rates}}, which the simulator takes for that strategy (sims/settings.py
+          `strategy_host_lane`);
+        - on CUDA, how the upload link and host AdamW slow each other: the upload timed while
+          AdamW repeats on the host threads and AdamW timed while the upload repeats, as
+          `h2d_factor_when_host_busy` and `host_factor_when_h2d_busy` (alone / together; the
+          simulator applies them wherever an upload and host work overlap, sims/fluid.py).
+        """
         nbytes = self.total * self.dev.element_size()
         d2h, h2d, d2h_sync, h2d_sync = self._links()
         d2h()

@@ -5,37 +5,23 @@ Implements docs/zenflow.md ("One step after warm-up", in its numbering):
      `importance: l2sq`) on this iteration's gradient, keep the top k sorted, and zero the
      device moments of the selected slices (their step count is kept). After the first
      selection the host master first takes the device's values of the old selection and
-     the 1-D parameters; a pending asynchronous update is applied before that, so no host
-     work is lost.
+     the 1-D parameters; a pending asynchronous update is applied before that.
 3.   Every post-warm-up step the gradient goes down (d2h lane) and is accumulated on the
      host lane, divided by U (or summed, and divided by the window's length at the flush,
      with `update_interval: auto`).
 4.   Not a boundary: device AdamW on the selected columns and 1-D parameters.
 5.   Boundary: host AdamW over the whole fp32 master on the window gradient (clipped by
      its global L2 norm), bias correction at step t + 1, then the master goes up; on the
-     device the unselected columns take the host's values and the selected ones and 1-D
+     device the unselected columns take the host's values, the selected ones and 1-D
      parameters keep theirs, then this iteration's device AdamW runs.
-With bf16 or fp16 weights the device keeps fp32 values of the selected columns
-(`selected_values`) and of the 1-D parameters (`vector_values`), updates those and writes
-them rounded into the weights, so updates below the weights' resolution add up. Every other
-device weight is the master's value rounded (a boundary or warm-up upload put it there),
-so a selection never copies the weights back: the old selection's fp32 values and the 1-D
-ones go into the master (the master stays fp32, docs/zenflow.md), and the new selection's
-fp32 values (and the 1-D ones) are read from the master, summed over ranks in one
-all-reduce where each rank holds a shard (real/zenflow_shard.py). With fp32 weights the
-device's values are exact and the whole shard is simply copied back, as before.
-With `overlap_step` the host update of a window runs on the host lane behind the next
-window's compute and is applied at the next boundary: exactly one window late, so the
-result never depends on timing. Warm-up steps are synchronous host steps on grad / U.
-
-Several ranks (real/distributed.py): the gradient is already averaged over ranks; the
-host lane of each rank accumulates and updates only its shard, and the updated shards are
-all-gathered before the device takes them. Selection never needs the full gradient on a
-rank: each rank scores the columns from the elements of the reduced gradient in its own
-shard, and one all-reduce of the per-column partial scores (`cols` floats per 2-D weight)
-gives every rank the exact scores, hence the same top-k (`zfbench.select_comm: scores`).
-`select_comm: allgather` instead all-gathers the gradient shards and scores the full
-matrices, for comparison; both exchanges are `net` spans with their bytes.
+With `overlap_step` the host update of a window is applied at the next boundary: exactly
+one window late, so the result never depends on timing. Warm-up steps are synchronous host
+steps on grad / U. With 16-bit weights the device keeps fp32 values of the selected
+columns and 1-D parameters (`ZenFlowStrategy`'s docstring). Several ranks: each host lane
+accumulates and updates its shard, the shards are all-gathered, and each rank scores the
+columns on its shard of the reduced gradient, one all-reduce of the per-column partial
+scores giving every rank the same top-k (`zfbench.select_comm: scores`; `allgather`
+gathers the gradient shards instead, for comparison); both exchanges are `net` spans.
 """
 
 from __future__ import annotations
@@ -64,6 +50,19 @@ class _Selected:
 
 
 class ZenFlowStrategy(Strategy):
+    """ZenFlow's steps in the engine (the module docstring).
+
+    With bf16 or fp16 weights the device keeps fp32 values of the selected columns
+    (`selected_values`) and of the 1-D parameters (`vector_values`), updates those and writes
+    them rounded into the weights, so updates below the weights' resolution add up. Every other
+    device weight is the master's value rounded (a boundary or warm-up upload put it there),
+    so a selection never copies the weights back: the old selection's fp32 values and the 1-D
+    ones go into the master (the master stays fp32, docs/zenflow.md), and the new selection's
+    fp32 values (and the 1-D ones) are read from the master, summed over ranks in one
+    all-reduce where each rank holds a shard (real/zenflow_shard.py). With fp32 weights the
+    device's values are exact and the whole shard is simply copied back, as before.
+    """
+
     name = "zenflow"
 
     def __init__(self, engine) -> None:
@@ -90,7 +89,7 @@ class ZenFlowStrategy(Strategy):
             self.dv[name] = torch.zeros_like(p, dtype=torch.float32)
         self.vector_scratch = {name: torch.zeros_like(self.dv[name]) for name, _ in self.vectors}
         self.vector_grads = {name: torch.zeros_like(self.dv[name]) for name, _ in self.vectors}
-        # bf16/fp16 weights: the 1-D parameters' fp32 values on the device (module docstring)
+        # bf16/fp16 weights: the 1-D parameters' fp32 values on the device (class docstring)
         self.low = engine.flat_params.dtype != torch.float32
         self.vector_values = ({name: p.detach().float() for name, p in self.vectors}
                               if self.low else {})

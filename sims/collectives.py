@@ -1,29 +1,24 @@
 """Ring collective costs on one node or on several (two-level, hierarchical).
 
-Conventions (NVIDIA/nccl-tests doc/PERFORMANCE.md): `nbytes` is the size of the whole
-buffer per rank; a ring all-reduce moves 2(n-1)/n of it per rank and link, an all-gather
-or reduce-scatter (n-1)/n; every ring step pays the link's latency once; a link runs at
-`bytes_per_s * efficiency` (its achieved busbw).
+Conventions (NVIDIA/nccl-tests doc/PERFORMANCE.md): `nbytes` is the whole buffer per
+rank; a ring all-reduce moves 2(n-1)/n of it per rank and link, an all-gather or
+reduce-scatter (n-1)/n (a reduce-scatter costs as an all-gather); every ring step pays
+the link's latency once; a link runs at `bytes_per_s * efficiency` (its achieved busbw).
 
-One node of G GPUs over the intra-node link (bandwidth b, latency l), exactly the costs
-the simulator always used:
+One node of G GPUs over the intra-node link (bandwidth b, latency l):
 
     allreduce(B) = 2(G-1)/G * B/b + 2(G-1) l          allgather(B) = (G-1)/G * B/b + (G-1) l
 
-N > 1 nodes of G GPUs, the standard two-level model (NCCL's tree/ring split aside): the
-G GPUs of a node each own a NIC (`inter` is per GPU: one NIC per GPU, as on DGX-class
-nodes), so G independent inter-node rings of N ranks run side by side, each on 1/G of
-the buffer:
+N > 1 nodes of G GPUs, the standard two-level model: each GPU owns a NIC (`inter` is per
+GPU, as on DGX-class nodes), so G inter-node rings of N ranks run side by side, each on
+1/G of the buffer (b', l' the inter-node network's achieved bandwidth and latency):
 
     allreduce(B) = RS_G(B) + AR_N(B/G) + AG_G(B)
                  = 2(G-1)/G * B/b + 2(G-1) l  +  2(N-1)/N * (B/G)/b' + 2(N-1) l'
     allgather(B) = AG_N(B/G) + AG_G(B) = (G-1)/G * B/b + (G-1) l + (N-1)/N * (B/G)/b' + (N-1) l'
 
-with b', l' the inter-node network's achieved bandwidth and latency per GPU. A
-reduce-scatter is the mirror image of an all-gather (same cost). With G = 1 the node
-terms vanish and the inter-node ring is the whole collective; with N = 1 the formulas are
-the one-node ones above. The inter-node rings are not a shared resource here (each GPU
-has its own NIC), so the cost is a fixed duration on each rank's net lane.
+With G = 1 the node terms vanish; with N = 1 these are the one-node formulas. The NICs
+are not a shared resource here, so a cost is a fixed duration on each rank's net lane.
 """
 
 from __future__ import annotations

@@ -1,36 +1,20 @@
 """Compute time of a model block from its matrix multiplies and its elementwise traffic.
 
-A decoder layer's forward is matrix multiplies on the tensor cores plus elementwise
-passes that do none of the counted FLOPs but move activations through HBM: norms,
-activation functions, residual adds, dropout, the attention scores' mask, softmax and
-dropout where the scores are materialized, layout copies around attention. So a block
-takes
+A block takes
 
     seconds = FLOPs / (peak x gemm_efficiency) + elementwise bytes / HBM bandwidth,
 
-and the whole model's MFU (counted FLOPs over peak x time) rises with the hidden size:
-the matrix FLOPs grow as h^2 per token, the elementwise bytes as h (and the scores as
-heads x seq). That is the ZeRO-Offload paper's own pattern (its Figures 8 and 9: hidden
-2048 at 31-36 TFLOPS, hidden 3072-4096 at 36-42 on the same V100), which one MFU per
-GPU cannot give.
-
-The elementwise bytes per token are a census of each style's ops (`FORWARD_BYTES`), each
-op's reads and writes in the activations' 16-bit dtype, at one pass per op (no fusion
-beyond what is named). `gemm_efficiency` is the one constant per GPU: it is solved so
-that the whole model's MFU at the GPU's reference shape (`GPU.mfu_reference`: the shape
-its `default_mfu` was measured or judged at; empty: the simulator's default scenario)
-equals `default_mfu`. At that shape nothing changes; elsewhere the shape decides.
-
-The head block also carries the loss over the vocabulary (`LOSS_FORWARD`,
-`LOSS_BACKWARD`): both reference codes upcast the logits to fp32 and run the softmax
-cross-entropy over every vocabulary entry of every token. Not counted: the embedding
+the elementwise bytes being the passes that do none of the counted FLOPs but move
+activations through HBM (norms, activations, residual adds, dropout, the scores' mask and
+softmax, layout copies). So the model's MFU rises with the hidden size (matrix FLOPs grow
+as h^2 per token, elementwise bytes as h), as the ZeRO-Offload paper's Figures 8 and 9
+show (hidden 2048 at 31-36 TFLOPS, 3072-4096 at 36-42 on the same V100), which one MFU
+per GPU cannot give. This module owns the per-style census of those bytes
+(`OPT_FORWARD`, `LLAMA_FORWARD` and kin, with their sources), the loss over the vocabulary on the head
+block (`LOSS_FORWARD`, `LOSS_BACKWARD`), `gemm_efficiency` (the one constant per GPU,
+solved so the GPU's `default_mfu` holds at its `mfu_reference` shape) and the host's
+kernel-launch floor (`KERNEL_CENSUS`, `launch_floor_s`). Not counted: the embedding
 lookup and its gradient, tile and wave quantization.
-
-An eager PyTorch step is also bounded by its host: each kernel is issued by Python, the
-dispatcher and autograd before the GPU can run it, so a block cannot take less than its
-kernels (`KERNEL_CENSUS`) times the host's seconds per kernel
-(`HostCPU.dispatch_s_per_kernel`): `launch_floor_s`. At fine-tuning's small micro-batches
-on a fast GPU the floor, not the FLOPs, sets the step.
 """
 
 from __future__ import annotations
@@ -145,7 +129,13 @@ def block_kernels(shape: models.ModelShape, block: models.Block,
 
 def launch_floor_s(shape: models.ModelShape, block: models.Block, checkpointing: bool,
                    dispatch_s_per_kernel: float) -> tuple[float, float]:
-    """(forward, backward) seconds the host needs to issue `block`'s kernels."""
+    """(forward, backward) seconds the host needs to issue `block`'s kernels.
+
+    An eager PyTorch step is bounded by its host too: each kernel is issued by Python, the
+    dispatcher and autograd before the GPU can run it, so a block cannot take less than its
+    kernels (`KERNEL_CENSUS`) times the host's seconds per kernel
+    (`HostCPU.dispatch_s_per_kernel`). At fine-tuning's small micro-batches on a fast GPU
+    this floor, not the FLOPs, sets the step."""
     forward, backward = block_kernels(shape, block, checkpointing)
     return forward * dispatch_s_per_kernel, backward * dispatch_s_per_kernel
 
@@ -217,7 +207,11 @@ def gemm_efficiency(mfu: float, reference: tuple[models.ModelShape, int, int, bo
                     peak_flops_per_s: float, hbm_bytes_per_s: float) -> float:
     """The matrix multiplies' share of peak that gives the whole model `mfu` at the
     reference (shape, seq, micro-batch, checkpointing): mfu = G / (G / e + M) with G the
-    matrix seconds at peak and M the elementwise seconds, so 1/e = 1/mfu - M/G."""
+    matrix seconds at peak and M the elementwise seconds, so 1/e = 1/mfu - M/G.
+
+    The reference is `GPU.mfu_reference`, the shape the GPU's `default_mfu` was measured or
+    judged at (empty: the simulator's default scenario): at that shape nothing changes,
+    elsewhere the shape decides."""
     shape, seq, micro_batch, checkpointing = reference
     gemm_s, memory_s = model_times(shape, seq, micro_batch, checkpointing,
                                    peak_flops_per_s, hbm_bytes_per_s)

@@ -2,28 +2,21 @@
 
 Without CUDA the engine has no copy engines: its device thread (a few CPU cores) computes
 and itself copies gradients down, and the host worker uploads parameters right after each
-host Adam chunk. A profile measured that way (`calibration.transfers == "emulated"`, read
-as `CostModel.emulated`) is simulated with the same schedules as a GPU (`RankSim` in
-`sims/strategies.py`, which asks `RankSim.emulated` where the engine differs), so measured
-and simulated timelines can be compared span for span (`python -m zfbench.validate`).
+host Adam chunk. A profile measured that way (`calibration.transfers == "emulated"`,
+`CostModel.emulated`) is simulated with a GPU's schedules (`RankSim`, which asks
+`RankSim.emulated` where the engine differs), so measured and simulated timelines compare
+span for span (`python -m zfbench.validate`). This module owns only what differs:
 
-This module owns only what is genuinely different:
-
-- the rate model: the device and host lanes are cores over one DRAM, so while a compute
-  span and host-lane work (host AdamW, accumulation, uploads) of one rank run at once,
-  each goes at the rate factor the profile measured for it (`emulated_rates`); and where
-  several ranks share the machine's cores (`python -m zfbench.run --gpus 4` on 2 cores),
-  the busy lanes' threads share them: every lane's work goes at cores / busy threads of
-  its rate alone when the busy lanes want more threads than there are cores (the
-  scheduler's time slicing; `cpu_share`);
-- the collectives: gloo on the CPU, measured by the run (zfbench.real.collective_probe,
-  the engine's own all-reduce and all-gather, all ranks at once) as a fixed part and a
-  part per byte (`CostModel.allreduce_s`), run by the device thread after backward over
-  the whole gradient buffer, as the engine's `reduce_grads` does;
-- how the device thread runs an op: as work on the node's fluid pool, so that rate model
-  applies to it (`device_thread_op`: compute spans and the gradient copy down);
-- the engine's per-step passes over every gradient the profile measured (`grad_check_s`
-  after backward, `grad_zero_s` at the end of the step).
+- the rate model (`emulated_rates`, `cpu_share`): a rank's compute and host-lane work
+  running at once each go at the rate factor the profile measured (two lanes of cores
+  over one DRAM); where ranks share the cores (`zfbench.run --gpus 4` on 2 cores) and the
+  busy lanes want more threads than there are cores, each goes at cores / busy threads;
+- the collectives: gloo on the CPU, measured by the run (zfbench.real.collective_probe) as
+  a fixed and a per-byte part (`CostModel.allreduce_s`), run by the device thread after
+  backward over the whole gradient buffer, as the engine's `reduce_grads` does;
+- `device_thread_op`: the device thread's ops (compute, the gradient copy down) as work
+  on the node's fluid pool, so the rate model applies to them;
+- the engine's per-step passes over every gradient (`grad_check_s`, `grad_zero_s`).
 """
 
 from __future__ import annotations

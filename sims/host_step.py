@@ -8,73 +8,14 @@ ZeRO-2 offload step runs it (`deepspeed_update`, called by `sims/strategies.py`)
 applies where no profile was measured (`CostModel.calibration is None`); a profile
 measures these rates on the very machine, and this module leaves them alone.
 
-Core binding and sockets. DeepSpeed's launcher binds each rank's threads to its own
-cores only with `--bind_cores_to_rank` (off by default); then a rank whose cores fit in
-one socket touches only that socket's memory (numactl's local allocation); bound cores past one
-socket's put their threads' share of the rank's traffic on the other socket. Unbound, each
-rank's OpenMP threads are scheduled on any core of the node, so a rank's threads run on
-every socket while its pinned buffers live where they were first touched: of its memory
-traffic the share (sockets - 1) / sockets crosses the socket link. Cross-socket traffic streams at
-`REMOTE_DRAM_RATE` of a local stream, so the rank's host work runs at
-`numa_factor` = 1 / ((1 - f) + f / REMOTE_DRAM_RATE) of its local rate, f the remote share.
-(The DeepSpeed core-binding blog measured binding to take Qwen2.5-3B ZeRO-Offload on 2 x
-A100 from 2.887 to 2.497 s; DeepSpeed PR #7474 from 3.084 to 2.383 s: this is the
-mechanism named there, threads of the ranks contending across the node's cores.)
-
-Achieved CPU-Adam rates. How many parameters per second one core of a given CPU updates
-in DeepSpeed's CPU-Adam is not a number a datasheet gives: it depends on the SIMD width,
-the clock under all-core load and the memory system. A preset's
-`adam_params_per_s_per_core` is therefore taken from one published measurement of that
-host (its local rate: the measured rate divided by the measurement's own `numa_factor`),
-and that measurement is a calibration row of `python -m zfbench.validate --published`:
-`CALIBRATION_ROWS` names it, validate marks it and leaves it out of the error.
-`calibrated_adam_rate` is the arithmetic, and tests/test_host_step.py checks that the
-presets hold exactly what it gives for their rows.
-
-Host gradient accumulation is memory-bound streaming (one fused multiply-add per element
-over ~10 B of DRAM traffic), not CPU-Adam's arithmetic: its per-core rate
-`ACCUM_ELEMS_PER_CORE_S` is its own constant, not a multiple of the host's Adam rate.
-
-DeepSpeed's host step beside CPU-Adam. With the optimizer offloaded, DeepSpeed's ZeRO-2
-`step()` (deepspeedai/DeepSpeed, deepspeed/runtime/zero/stage_1_and_2.py, the
-`cpu_offload` branch) runs, per parameter group, over the rank's whole partition and one
-after the other: `unscale_and_clip_grads` (`grad.data.mul_(1 / combined_scale)` over the
-fp32 gradient partition: every step, also at loss scale 1), `_optimizer_step` (CPU-Adam;
-its `fp16_param_groups` path that writes the 16-bit copy inside the Adam loop is
-commented out there, "Disabled, this is not currently working"), then
-`bit16_partition_buffer.data.copy_(fp32_partition.data)` (the fp32 master into the 16-bit
-pinned buffer, on the CPU, blocking) and only then one non-blocking copy of that buffer up
-to the device, and the all-gather after every group. The conversion therefore blocks
-after Adam and does not overlap it, and nothing goes up before the whole partition is
-updated. Gradient dtype conversion on arrival costs the host nothing there: the copy into
-the fp32 gradient partition (`async_inplace_copy_grad_to_fp32_buffer_from_gpu`) converts
-on the device (`src_tensor.float()`) before the copy, so each gradient crosses PCIe as
-fp32: `GRAD_WIRE_BYTES` per element, twice the 16-bit gradient's bytes, for ZeRO-Offload
-and its delayed update alike (they share `copy_grads_in_partition`). The clip and the conversion are
-memory-bound streaming passes (`CLIP_BYTES_PER_ELEM`, `CONVERT_BYTES_PER_ELEM`), at the
-per-core streaming rate of host accumulation, capped by DRAM like every host job.
-
-The fused upload of DeepSpeed 0.3 to 0.8 (`SimSettings.fused_param_upload`). From
-ZeRO-Offload's release (deepspeedai/DeepSpeed PRs #365 and #367, September 2020) until
-PR #3097 ("Disable Stage 1&2 CPUAdam pathways", March 2023), ZeRO-2's offload step called
-`optimizer.step(fp16_param_groups=...)` with fp16 weights: the C++ CPU-Adam
-(csrc/adam/cpu_adam.cpp, `Adam_Optimizer::Step`) walks the partition in tiles of
-`FUSED_TILE_ELEMS` elements, writes each tile's new fp32 parameters into one of two
-pinned buffers as it goes, and launches `launch_param_update`, a device kernel that reads
-that buffer over PCIe and writes the fp16 weights, on a stream, before it starts the next
-tile. So there is no host conversion pass, each tile's parameters go up while the next
-tile's Adam runs (the wire carries fp32: `FUSED_WIRE_BYTES`), and a tile's buffer is
-written again two tiles later. The rows of the ZeRO-Offload paper (fp16, 2020) ran this
-path; DeepSpeed today (and bf16 always) runs the blocking conversion above.
-
-What the ZenFlow blog's Figure 3 "CPU parameter update 4600 ms" covers (judgment): the
-host's whole optimizer step, clip + CPU-Adam + conversion: the figure shows the GPU idle
-from the gradients' arrival to the parameters' upload (500 ms, a phase of its own) with no
-other host phase. Its calibration row therefore measures `host_step_time_s` (first clip to
-last conversion), and `calibrated_adam_rate` takes the two streaming passes' seconds
-(`streaming_pass_s`, as the fluid pool runs them: every rank of the node at once) out of
-the 4600 ms before dividing. Table 4 of the ZeRO-Offload paper times CPU-Adam alone (a
-microbenchmark): nothing is taken out of its 2.57 s.
+It owns: the NUMA model of core binding (`remote_share`, `numa_factor`,
+`REMOTE_DRAM_RATE`); the streaming passes beside CPU-Adam (clip, 16-bit conversion) and
+host accumulation's own per-core rate (`ACCUM_ELEMS_PER_CORE_S`); how a host preset's
+CPU-Adam rate is derived from one published measurement (`calibrated_adam_rate`,
+`CALIBRATION_ROWS`, checked by tests/test_host_step.py); the order of DeepSpeed's
+offload step today (`deepspeed_update`: clip, CPU-Adam, blocking conversion, one upload)
+and DeepSpeed 0.3-0.8's fused fp16 upload (`fused_update`, `SimSettings.fused_param_upload`).
+Each function's docstring gives its DeepSpeed source lines.
 """
 
 from __future__ import annotations
@@ -85,20 +26,24 @@ from __future__ import annotations
 REMOTE_DRAM_RATE = 0.6
 # Host gradient accumulation, elements per second per core (judgment: one core streams
 # ~10 GB/s, i.e. ~0.9 G elements/s at ~10 B per element; the value is the earlier
-# 30 x 29.5 M/s, unchanged, now independent of the host's Adam rate). DRAM bandwidth
-# still caps the sum through the fluid pool.
+# 30 x 29.5 M/s, unchanged, now independent of the host's Adam rate). Accumulation is
+# memory-bound streaming (one fused multiply-add per element over ~10 B of DRAM traffic),
+# not CPU-Adam's arithmetic, so its rate is not a multiple of the host's Adam rate. DRAM
+# bandwidth still caps the sum through the fluid pool.
 ACCUM_ELEMS_PER_CORE_S = 30.0 * 29.5e6
-# Bytes per element of the host's passes beside Adam (stage_1_and_2.py, module docstring):
+# Bytes per element of the host's passes beside Adam (stage_1_and_2.py, `deepspeed_update`):
 # unscale/clip reads and writes the fp32 gradient (mul_ in place); the conversion reads the
 # fp32 master and writes the 16-bit copy.
 CLIP_BYTES_PER_ELEM = 8.0
 CONVERT_BYTES_PER_ELEM = 6.0
-# Bytes per element of a ZeRO-Offload gradient on the link (module docstring): fp32, as
+# Bytes per element of a ZeRO-Offload gradient on the link: fp32 (twice the 16-bit
+# gradient's bytes, for ZeRO-Offload and its delayed update alike: they share
+# `copy_grads_in_partition`), as
 # `async_inplace_copy_grad_to_fp32_buffer_from_gpu` in DeepSpeed's stage_1_and_2.py sends
 # it (`src_tensor.float()` on the device, then `dest_tensor.copy_(src_tensor)` into the
 # host's fp32 gradient partition), unless fp16_master_weights_and_gradients is set.
 GRAD_WIRE_BYTES = 4.0
-# The fused upload (module docstring): elements per tile, csrc/includes/cpu_adam.h of
+# The fused upload (`fused_update`): elements per tile, csrc/includes/cpu_adam.h of
 # DeepSpeed 0.3 (`#define TILE (1024 * 1024 * 1024)`); bytes per element on the link, the
 # fp32 tile buffer that `launch_param_update` reads (the device converts to fp16).
 FUSED_TILE_ELEMS = 1024 ** 3
@@ -116,7 +61,18 @@ CALIBRATION_ROWS = {
 
 def remote_share(sockets: int, cores_per_socket: float, cores_per_rank: float,
                  bound: bool) -> float:
-    """Share of a rank's host memory traffic that crosses sockets (module docstring)."""
+    """Share of a rank's host memory traffic that crosses sockets.
+
+    DeepSpeed's launcher binds each rank's threads to its own cores only with
+    `--bind_cores_to_rank` (off by default); then a rank whose cores fit in one socket
+    touches only that socket's memory (numactl's local allocation), and bound cores past
+    one socket's put their threads' share of the rank's traffic on the other socket.
+    Unbound, each rank's OpenMP threads run on every socket of the node while its pinned
+    buffers live where they were first touched: (sockets - 1) / sockets of its traffic
+    crosses the socket link, at `REMOTE_DRAM_RATE` of a local stream (`numa_factor`). The
+    DeepSpeed core-binding blog measured binding to take Qwen2.5-3B ZeRO-Offload on 2 x
+    A100 from 2.887 to 2.497 s, DeepSpeed PR #7474 from 3.084 to 2.383 s: this is the
+    mechanism named there, the ranks' threads contending across the node's cores."""
     if sockets <= 1:
         return 0.0
     if bound:  # its threads past one socket's cores reach back to the home socket
@@ -126,7 +82,8 @@ def remote_share(sockets: int, cores_per_socket: float, cores_per_rank: float,
 
 def numa_factor(sockets: int, cores_per_socket: float, cores_per_rank: float,
                 bound: bool) -> float:
-    """A rank's host work rate over its all-local rate."""
+    """A rank's host work rate over its all-local rate: 1 / ((1 - f) + f /
+    REMOTE_DRAM_RATE), f the remote share."""
     f = remote_share(sockets, cores_per_socket, cores_per_rank, bound)
     return 1.0 / ((1.0 - f) + f / REMOTE_DRAM_RATE)
 
@@ -149,7 +106,7 @@ def streaming_pass_s(elems: float, bytes_per_elem: float, cores_per_rank: float,
 def beside_adam_s(elems: float, cores_per_rank: float, factor: float,
                   dram_bytes_per_s: float, ranks_on_node: int) -> float:
     """Seconds of DeepSpeed's clip and conversion passes over a rank's partition of
-    `elems` elements (module docstring), every rank at once."""
+    `elems` elements (`deepspeed_update`), every rank at once."""
     return sum(streaming_pass_s(elems, b, cores_per_rank, factor, dram_bytes_per_s,
                                 ranks_on_node)
                for b in (CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM))
@@ -161,7 +118,21 @@ def calibrated_adam_rate(params: float, seconds: float, cores_per_rank: float,
     `params` parameters per rank in `seconds`, of which `other_s` is host work beside Adam
     (`beside_adam_s` where the measurement covers the whole host step), the rank on
     `cores_per_rank` cores whose `numa_factor` was `factor` (all ranks updating at the same
-    time, each on its cores)."""
+    time, each on its cores).
+
+    How many parameters per second one core updates in DeepSpeed's CPU-Adam is not a
+    datasheet number (SIMD width, all-core clock, memory system), so a host preset's
+    `adam_params_per_s_per_core` is taken from one published measurement of that host
+    (its local rate: the measured rate over the measurement's own `numa_factor`); that
+    row is a calibration row of `validate --published` (`CALIBRATION_ROWS`: marked, left
+    out of the error), and tests/test_host_step.py checks the presets hold what this gives.
+    The ZenFlow blog's Figure 3 "CPU parameter update 4600 ms" covers the host's whole
+    step, clip + CPU-Adam + conversion (judgment: the figure shows the GPU idle from the
+    gradients' arrival to the parameters' upload, 500 ms, with no other host phase), so
+    its row measures `host_step_time_s` and the two streaming passes' seconds
+    (`streaming_pass_s`, every rank of the node at once) are `other_s`. Table 4 of the
+    ZeRO-Offload paper times CPU-Adam alone (a microbenchmark): nothing is taken out of
+    its 2.57 s."""
     return params / ((seconds - other_s) * cores_per_rank * factor)
 
 
@@ -173,7 +144,7 @@ def fused_tiles(elems: float) -> list[float]:
 
 def clip_adam_convert(sim, step: int, elems: float, deps):
     """DeepSpeed's host passes over `elems` elements of the rank's partition, one after
-    the other on its host lane (module docstring): unscale/clip, CPU-Adam, the fp32 master
+    the other on its host lane (`deepspeed_update`): unscale/clip, CPU-Adam, the fp32 master
     into 16 bits; returns the Adam event (the gradient is consumed) and the conversion's
     (the 16-bit parameters are ready). ZeRO-2's offload step runs them over the whole
     partition, ZeRO-3's (zfbench.sims.zero_infinity) bucket by bucket."""
@@ -183,12 +154,26 @@ def clip_adam_convert(sim, step: int, elems: float, deps):
 
 
 def deepspeed_update(sim, step: int, deps):
-    """DeepSpeed's ZeRO-2 offload step on the host of `sim` (a `RankSim`; module
-    docstring): unscale/clip over the rank's fp32 gradient partition, CPU-Adam over all of
+    """DeepSpeed's ZeRO-2 offload step on the host of `sim` (a `RankSim`): unscale/clip over the rank's fp32 gradient partition, CPU-Adam over all of
     it, the fp32 master into the 16-bit pinned buffer, then the partition up in one copy
     and the all-gather (or, with `fused_param_upload`, `fused_update`); returns the event
     of the gather (or upload) and, per bucket, the Adam event (the host is done with the
-    gradient there)."""
+    gradient there).
+
+    With the optimizer offloaded, DeepSpeed's ZeRO-2 `step()` (deepspeedai/DeepSpeed,
+    stage_1_and_2.py, the `cpu_offload` branch) runs, per parameter group, over the
+    rank's whole partition one after the other: `unscale_and_clip_grads`
+    (`grad.data.mul_(1 / combined_scale)` over the fp32 gradient: every step, also at
+    loss scale 1), `_optimizer_step` (CPU-Adam; its `fp16_param_groups` path that writes
+    the 16-bit copy inside Adam is commented out there, "Disabled, this is not currently
+    working"), `bit16_partition_buffer.data.copy_(fp32_partition.data)` (on the CPU,
+    blocking), only then one non-blocking copy of that buffer up, and the all-gather
+    after every group. So the conversion does not overlap Adam and nothing goes up before
+    the whole partition is updated. Gradients cost the host no conversion on arrival:
+    `async_inplace_copy_grad_to_fp32_buffer_from_gpu` converts on the device
+    (`src_tensor.float()`), so each crosses PCIe as fp32 (`GRAD_WIRE_BYTES`). The clip and
+    the conversion are streaming passes (`CLIP_BYTES_PER_ELEM`, `CONVERT_BYTES_PER_ELEM`)
+    at host accumulation's per-core streaming rate, capped by DRAM like every host job."""
     c = sim.costs
     part = c.share(c.params)
     if c.settings.fused_param_upload:
@@ -200,9 +185,20 @@ def deepspeed_update(sim, step: int, deps):
 
 
 def fused_update(sim, step: int, part: float, clip):
-    """DeepSpeed 0.3 to 0.8's fp16 CPU-Adam (module docstring): tile by tile, each tile's
+    """DeepSpeed 0.3 to 0.8's fp16 CPU-Adam: tile by tile, each tile's
     fp32 parameters up (converted on the device) while the next tile's Adam runs, a
-    tile's buffer reused two tiles later; the all-gather after the last."""
+    tile's buffer reused two tiles later; the all-gather after the last.
+
+    From ZeRO-Offload's release (deepspeedai/DeepSpeed PRs #365 and #367, September 2020)
+    until PR #3097 ("Disable Stage 1&2 CPUAdam pathways", March 2023), ZeRO-2's offload
+    step called `optimizer.step(fp16_param_groups=...)` with fp16 weights: the C++ CPU-Adam
+    (csrc/adam/cpu_adam.cpp, `Adam_Optimizer::Step`) walks the partition in tiles of
+    `FUSED_TILE_ELEMS`, writes each tile's new fp32 parameters into one of two pinned
+    buffers and launches `launch_param_update` (a device kernel that reads that buffer over
+    PCIe and writes the fp16 weights) on a stream before the next tile. So there is no host
+    conversion pass and the wire carries fp32 (`FUSED_WIRE_BYTES`). The ZeRO-Offload
+    paper's rows (fp16, 2020) ran this path; DeepSpeed today (and bf16 always) runs
+    `deepspeed_update`'s blocking conversion."""
     adam, ups = clip, []
     for k, elems in enumerate(fused_tiles(part)):
         reuse = [ups[k - 2]] if k >= 2 else []  # its buffer's previous tile is up

@@ -4,25 +4,18 @@ This module owns how NVMe reads and writes share a node's drives. Every node has
 array (the DGX-2's drives are the node's; ZeRO-Infinity's NVMe runs over many nodes, each
 rank swapping its partition to its own node's drives), shared by that node's ranks only.
 The drives form one striped array (DeepSpeed's `nvme_path` on a RAID-0 of the node's
-drives, as ZeRO-Infinity is run), and every rank's reads and writes share its *drive
-time*: with k jobs active, each gets `drives / k` drives' worth of time, and moves
-`read_bytes_per_s` (or `write_bytes_per_s`) per drive-second. So one job alone reads at
-`drives * read`, a read and a write together get half the array each, and the array's busy
-drive-seconds per step are `read_bytes / read + write_bytes / write` over the drives
-(judgment: a flash array serves reads and writes from the same channels, so a mixed load
-gets the time-weighted mix of the sequential rates, not both rates at once; the vendor
-rates are per drive, zfbench/data/hardware.json "nvme_drives").
+drives), and the active reads and writes share its *drive time* (`nvme_rates`): with k
+jobs active each gets `drives / k` drives' worth and moves `read_bytes_per_s` (or
+`write_bytes_per_s`) per drive-second (judgment: a flash array serves reads and writes from
+the same channels, so a mixed load gets the time-weighted mix of the sequential rates; the
+vendor rates are per drive, zfbench/data/hardware.json "nvme_drives").
 
-The drives are a second `FluidPool` beside the node's links-and-DRAM pool (processor
-sharing, rates recomputed whenever a job starts or ends), so their traffic neither
-takes PCIe switch bandwidth from the GPUs (the drives hang off the CPU's own lanes) nor
-DRAM bandwidth from the host Adam (a simplification: DeepSpeed's aio reads into pinned
-DRAM). Each rank gets two in-order lanes on it, `nvme_read` and `nvme_write`, so a rank
-can read one bucket while writing another.
-
-The lanes record their spans in the run's timeline (lanes and ops `nvme_read` /
-`nvme_write` of zfbench/core/trace.py's vocabulary; `nvme_spans(timeline)` lists them), so the
-GPU's wait on the drives counts as exposed I/O in the breakdown.
+The drives are a second `FluidPool` beside the node's links-and-DRAM pool, so their
+traffic takes neither PCIe switch bandwidth from the GPUs (the drives hang off the CPU's
+own lanes) nor DRAM bandwidth from the host Adam (a simplification: DeepSpeed's aio reads
+into pinned DRAM). Each rank gets two in-order lanes on it, `nvme_read` and `nvme_write`,
+whose spans go to the run's timeline (`nvme_spans`), so the GPU's wait on the drives
+counts as exposed I/O.
 """
 
 from __future__ import annotations

@@ -2,37 +2,22 @@
 
 DeepSpeed's ZeRO stages 1-2 (deepspeed/runtime/zero/stage_1_and_2.py, `stage2.py` in its
 2020-2021 releases), the engine under ZeRO-Offload, flatten the 16-bit parameters in
-module order and give rank r of N the contiguous slice [r P/N, (r+1) P/N): its partition,
-whose fp32 master, moments and gradient that rank alone holds and updates. In backward, as
-each gradient bucket fills:
+module order and give rank r of N the slice [r P/N, (r+1) P/N) as its partition (fp32
+master, moments, gradient). In backward each bucket is reduce-scattered to the owners
+of its parts (`average_tensor` with `reduce_scatter` on, the default: (n-1)/n of the bucket
+per rank), and with the optimizer offloaded each owner copies its part down
+(`copy_grads_in_partition` -> `async_inplace_copy_grad_to_fp32_buffer_from_gpu`) on the
+stream that reduced it. So a bucket goes down through the links of the few ranks that own
+it, and the next reduction, which every rank joins, waits behind that copy: the
+ZeRO-Infinity paper's explanation of its Figure 6c (Rajbhandari et al., SC 2021, arXiv
+2104.07857, section 6.1; against its bandwidth-centric partitioning, `zfbench.sims.zero3`).
 
-- the bucket is reduced so that each rank receives only the part of it inside its own
-  partition (`average_tensor` with `reduce_scatter` on, DeepSpeed's default): a ring
-  reduce-scatter's bytes, (n-1)/n of the bucket per rank, half of an all-reduce's;
-- with the optimizer offloaded, each owner then copies its part down into its host fp32
-  gradient partition (`copy_grads_in_partition` ->
-  `async_inplace_copy_grad_to_fp32_buffer_from_gpu`) on the stream that reduced it; a
-  rank that owns none of the bucket copies nothing.
-
-A bucket therefore goes down through the PCIe links of the one rank, or the few ranks,
-whose partitions it overlaps, and the next bucket's reduction, a collective every rank
-joins, is queued behind that copy on the owners' stream, so every rank waits for it. That
-is the ZeRO-Infinity paper's explanation of its Figure 6c (Rajbhandari et al., SC 2021,
-arXiv 2104.07857, section 6.1, against its "bandwidth-centric partitioning", which splits
-every bucket over all ranks: `zfbench.sims.zero3`): ZeRO-Offload's offload runs through a
-few links at a time however many GPUs there are. After the host step each rank uploads
-its partition and the ranks all-gather the model (`zfbench.sims.host_step`).
-
-Here a bucket is a block of the model (`CostModel.buckets`, forward order) and a rank owns
-the part of it that overlaps its partition. Each rank is its own SimPy process, so the
-cross-rank waits (a reduction as a rendezvous of every rank, behind the previous bucket's
-owners' copies: `reduce_deps`) go through `Sync`, one per simulation; `reduce_bucket`
-issues a rank's reduction of a bucket (a reduce-scatter, or zfbench's engine's
-all-reduce).
-
-Only simulations from presets (`CostModel.calibration` None) partition this way; a
-measured profile keeps what zfbench's engine does (real/): it all-reduces every gradient
-and each rank copies down and updates a 1/N share of every bucket.
+This module owns the ownership arithmetic (a bucket is a block of the model,
+`CostModel.buckets`; `owners`, `owned_numel`), a rank's reduction of a bucket
+(`reduce_bucket`), and the cross-rank waits (`reduce_deps`, through one `Sync` per
+simulation). Only simulations from presets (`CostModel.calibration` None) partition this
+way; a measured profile keeps what zfbench's engine does (real/): it all-reduces every
+gradient and each rank copies down and updates a 1/N share of every bucket.
 """
 
 from __future__ import annotations

@@ -2,69 +2,17 @@
 
 Each rank's process is its compute stream: it runs forward, backward (bucket by bucket, in
 reverse) and device optimizer ops itself and submits transfers, host work and collectives
-to its lanes with the dependencies the real engine has:
-
-- `device`: forward, backward, gradient reduction (from presets DeepSpeed ZeRO-2's
-  reduce-scatter, `sims/partitioning.py`; with a measured profile the engine's
-  all-reduce), the device step (Adam and, from presets, DeepSpeed's passes beside it:
-  `sims/device_step.py`), parameter all-gather.
-- `zero-offload`: each bucket's gradient goes down as soon as backward produced it; from
-  presets it is reduce-scattered to the ranks whose ZeRO-2 partitions it overlaps and only
-  they copy their part, the next reduction waiting for those copies
-  (`sims/partitioning.py`; with a measured profile: all-reduced, each rank a 1/N share) (from
-  presets as fp32, DeepSpeed's `.float()` before the copy: `CostModel.grad_wire_bytes`;
-  the accumulation micro-steps' copies stay 16-bit); after
-  the last, the host runs DeepSpeed's step (simulations from presets,
-  zfbench/sims/host_step.py): unscale/clip, CPU-Adam and the fp32 -> 16-bit conversion over
-  the rank's whole partition, then the partition goes up in one copy and is all-gathered;
-  with a measured profile (zfbench's engine) Adam runs chunk by chunk, each chunk's
-  parameters up as soon as it is done. The next forward waits for all of them.
-- `zero-offload-dpu`: the same ops, but forward t+1 waits only for the update of step
-  t-1 (one step stale); the buckets land in one of two alternating host buffers, so none
-  waits for the host to consume the previous step's gradient (emulated: the one copy
-  down waits for it).
-- `zero-infinity`: ZeRO-3 with parameters (and optimizer state) offloaded: every bucket
-  fetched before its forward and again before its backward, gradients reduce-scattered
-  and sent down, host Adam, no upload (`sims/zero_infinity.py`).
-- `zenflow`: warm-up steps are zero-offload steps; then every step sends the unselected
-  share of each gradient down and accumulates it on the host while the device updates
-  the selected columns; at each update boundary the host Adam runs over the window and its
-  parameters go up. With `overlap_step` the device waits, at the next boundary, for the
-  previous window's update only (one window stale); without it, at once.
-
-With gradient accumulation (`grad_accum` A > 1; device, zero-offload and zero-offload-dpu
-here, zero-infinity in zfbench.sims.zero_infinity the same way) a step is A micro-steps:
-A - 1 accumulation micro-steps (`accumulate`), then the strategy's own step as the last.
-A micro-step runs forward and backward, each bucket's gradient all-reduced (device: the
-ZeRO-2 reduction happens every micro-step). The offloading
-strategies accumulate as DeepSpeed's ZeRO-2 CPU offload does
-(`async_accumulate_grad_in_cpu_via_gpu` in its stage_1_and_2.py): the rank's share of
-each bucket lives in a pinned 16-bit host buffer between micro-steps; from the second
-micro-step on it first comes up (h2d, recorded as `h2d_param`, as zenflow's shipped round
-trip is) to be added to the new gradient on the device, and every micro-step but the
-last sends the sum down (d2h `d2h_grad`); the last sends it down as the step's gradient.
-The add itself (one read-read-write of the share in HBM, milliseconds against seconds of
-compute) is left out. No host compute is spent on accumulation.
+to its lanes with the dependencies the real engine has. This module owns those schedules
+(`RankSim`, one step method per strategy: `device`, `zero-offload`, `zero-offload-dpu`,
+`zenflow`; `zero-infinity`'s is `sims/zero_infinity.py`), gradient accumulation's
+micro-steps (`accumulate`, as DeepSpeed's ZeRO-2 CPU offload accumulates), and the
+variants for pageable buffers, `overlap_comm` off and the CPU-emulated accelerator.
+`RankSim`'s docstring states each strategy's schedule; the costs come from `CostModel`,
+ZeRO-2's partitions from `sims/partitioning.py`, DeepSpeed's host step from
+`sims/host_step.py`, the emulated rate model from `sims/emulated.py`.
 
 A step's wall interval runs from its forward's start to the moment the next forward may
 start; the stall the analysis reports is that interval minus the compute lane's busy time.
-
-With pageable host buffers (`pin_memory` False, from presets) every copy is staged by the
-driver and a gradient's copy down during backward holds the compute lane until it has
-landed (`sims/pageable.py`). Without `overlap_comm` (from presets; device, zero-offload
-and zero-offload-dpu) each bucket's reduction and copy run on the compute stream, so the
-compute lane waits for both (`CostModel.serial_grad_reduction`).
-
-The same schedules run on a CPU-emulated accelerator (`RankSim.emulated`, from the cost
-model: a profile measured without CUDA; what differs there is in `sims/emulated.py`). The
-engine has no copy engines there, so: compute spans are pool work slowed by host work
-beside them; after backward (and the engine's gradient check) the device thread itself
-copies every gradient down in one copy; uploads run on the host worker; applying an
-uploaded update is a device copy, which `zero-offload-dpu` does right before its
-gradients go down (not at the end of the step) and `zenflow` at its boundaries; zenflow's
-selection steps after step 0 first apply what is pending and copy the parameters down
-(the master re-synced from the device), and its device update adds the selected columns'
-gather and scatter; every step ends with the engine zeroing the gradients.
 """
 
 from __future__ import annotations
@@ -89,7 +37,69 @@ GRAD_ACCUM_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zero-inf
 
 
 class RankSim:
-    """One rank: its lanes, its costs, and the strategy step functions."""
+    """One rank: its lanes, its costs, and the strategy step functions.
+
+    Each strategy's schedule, with the dependencies the real engine has:
+
+    - `device`: forward, backward, gradient reduction (from presets DeepSpeed ZeRO-2's
+      reduce-scatter, `sims/partitioning.py`; with a measured profile the engine's
+      all-reduce), the device step (Adam and, from presets, DeepSpeed's passes beside it:
+      `sims/device_step.py`), parameter all-gather.
+    - `zero-offload`: each bucket's gradient goes down as soon as backward produced it; from
+      presets it is reduce-scattered to the ranks whose ZeRO-2 partitions it overlaps and only
+      they copy their part, the next reduction waiting for those copies
+      (`sims/partitioning.py`; with a measured profile: all-reduced, each rank a 1/N share) (from
+      presets as fp32, DeepSpeed's `.float()` before the copy: `CostModel.grad_wire_bytes`;
+      the accumulation micro-steps' copies stay 16-bit); after
+      the last, the host runs DeepSpeed's step (simulations from presets,
+      zfbench/sims/host_step.py): unscale/clip, CPU-Adam and the fp32 -> 16-bit conversion over
+      the rank's whole partition, then the partition goes up in one copy and is all-gathered;
+      with a measured profile (zfbench's engine) Adam runs chunk by chunk, each chunk's
+      parameters up as soon as it is done. The next forward waits for all of them.
+    - `zero-offload-dpu`: the same ops, but forward t+1 waits only for the update of step
+      t-1 (one step stale); the buckets land in one of two alternating host buffers, so none
+      waits for the host to consume the previous step's gradient (emulated: the one copy
+      down waits for it).
+    - `zero-infinity`: ZeRO-3 with parameters (and optimizer state) offloaded: every bucket
+      fetched before its forward and again before its backward, gradients reduce-scattered
+      and sent down, host Adam, no upload (`sims/zero_infinity.py`).
+    - `zenflow`: warm-up steps are zero-offload steps; then every step sends the unselected
+      share of each gradient down and accumulates it on the host while the device updates
+      the selected columns; at each update boundary the host Adam runs over the window and its
+      parameters go up. With `overlap_step` the device waits, at the next boundary, for the
+      previous window's update only (one window stale); without it, at once.
+
+    With gradient accumulation (`grad_accum` A > 1; device, zero-offload and zero-offload-dpu
+    here, zero-infinity in zfbench.sims.zero_infinity the same way) a step is A micro-steps:
+    A - 1 accumulation micro-steps (`accumulate`), then the strategy's own step as the last.
+    A micro-step runs forward and backward, each bucket's gradient all-reduced (device: the
+    ZeRO-2 reduction happens every micro-step). The offloading
+    strategies accumulate as DeepSpeed's ZeRO-2 CPU offload does
+    (`async_accumulate_grad_in_cpu_via_gpu` in its stage_1_and_2.py): the rank's share of
+    each bucket lives in a pinned 16-bit host buffer between micro-steps; from the second
+    micro-step on it first comes up (h2d, recorded as `h2d_param`, as zenflow's shipped round
+    trip is) to be added to the new gradient on the device, and every micro-step but the
+    last sends the sum down (d2h `d2h_grad`); the last sends it down as the step's gradient.
+    The add itself (one read-read-write of the share in HBM, milliseconds against seconds of
+    compute) is left out. No host compute is spent on accumulation.
+
+    With pageable host buffers (`pin_memory` False, from presets) every copy is staged by the
+    driver and a gradient's copy down during backward holds the compute lane until it has
+    landed (`sims/pageable.py`). Without `overlap_comm` (from presets; device, zero-offload
+    and zero-offload-dpu) each bucket's reduction and copy run on the compute stream, so the
+    compute lane waits for both (`CostModel.serial_grad_reduction`).
+
+    The same schedules run on a CPU-emulated accelerator (`RankSim.emulated`, from the cost
+    model: a profile measured without CUDA; what differs there is in `sims/emulated.py`). The
+    engine has no copy engines there, so: compute spans are pool work slowed by host work
+    beside them; after backward (and the engine's gradient check) the device thread itself
+    copies every gradient down in one copy; uploads run on the host worker; applying an
+    uploaded update is a device copy, which `zero-offload-dpu` does right before its
+    gradients go down (not at the end of the step) and `zenflow` at its boundaries; zenflow's
+    selection steps after step 0 first apply what is pending and copy the parameters down
+    (the master re-synced from the device), and its device update adds the selected columns'
+    gather and scatter; every step ends with the engine zeroing the gradients.
+    """
 
     def __init__(self, env: simpy.Environment, timeline: Timeline, pool: FluidPool,
                  costs: CostModel, rank: int, sync: partitioning.Sync | None = None) -> None:

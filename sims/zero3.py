@@ -4,34 +4,21 @@ This module owns the cost arithmetic of the `zero-infinity` strategy (DeepSpeed'
 with parameters and optimizer state offloaded, Rajbhandari et al. 2021, "ZeRO-Infinity:
 Breaking the GPU Memory Wall for Extreme Scale Deep Learning"), on top of `CostModel`:
 
-- parameters are partitioned: each rank owns 1/N of every bucket, kept on the host (or on
-  NVMe) as 16-bit values. To compute a bucket each rank copies its share up (h2d) and
-  the ranks all-gather the bucket (ZeRO-Infinity's bandwidth-centric partitioning: every
-  rank's link carries 1/N, so the node's links work in parallel); once for forward and
-  once more for backward, so 2 x P x b / N bytes up per rank per step;
-- each bucket's gradient is reduce-scattered as backward produces it and the rank's
-  share goes down; the host AdamW updates that share. From presets the share goes down in
-  fp32 (P x 4 / N per rank per step), as the DeepSpeed ZeRO-Infinity ran converts it on
-  the device first (stage3.py's `partition_previous_reduced_grads`, 2021: with the state
-  on the host `async_inplace_copy_grad_to_fp32_buffer_from_gpu`, `param.grad.float()`
-  then the copy into the fp32 gradient; with the state on NVMe `param.grad.float()` handed
-  to the optimizer swapper); with a measured profile in the 16-bit dtype
-  (`CostModel.grad_wire_bytes`);
-- nothing goes up at the end of a step: the next step's fetches read the host copy;
-- with `offload_params="nvme"` the 16-bit parameters and the fp32 optimizer state
-  (master, m, v) live on NVMe: each fetch first reads the share from NVMe, the host
-  update reads the state and writes it back with the new 16-bit parameters;
-- with the optimizer state on NVMe the fp32 gradient share goes there too: once down it is
-  written to NVMe (`swap_out_gradients`), and the host update reads it back with the
-  state (`swap_in_optimizer_state` swaps in the sub-group's gradients after flushing the
-  gradient writes), so the host holds no fp32 gradient buffer for the model (only, with
-  gradient accumulation, the 16-bit sums: zfbench.sims.zero_infinity);
+- parameters are partitioned: each rank owns 1/N of every bucket as 16-bit values on the
+  host (or NVMe), copies its share up and the ranks all-gather the bucket
+  (bandwidth-centric partitioning: every rank's link carries 1/N), once for forward and
+  once for backward: 2 x P x b / N bytes up per rank per step;
+- each bucket's gradient is reduce-scattered as backward produces it and the rank's share
+  goes down (`grad_share_bytes`: fp32 from presets), for the host AdamW; nothing goes up
+  at the end of a step, the next step's fetches read the host copy;
+- on NVMe (`offload_params="nvme"`, or the optimizer state alone) a fetch first reads the
+  share from NVMe, and the host update reads the fp32 state and gradient and writes them
+  back with the new 16-bit parameters where those live there (`state_read_bytes`,
+  `state_write_bytes`, `grad_swap_bytes`);
 - the two placements are separate settings, as DeepSpeed's `offload_param` and
-  `offload_optimizer` are (ZeRO-Infinity, Rajbhandari et al. 2021, section 5: parameters
-  and optimizer state may each go to CPU or NVMe): `offload_params="none"` keeps each
-  rank's 16-bit partition on its GPU (a fetch is the all-gather alone), so after the
-  host update the rank's new share goes up (h2d); `offload_optimizer` puts the state on
-  the host or NVMe whatever the parameters do (`SimSettings.optimizer_placement`).
+  `offload_optimizer` are (ZeRO-Infinity section 5): `offload_params="none"` keeps each
+  rank's 16-bit partition on its GPU (a fetch is the all-gather alone, the new share goes
+  up after the update); `SimSettings.optimizer_placement` places the state.
 
 All functions take a `CostModel` and return per-rank quantities unless they say node.
 """
@@ -63,13 +50,21 @@ def share_bytes(c, i: int) -> int:
 def grad_share_bytes(c, i: int) -> int:
     """Bytes of the rank's share of bucket i's gradient on its way down: fp32 from presets
     (converted on the device before the copy), the 16-bit dtype with a measured profile
-    (`CostModel.grad_wire_bytes`)."""
+    (`CostModel.grad_wire_bytes`). The DeepSpeed ZeRO-Infinity ran converts it on the
+    device first (stage3.py's `partition_previous_reduced_grads`, 2021: with the state on
+    the host `async_inplace_copy_grad_to_fp32_buffer_from_gpu`, `param.grad.float()` then
+    the copy into the fp32 gradient; with the state on NVMe `param.grad.float()` handed to
+    the optimizer swapper)."""
     return int(round(c.share(c.buckets[i].numel) * c.grad_wire_bytes))
 
 
 def grad_swap_bytes(c, i: int) -> float:
     """NVMe bytes of the rank's fp32 gradient share of bucket i: written once it is down
-    and read back before its update where the optimizer state is on NVMe (0 elsewhere)."""
+    and read back before its update where the optimizer state is on NVMe (0 elsewhere):
+    `swap_out_gradients` writes it, and `swap_in_optimizer_state` swaps in the sub-group's
+    gradients with the state after flushing the gradient writes, so the host then holds no
+    fp32 gradient buffer for the model (only, with gradient accumulation, the 16-bit sums:
+    zfbench.sims.zero_infinity)."""
     if not state_on_nvme(c):
         return 0.0
     return c.share(c.buckets[i].numel) * GRAD_SWAP_BYTES_PER_PARAM

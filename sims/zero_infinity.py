@@ -1,69 +1,16 @@
 """The `zero-infinity` schedule: one rank's step as a SimPy process (ZeRO-3, offloaded).
 
 This module owns the order and dependencies of a zero-infinity step; the bytes and
-seconds come from `zfbench.sims.zero3` and `CostModel`. `zero_infinity_step(sim, t)` runs on a
-`RankSim` (its lanes, helpers and per-run `state`):
-
-- The step computes 2 x nb ops: forward of buckets 0..nb-1, then backward of nb-1..0.
-  Each op needs its bucket's parameters fetched: the rank's share up (h2d `h2d_param`),
-  then all-gathered (net `allgather`; none on one GPU). Fetches are issued in op order,
-  `prefetch_buckets` ahead of the op the device is about to compute (the device issues
-  fetch k+d just before waiting for fetch k), so at most d+1 buckets are in flight.
-- After each backward op the bucket's gradient is reduce-scattered (net,
-  `reduce_scatter`) and the rank's share goes down (d2h `d2h_grad`; in fp32 from
-  presets, zfbench.sims.zero3 `grad_share_bytes`).
-- Once every gradient is down (with the optimizer state on NVMe: once every gradient
-  share, written to NVMe as it came down, is there: DeepSpeed flushes its gradient
-  writes before the first swap-in), the host updates the rank's share bucket by bucket
-  in backward order (host lane, shared with the other ranks' as in zero-offload) as
-  DeepSpeed's ZeRO-3 `step()` does each sub-group (stage3.py, with the optimizer
-  offloaded): `unscale_and_clip_grads` (`host_clip`: the fp32 gradient's `mul_` in place,
-  every step), CPU-Adam (`host_optim`), then the fp32 master into the 16-bit parameters
-  (`host_convert`: `_reassign_or_swap_out_partitioned_parameters` copies it into the
-  host's 16-bit partition, or into the NVMe swapper's 16-bit buffers; with the
-  partitions on the GPUs a blocking `copy_` from the host fp32 tensor converts on the host
-  before the copy up). The two streaming passes run at zfbench.sims.host_step's rates,
-  as zero-offload's; simulations from a measured profile (`CostModel.deepspeed_host_step`
-  False) run Adam alone. Nothing goes up: the next step's fetch of bucket i reads the
-  host copy, so it waits for bucket i's update (bucket 0, needed first, is updated last).
-- The step ends when the next step may start: once the device has issued the next
-  step's first d+1 fetches (they belong to step t+1) and the first has landed. The last
-  step waits exactly as long, for a fetch of bucket 0 that it does not record (there is
-  no step t+1 to charge it to), so every steady step is alike; that fetch waits for the
-  last update, so all of the run's work is done when it ends.
-- With pageable host buffers (`pin_memory` False, CPU offload: `sims/pageable.py`) the
-  copies block the thread that issues the device's work. Gradients as DeepSpeed's ZeRO-3
-  of 2021 sends them (stage3.py `reduce_ipg_grads`: `reduction_stream.synchronize()`,
-  then `partition_previous_reduced_grads` copies the previous bucket down, then the
-  current bucket's reduction is issued): after the backward op of bucket i the device
-  waits for the previous bucket's copy down (issued once its reduce-scatter is done),
-  and only then is bucket i's reduce-scatter issued; after the last backward op, the
-  last bucket's copy (the epilogue's). Each fetch's copy up holds the device from the
-  moment it is issued until it has landed.
-- With `offload_params="nvme"` every fetch first reads the share from NVMe; with the
-  optimizer state on NVMe (`offload_optimizer`, by default where the parameters are) the
-  host update of each bucket reads its fp32 state and fp32 gradient from NVMe before it
-  and writes the state (and the new 16-bit parameters, where they live there too) back
-  after it
-  (double-buffered: a bucket's read waits for the write-back of the bucket two before
-  it); the next fetch of a bucket waits for its write. The drives are the array of the
-  rank's node (`zfbench.sims.nvme`: one per node, shared by that node's ranks).
-- With gradient accumulation (`grad_accum` A > 1) the step is A micro-steps, each
-  fetching every bucket for its forward and its backward (the parameters do not change
-  between them); the micro-steps' reduced shares are summed as DeepSpeed's ZeRO-3 of
-  2021 does (stage3.py `partition_previous_reduced_grads` ->
-  `async_accumulate_grad_in_cpu_via_gpu`, into `grads_in_partition`, a 16-bit host buffer
-  of the rank's partition that exists only with accumulation): from the second
-  micro-step on a share's 16-bit sum comes up and is added on the device, every
-  micro-step but the last sends the sum down in 16 bits, and the last sends the step's
-  gradient as above (`send_grad`). The add on the device is left out (as zero-offload's).
-- With `offload_params="none"` each rank's 16-bit partition stays on its GPU: a fetch is
-  the bucket's all-gather alone, and after the host update of a bucket its new share
-  goes up (h2d), which the next fetch of that bucket waits for.
-- With `offload_activations` (DeepSpeed's `cpu_checkpointing`) each decoder layer's
-  checkpoint goes down (`d2h_act`) before the layer's forward and comes back up
-  (`h2d_act`) before its backward op recomputes it, each a staged copy into or out of an
-  unpinned CPU tensor that the device waits for (`checkpoint_copy`).
+seconds come from `zfbench.sims.zero3` and `CostModel`. `zero_infinity_step(sim, t)` runs
+on a `RankSim` (its lanes, helpers and per-run `state`): forward then backward over the
+buckets, each op's parameters fetched `prefetch_buckets` ahead (up from the host or NVMe,
+then all-gathered), each backward op's gradient reduce-scattered and its share sent down,
+then the host's update bucket by bucket as DeepSpeed's ZeRO-3 `step()` runs it (clip,
+CPU-Adam, conversion to 16 bits), with the variants for pageable buffers, NVMe-resident
+parameters and optimizer state, gradient accumulation, parameters kept on the GPUs and
+offloaded activation checkpoints. `zero_infinity_step`'s docstring states each rule and
+its DeepSpeed source (stage3.py); the helpers (`fetch`, `copy_down`, `send_grad`,
+`host_update`, `checkpoint_copy`) each run one part.
 """
 
 from __future__ import annotations
@@ -161,7 +108,7 @@ def copy_down(sim, step: int, i: int, deps: list):
 def send_grad(sim, step: int, i: int, reduced, micro: int, held: dict):
     """The rank's reduced share of bucket i in micro-step `micro` of the step, as
     DeepSpeed's ZeRO-3 accumulates (`async_accumulate_grad_in_cpu_via_gpu`, the same
-    round trip as ZeRO-2's: module docstring): from the second micro-step on the 16-bit
+    round trip as ZeRO-2's: `zero_infinity_step`): from the second micro-step on the 16-bit
     sum held on the host comes up first (once its last copy down has landed) to be
     added on the device; every micro-step but the last sends the sum down in 16 bits
     (`held[i]`: the event it is on the host); the last sends the step's gradient
@@ -234,6 +181,69 @@ def host_update(sim, step: int, downs) -> dict:
 
 
 def zero_infinity_step(sim, t: int):
+    """Rank `sim`'s step t of the zero-infinity schedule, its order and dependencies:
+
+    - The step computes 2 x nb ops: forward of buckets 0..nb-1, then backward of nb-1..0.
+      Each op needs its bucket's parameters fetched: the rank's share up (h2d `h2d_param`),
+      then all-gathered (net `allgather`; none on one GPU). Fetches are issued in op order,
+      `prefetch_buckets` ahead of the op the device is about to compute (the device issues
+      fetch k+d just before waiting for fetch k), so at most d+1 buckets are in flight.
+    - After each backward op the bucket's gradient is reduce-scattered (net,
+      `reduce_scatter`) and the rank's share goes down (d2h `d2h_grad`; in fp32 from
+      presets, zfbench.sims.zero3 `grad_share_bytes`).
+    - Once every gradient is down (with the optimizer state on NVMe: once every gradient
+      share, written to NVMe as it came down, is there: DeepSpeed flushes its gradient
+      writes before the first swap-in), the host updates the rank's share bucket by bucket
+      in backward order (host lane, shared with the other ranks' as in zero-offload) as
+      DeepSpeed's ZeRO-3 `step()` does each sub-group (stage3.py, with the optimizer
+      offloaded): `unscale_and_clip_grads` (`host_clip`: the fp32 gradient's `mul_` in place,
+      every step), CPU-Adam (`host_optim`), then the fp32 master into the 16-bit parameters
+      (`host_convert`: `_reassign_or_swap_out_partitioned_parameters` copies it into the
+      host's 16-bit partition, or into the NVMe swapper's 16-bit buffers; with the
+      partitions on the GPUs a blocking `copy_` from the host fp32 tensor converts on the host
+      before the copy up). The two streaming passes run at zfbench.sims.host_step's rates,
+      as zero-offload's; simulations from a measured profile (`CostModel.deepspeed_host_step`
+      False) run Adam alone. Nothing goes up: the next step's fetch of bucket i reads the
+      host copy, so it waits for bucket i's update (bucket 0, needed first, is updated last).
+    - The step ends when the next step may start: once the device has issued the next
+      step's first d+1 fetches (they belong to step t+1) and the first has landed. The last
+      step waits exactly as long, for a fetch of bucket 0 that it does not record (there is
+      no step t+1 to charge it to), so every steady step is alike; that fetch waits for the
+      last update, so all of the run's work is done when it ends.
+    - With pageable host buffers (`pin_memory` False, CPU offload: `sims/pageable.py`) the
+      copies block the thread that issues the device's work. Gradients as DeepSpeed's ZeRO-3
+      of 2021 sends them (stage3.py `reduce_ipg_grads`: `reduction_stream.synchronize()`,
+      then `partition_previous_reduced_grads` copies the previous bucket down, then the
+      current bucket's reduction is issued): after the backward op of bucket i the device
+      waits for the previous bucket's copy down (issued once its reduce-scatter is done),
+      and only then is bucket i's reduce-scatter issued; after the last backward op, the
+      last bucket's copy (the epilogue's). Each fetch's copy up holds the device from the
+      moment it is issued until it has landed.
+    - With `offload_params="nvme"` every fetch first reads the share from NVMe; with the
+      optimizer state on NVMe (`offload_optimizer`, by default where the parameters are) the
+      host update of each bucket reads its fp32 state and fp32 gradient from NVMe before it
+      and writes the state (and the new 16-bit parameters, where they live there too) back
+      after it
+      (double-buffered: a bucket's read waits for the write-back of the bucket two before
+      it); the next fetch of a bucket waits for its write. The drives are the array of the
+      rank's node (`zfbench.sims.nvme`: one per node, shared by that node's ranks).
+    - With gradient accumulation (`grad_accum` A > 1) the step is A micro-steps, each
+      fetching every bucket for its forward and its backward (the parameters do not change
+      between them); the micro-steps' reduced shares are summed as DeepSpeed's ZeRO-3 of
+      2021 does (stage3.py `partition_previous_reduced_grads` ->
+      `async_accumulate_grad_in_cpu_via_gpu`, into `grads_in_partition`, a 16-bit host buffer
+      of the rank's partition that exists only with accumulation): from the second
+      micro-step on a share's 16-bit sum comes up and is added on the device, every
+      micro-step but the last sends the sum down in 16 bits, and the last sends the step's
+      gradient as above (`send_grad`). The add on the device is left out (as zero-offload's).
+    - With `offload_params="none"` each rank's 16-bit partition stays on its GPU: a fetch is
+      the bucket's all-gather alone, and after the host update of a bucket its new share
+      goes up (h2d), which the next fetch of that bucket waits for.
+    - With `offload_activations` (DeepSpeed's `cpu_checkpointing`) each decoder layer's
+      checkpoint goes down (`d2h_act`) before the layer's forward and comes back up
+      (`h2d_act`) before its backward op recomputes it, each a staged copy into or out of an
+      unpinned CPU tensor that the device waits for (`checkpoint_copy`).
+    """
     c, st, env = sim.costs, sim.state, sim.env
     accum, per_micro = c.settings.grad_accum, 2 * sim.nb
     ops = op_buckets(sim.nb) * accum  # every micro-step's forward, then its backward

@@ -6,23 +6,17 @@ their files.
 
 - `KNOBS` and `parse_value`: every knob of `zfbench.sims.costs.SimSettings` and a knob's
   value from its text (a flag or a sweep value), with an error naming the knob.
-- `run`: every (case, strategy) simulated and summarized, in this process or in worker
-  processes (`jobs`). A run is independent of every other (its own SimPy world, nothing
-  random), so runs can go to separate processes with the same numbers. A worker
+- `run`: every (case, strategy) simulated and summarized, here or in worker processes
+  (`jobs`; `auto_jobs`: one per usable CPU, at most one per run, when the runs are long
+  enough to pay for the processes, else one). A run is independent of every other (its
+  own SimPy world, nothing random), so the numbers are the same either way. A worker
   simulates, summarizes (`finish_run`) and, with a `FilePlan`, writes the run's timeline
   files into the staging directory itself, handing back only the summary row, the
-  per-step breakdown and the window of the timeline that trace.json draws; the full
-  timeline never crosses a process boundary. Runs go to the workers longest first
-  (`pilot_cost`: a few steps simulated). `auto_jobs` picks how many: one per CPU this
-  process may use (at most one per run) when the runs are long enough to pay for the
-  processes, else one.
-- The report a simulated run adds to the shared one (`zfbench.report`: the columns, the
-  table, summary.csv/json and steps.csv): `summary_row` turns one simulated run into
-  `zfbench.report.SUMMARY_COLUMNS` (the same columns `python -m zfbench.run` writes for a
-  measured run), `too_short_warning` is the one line naming runs too short to contain a
-  steady state; `write_outputs` writes every file (summary, steps.csv, the timelines, the
-  streamed trace.json, drawing the window of steps `TraceRule` says) and lands them
-  through a staging directory and renames.
+  per-step breakdown and the window trace.json draws. Runs go longest first (`pilot_cost`).
+- The report a simulated run adds to the shared one (`zfbench.report`): `summary_row`
+  (the `SUMMARY_COLUMNS` `python -m zfbench.run` writes too), `too_short_warning`, and
+  `write_outputs`, which writes every file (summary, steps.csv, the timelines, the
+  streamed trace.json, drawing the steps `TraceRule` says) through a staging directory.
 
 A command module: it imports sims/ and analysis/ (docs/design.md's arrows).
 """

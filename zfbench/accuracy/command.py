@@ -7,36 +7,18 @@ on the training split of real text (`--text builtin`: the standard library's
 `real.initialize` like any module. A seed fixes the batch order, identical for every
 variant. Each run starts from the same pretrained weights; held-out loss and perplexity
 are measured on the first `--eval-windows` consecutive windows of the held-out split.
+Default variants: device, zero-offload-dpu, zenflow-k0.05-u4, zenflow-k0.1-u4,
+zenflow-k0.1-auto.
 
-Default variants: device (AdamW on the device), zero-offload-dpu, zenflow-k0.05-u4,
-zenflow-k0.1-u4, zenflow-k0.1-auto (update_interval "auto"); zenflow runs use
-overlap_step, select_strategy "step" and select_interval `--select-interval`.
+Sized for a 2-core CPU: by default the last 2 decoder blocks train (the frozen prefix's
+hidden state computed once per batch and shared, `--no-prefix-cache` to recompute), batch
+2 x 32 tokens, 24 steps, seeds 0 1 2. The issue's target size: `--steps 300 --batch 4
+--seq 64 --select-interval 32`, `--last-blocks 0` for the whole model.
 
-Sized for a 2-core CPU: by default only the last `--last-blocks 2` decoder blocks' 2-D
-weights train (the rest, embedding and lm_head included, are frozen), batch 2, sequences
-of 32 tokens, 24 steps, seeds 0 1 2, select_interval 8. All 15 runs took 11 min on a
-heavily shared 2-core machine, most of it computing the frozen prefix: with frozen blocks
-the hidden state entering the first trainable block is computed once per batch
-(`zfbench.real.hf_model.TailLM`, the same loss) and shared by all variants
-(`--no-prefix-cache` recomputes it every step). The issue's target size is a flag away:
-`--steps 300 --batch 4 --seq 64 --select-interval 32`, and `--last-blocks 0` to train
-the whole model (the prefix cache is then off).
-
-Files (under `--out`, default runs/; written to a temp dir, moved into place at the end):
-
-    accuracy/curves.csv              strategy, seed, step, loss (training loss per step)
-    accuracy/runs.csv                strategy, seed, heldout_loss, ppl, wall_s, steps
-    accuracy/summary.csv             strategy, heldout_loss_mean, heldout_loss_std,
-                                     ppl_mean, ppl_std, seeds, steps, wall_s_mean
-                                     (std over seeds, ddof 1; "pretrained" = before any step)
-    accuracy/auto_intervals.csv      strategy, seed, window, length, end_step: the windows
-                                     Zen-auto closed (length in steps)
-    accuracy/summary.json            the settings, the command, the runtime
-    accuracy/<strategy>.steps.jsonl  for `zfbench.figures` fig 13: one {"step", "loss"} per
-                                     line, mean over seeds, for device, zero-offload-dpu and
-                                     zenflow (= the --figure-zenflow variant)
-    accuracy/quality.csv             fig 13: strategy, metric (heldout_perplexity), value
-    auto_interval/windows.csv        fig 14: window, length_steps, end_step (seed 0)
+Files under `--out` (default runs/, moved into place at the end): `accuracy/` (curves,
+runs, summary, the auto intervals, and what figure 13 reads) and
+`auto_interval/windows.csv` (figure 14, `simulate --auto-windows`). docs/commands.md
+("Gradient statistics and accuracy") lists every file and column.
 """
 
 from __future__ import annotations

@@ -3,28 +3,24 @@
 Owns the translation of a DeepSpeed user's JSON (dict or path to a .json file) into the
 frozen dataclasses every other part of zfbench reads (`EngineConfig` and its parts).
 Every error is a `ConfigError` naming the full dotted key, the bad value and what is
-allowed; an unknown key also gets a "did you mean" suggestion.
-
-Every key DeepSpeed accepts is applied, ignored with a warning, or refused with a reason:
-the one table is `zfbench.core.config_keys.KEY_RULES` (docs/config_keys.md renders it). The
-warnings of a config land in `EngineConfig.notes`.
+allowed; an unknown key also gets a "did you mean" suggestion. Every key DeepSpeed
+accepts is applied, ignored with a warning (in `EngineConfig.notes`), or refused with a
+reason: the one table is `zfbench.core.config_keys.KEY_RULES` (docs/config_keys.md).
 
 Interpretations:
 - Batch: any two of train_batch_size, train_micro_batch_size_per_gpu and
   gradient_accumulation_steps derive the third (train = micro x accum x ranks), as
   DeepSpeed does; all three must agree. With none, micro 1 and accum 1.
-- `"auto"` values are filled the way the HF Trainer's DeepSpeed integration fills them
-  (`AutoValues`: its TrainingArguments defaults, with the run's batch, accumulation and
-  precision standing in for per_device_train_batch_size, gradient_accumulation_steps
-  and bf16 / fp16). ZenFlow's own "auto" (update_interval, select_interval) is ZenFlow's.
+- `"auto"` values are filled as the HF Trainer's DeepSpeed integration fills them
+  (`AutoValues`, the run's batch, accumulation and precision standing in for its
+  arguments); ZenFlow's own "auto" (update_interval, select_interval) is ZenFlow's.
 - `optimizer.params.adam_w_mode` defaults to True for "Adam" too, as DeepSpeed does;
-  "AdamW" with adam_w_mode false is a contradiction and an error.
+  "AdamW" with adam_w_mode false is an error.
 - The file must be self-consistent (an offload strategy needs offload_optimizer.device
   "cpu", "device" must not offload, a zenflow section only with strategy zenflow/auto,
-  offload needs ZeRO stage >= 1 as in DeepSpeed). A `strategy=` override instead
-  re-derives the offload device and drops the zenflow section for other strategies, so
-  one ds_config.json runs under every strategy.
-- `zenflow` is None exactly when the resolved strategy is not "zenflow".
+  offload needs ZeRO stage >= 1). A `strategy=` override instead re-derives the offload
+  device and drops the zenflow section, so one ds_config.json runs under every strategy;
+  `zenflow` is None exactly when the resolved strategy is not "zenflow".
 """
 from __future__ import annotations
 

@@ -1,30 +1,24 @@
 """Bytes: the size of one element per precision, and the host bytes per parameter of each
 strategy.
 
-This module owns the two numbers that the engine's memory estimate (real/memory.py) and the
+This module owns the numbers that the engine's memory estimate (real/memory.py) and the
 simulator's memory fit check (sims/costs.py) must agree on:
 
 - `ELEMENT_BYTES` / `element_bytes(precision)`: bytes of one device weight or gradient
-  element (and of one element on the link) per config precision. The torch dtype of each
-  precision lives in one place in the engine (`zfbench.real.flat.DTYPES`); a test holds
-  the two to the same sizes.
+  element (and of one element on the link) per config precision (a test holds them to the
+  engine's dtypes, `zfbench.real.flat.DTYPES`).
 - `host_bytes_per_param(strategy, elem_bytes, bucketed)`: what an offloading strategy
   keeps in host memory per parameter, as the engine allocates it (real/strategies.py
-  `HostState` and `wire`): an fp32 master, fp32 Adam moments m and v, and fp32 gradient
-  buffers - one for ZeRO-Offload (with or without the delayed parameter update), three
-  for ZenFlow (a staging buffer the gradient lands in, and two window buffers that
-  alternate: one accumulates while the other's host update runs, real/zenflow.py); with
-  16-bit weights two pinned wires in that dtype (gradients cross down and parameters up
-  as themselves, converted on the host); and for ZeRO-Offload with DPU whose gradients go
-  down in buckets during backward, a second landing buffer (step t's gradients land
-  while the host update of step t-1 still reads step t-1's).
-- `engine_device_bytes(strategy, params, elem_bytes, selected, activations)`: the device
-  buffers zfbench's engine allocates per strategy (the simulator uses it for a measured
-  profile; its GPU-node presets follow DeepSpeed's layouts instead, sims/device_memory.py);
-- `activation_bytes(shape, micro_batch, seq, elem_bytes, checkpointing, logits)`: the
-  activations a micro-batch keeps for backward, one formula for both: the engine's (no
-  recomputation, fp32 logits) and the simulator's GPU node (full recomputation, as
-  DeepSpeed's examples run).
+  `HostState` and `wire`): fp32 master, m and v; fp32 gradient buffers, one for
+  ZeRO-Offload (with or without DPU), three for ZenFlow (a staging buffer and two
+  alternating windows, real/zenflow.py); with 16-bit weights two pinned wires in that
+  dtype; for DPU with gradients bucketed during backward, a second landing buffer.
+- `engine_device_bytes(...)`: the device buffers zfbench's engine allocates per strategy
+  (used for a measured profile; the GPU-node presets follow DeepSpeed's layouts,
+  sims/device_memory.py).
+- `activation_bytes(...)`: the activations a micro-batch keeps for backward, one formula
+  for the engine (no recomputation, fp32 logits) and the simulator's GPU node (full
+  recomputation, as DeepSpeed's examples run).
 """
 from __future__ import annotations
 

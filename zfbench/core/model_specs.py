@@ -6,26 +6,22 @@ This module owns reading such a description into the architecture fields of a
 so this module imports no shapes). Accepted wherever ``--model`` is:
 
 * ``gpt2:layers=L,hidden=H,heads=A`` -- GPT-2 style: learned positions (``positions``,
-  default 1024, GPT-2's ``n_positions``), a 4H MLP (``ffn``), LayerNorm, biases on every
-  linear layer, tied input and output embeddings, vocabulary 50257 (``vocab``; GPT-2's
-  BPE). Built as the ``opt`` style of ModelShape (the same parameters: per layer
-  ``12H^2 + 13H``, plus ``(V + P) H`` of embeddings and ``2H`` for the final norm).
+  default 1024), a 4H MLP (``ffn``), LayerNorm, biases on every linear layer, tied
+  embeddings, vocabulary 50257 (``vocab``). Built as the ``opt`` style of ModelShape
+  (per layer ``12H^2 + 13H``, plus ``(V + P) H`` of embeddings and ``2H`` final norm).
 * ``llama:layers=L,hidden=H,heads=A`` -- Llama style: rotary positions, gated SiLU MLP,
-  RMSNorm, no biases. Optional keys and their defaults: ``kv_heads`` = heads (full
-  multi-head attention, as Llama-2-7B/13B), ``ffn`` = Llama's SwiGLU rule
-  ``256 * ceil((8H/3) / 256)`` (meta-llama's reference ``FeedForward`` with
-  ``multiple_of`` 256: 11008 at H 4096, 13824 at H 5120, the published Llama-2 sizes),
-  ``vocab`` = 32000 (the Llama-2 tokenizer), ``tied`` = false (untied embeddings),
-  ``qkv_bias`` = false (true for Qwen2-style shapes).
+  RMSNorm, no biases; defaults ``kv_heads`` = heads, ``ffn`` = ``256 * ceil((8H/3) / 256)``
+  (meta-llama's ``FeedForward`` with ``multiple_of`` 256: 11008 at H 4096, 13824 at H
+  5120, the published Llama-2 sizes), ``vocab`` = 32000, ``tied`` = false, ``qkv_bias`` =
+  false (true for Qwen2-style shapes).
 * a path to a Hugging Face ``config.json`` (``model_type`` gpt2, llama, mistral, qwen2
   or opt), read with the field names and defaults of those configs.
 
-Keys are ``key=value`` separated by commas, in any order, each at most once; values are
-positive integers (``tied`` and ``qkv_bias``: true/false). Every mistake is a
-``ValueError`` naming the bad key or value and how to write it. The canonical name of a
-spec (``ModelShape.name``) lists the required keys, then any key given at a non-default
-value, so ``get_model(shape.name) == shape``. A spec holds commas, so it cannot be one of
-the comma-separated values of ``--sweep model=...``; give it as ``--model`` instead.
+Keys are ``key=value``, comma-separated, each at most once; values are positive integers
+(``tied``, ``qkv_bias``: true/false); a mistake is a ``ValueError`` naming the key or
+value. A spec's canonical name (``ModelShape.name``) lists the required keys, then any
+key at a non-default value, so ``get_model(shape.name) == shape``. A spec holds commas,
+so it cannot be a value of ``--sweep model=...``; give it as ``--model``.
 """
 
 from __future__ import annotations

@@ -2,49 +2,26 @@
 
 This module owns the vocabulary of *what is being trained*: for each named model
 (``tiny``, ``opt-350m``, ``opt-1.3b``, ``qwen2.5-0.5b``, ``qwen2.5-1.5b``,
-``qwen2.5-3b``, ``tinyllama-1.1b``, ``llama2-7b``, ``llama2-13b``) it lists every weight matrix and every 1-D
-parameter, grouped into forward-order blocks (``embed``, ``layers.0`` ...
-``layers.N-1``, ``head``), and the matmul FLOPs each block costs per token.
-Parameter counts are derived from the shape hyper-parameters (never typed in),
+``qwen2.5-3b``, ``tinyllama-1.1b``, ``llama2-7b``, ``llama2-13b``) it lists every weight
+matrix and every 1-D parameter, grouped into forward-order blocks (``embed``,
+``layers.0`` ... ``layers.N-1``, ``head``), and the matmul FLOPs each block costs per
+token. Parameter counts are derived from the shape hyper-parameters (never typed in),
 and the tests check them against the published totals.
 
-Conventions
------------
-* Matrices use the torch ``nn.Linear`` layout ``[out_features, in_features]``;
-  a *column* is one input feature (this is the unit ZenFlow selects).
-  Embedding tables use the ``nn.Embedding`` layout ``[num_embeddings, dim]``,
-  so their rows are tokens/positions and their columns are embedding features.
-* Matrix names are module names (``q_proj``); vector names carry the parameter
-  suffix (``q_proj.bias``, ``input_layernorm.weight``).  ``ModelShape.matrices``
-  and ``ModelShape.vectors`` prefix them with the block name
-  (``layers.3.q_proj``).
-* FLOPs count matmuls only, at 2 FLOPs per multiply-add (``2*m*n*k``); bias
-  adds, norms, activations, softmax and embedding lookups are not counted.
-  The backward pass is taken as 2x the forward (gradient w.r.t. inputs plus
-  gradient w.r.t. weights), the usual "6N" training convention.
+Conventions: matrices use the ``nn.Linear`` layout ``[out_features, in_features]``, so a
+*column* is one input feature (the unit ZenFlow selects); embedding tables use
+``nn.Embedding``'s ``[num_embeddings, dim]``. Matrix names are module names (``q_proj``),
+vector names carry the parameter suffix (``q_proj.bias``); ``ModelShape.matrices`` and
+``vectors`` prefix them with the block name (``layers.3.q_proj``). FLOPs count matmuls
+only, at 2 per multiply-add; bias adds, norms, activations, softmax and lookups are not
+counted, and backward is 2x forward (the usual "6N" convention).
 
-Slices (proxies small enough to measure)
----------------------------------------
-A named model can be cut in depth, in width, or both; the slice is a
-``ModelShape`` whose ``name`` says how, and :func:`get_model` parses it back:
-
-* ``llama2-7b[2L]``: :meth:`ModelShape.with_layers` -- the first 2 decoder
-  layers at full width (embedding and head kept whole);
-* ``llama2-7b[w0.125]``: :meth:`ModelShape.with_width` -- every layer, at 1/8 of
-  the width: heads, hidden, intermediate, vocabulary (and OPT's word-embedding
-  projection) all scaled by the fraction, ``head_dim`` kept, so every matrix
-  (embedding and LM head included) shrinks by about ``fraction**2`` and the mix of
-  parameters between embedding, layers and head stays the same;
-* ``llama2-7b[1L][w0.125]``: both (depth first in canonical names; :func:`get_model`
-  also takes ``[w0.125][1L]``).  One bracket per item and no commas, colons or
-  ``=``, so a name survives the comma-separated lists of ``--sweep model=...`` and
-  ``bench/ds_wallclock.py --shapes name:batch:seq``, and ``name.split("[")[0]``
-  is still its base.
-
-The slice knows the model it was cut from (:attr:`ModelShape.base`), so a run can
-say what it measured (:meth:`ModelShape.slice_summary`).
-
-Pure python: no torch import, so analysis and simulation code can use it.
+Slices (proxies small enough to measure): ``llama2-7b[2L]`` (depth,
+:meth:`ModelShape.with_layers`), ``llama2-7b[w0.125]`` (width,
+:meth:`ModelShape.with_width`), ``llama2-7b[1L][w0.125]`` (both); :func:`get_model`
+parses them back and says how each is cut, and the slice knows its model
+(:attr:`ModelShape.base`, :meth:`ModelShape.slice_summary`). Pure python: no torch
+import, so analysis and simulation code can use it.
 """
 
 from __future__ import annotations
@@ -522,6 +499,14 @@ def get_model(name: str) -> ModelShape:
     * ``"<model>[<n>L][w<fraction>]"``: both (``[w<fraction>][<n>L]`` also accepted);
     * a written-out shape, ``gpt2:layers=L,hidden=H,heads=A``, ``llama:...`` or a Hugging
       Face ``config.json`` path (:mod:`zfbench.core.model_specs`), sliced the same way.
+
+    A width slice scales heads, hidden, intermediate, vocabulary (and OPT's word-embedding
+    projection) by the fraction with ``head_dim`` kept, so every matrix (embedding and LM
+    head included) shrinks by about ``fraction**2`` and the mix of parameters between
+    embedding, layers and head stays the same; a depth slice keeps embedding and head
+    whole. One bracket per item and no commas, colons or ``=``, so a name survives the
+    comma-separated lists of ``--sweep model=...`` and ``bench/ds_wallclock.py --shapes
+    name:batch:seq``, and ``name.split("[")[0]`` is still its base.
 
     ``get_model(s.name) == s`` for every slice ``s`` of a built-in model.  An unknown
     base model or a malformed suffix raises :class:`UnknownModelError` (a

@@ -6,25 +6,21 @@ rows x `seq` tokens, `grad_accum` micro-steps per optimizer step), the device pr
 and a `ZenFlowScenario` section with the ZenFlow knobs the simulator models. The machine
 (node, link, host, ranks) and the measurement (steps, profile) are not part of it.
 
-Who embeds it: `zfbench.sims.settings.SimSettings` (`SimSettings.scenario`,
-`SimSettings.from_scenario(sc, **rest)`; its flat fields keep their names and take their
-defaults from `GPU_NODE`) and `zfbench.real.runner.RunSpec` (`RunSpec.scenario`,
-`RunSpec.from_scenario(sc, **rest)`; its defaults are `CPU_LANES`'). An engine config's
-ZenFlow section becomes a `ZenFlowScenario` through `zenflow_scenario`, the one rule the
-run's expectation, its projections and `zfbench.validate` share
-(`zfbench.sims.settings.for_engine_run`).
+Who embeds it: `zfbench.sims.settings.SimSettings` and `zfbench.real.runner.RunSpec`
+(`.scenario`, `.from_scenario(sc, **rest)`; their defaults are `GPU_NODE`'s and
+`CPU_LANES`'). An engine config's ZenFlow section becomes a `ZenFlowScenario` through
+`zenflow_scenario`, the one rule the run's expectation, its projections and
+`zfbench.validate` share (`zfbench.sims.settings.for_engine_run`).
 
 The named default scenarios, each defined once here:
-- `GPU_NODE`: what the simulator simulates by default (`python -m zfbench.simulate` with
-  no flag): llama2-7b at full depth, batch 1 x seq 1024, bf16;
+- `GPU_NODE`: what `python -m zfbench.simulate` simulates with no flag: llama2-7b at full
+  depth, batch 1 x seq 1024, bf16;
 - `CPU_LANES`: what `python -m zfbench.run` trains by default on the CPU-emulated
-  accelerator: tinyllama-1.1b's first layer, batch 1 x seq 4 (`zfbench.run.defaults.
-  DEFAULT_SEQ`), the precision left open (None: a config's, else measured on the machine
-  at hand, zfbench.run.probe).
-Both run zfbench's ZenFlow scenario (`SCENARIO_ZENFLOW`, config_zenflow.py says why).
-
-A Scenario is a record and checks nothing itself: the SimSettings or RunSpec built from it
-checks every value, each with its own messages.
+  accelerator: tinyllama-1.1b's first layer, batch 1, seq `DEFAULT_SEQ` (4; the run may
+  size it down on the machine at hand, zfbench.run.probe), the precision left open (a
+  config's, else measured there).
+Both run zfbench's ZenFlow scenario (`SCENARIO_ZENFLOW`, config_zenflow.py says why). A
+Scenario checks nothing itself: the SimSettings or RunSpec built from it checks every value.
 """
 from __future__ import annotations
 

@@ -1,44 +1,20 @@
 """`python -m zfbench.figures`: rebuild every paper figure into paper_figures/ (`make figures`).
 
-Covers: figures 1-9, 16 and 17 (its step times) from simulations (regenerated when their CSVs under `<out>/data/` are
-missing or were made with other settings; `--regenerate` forces it), figures 10-15 from
-measured files (layout below), run small on this machine when missing
+Covers: figures 1-9, 16 and 17 (its step times) from simulations (regenerated when their
+CSVs under `<out>/data/` are missing or were made with other settings; `--regenerate`
+forces it), figures 10-15 from measured files (`--measured DIR`; layout in
+`analysis/plot_measured.py`), run small on this machine when missing
 (`zfbench.figures.measure`; `--no-measure` skips that), `--quick` (small models and
 sweeps, for tests), `--only`, and `<out>/README.md`: per figure the question, the
 command and data, and one sentence whose numbers are read from the data.
-Scenario: `make figures` on a fresh clone simulates about 105 small runs (steps 16-64,
-default skip) on the paper's class of hardware (4 x A100-80GB behind PCIe gen4, 4 x
-H100-SXM behind gen5; Qwen2.5-1.5B/3B, Llama-2-7B/13B), writes figNN_name.png and .pdf
-and the index; a second run re-plots from the CSVs in seconds.
+Scenario: `make figures` on a fresh clone simulates about 105 small runs on the paper's
+class of hardware, writes figNN_name.png and .pdf and the index; a second run re-plots
+from the CSVs in seconds.
 
-Simulated data (`<out>/data/`, each with a `<name>.spec.json` holding the exact settings):
-`timeline_<strategy>.spans.csv` / `.steps.csv` (rank 0 of llama2-7b on a100-4x-gen4),
-`breakdown.csv`, `sweep_update_interval.csv`, `sweep_topk_ratio.csv`, `scaling.csv`
-(rows of `zfbench.simulation.summary_row` plus labels), `selection_traffic.csv` and
-`paper_predict.csv` (ZenFlow predicted from the paper's ZeRO-Offload bars, figure 5).
-Measured data (`--measured DIR`, default `<out>/data/measured/`; any .csv may be a
-.parquet; columns in detail in `analysis/plot_measured.py`, repeated in the README):
-
-    validate.csv                     fig 10: strategy, measured_step_time_s,
-                                     simulated_step_time_s, measured_stall_fraction,
-                                     simulated_stall_fraction[, case or shape, topk_ratio,
-                                     update_interval]  (python -m zfbench.validate --out DIR)
-    grad_stats/heatmap.csv           fig 11: weight, row, col, abs_grad
-    grad_stats/column_norms.csv      figs 11-12: weight, step, col, sq_norm
-                                     (both from python -m zfbench.gradients --out DIR)
-    accuracy/<strategy>.steps.jsonl  fig 13: a JSON object with `loss` per step
-    accuracy/quality.csv             fig 13, optional: strategy, metric, value
-    auto_interval/windows.csv        fig 14: window, length_steps[, end_step]
-                                     (all three from python -m zfbench.accuracy --out DIR;
-                                     the JSONL also from python -m zfbench.run --out DIR)
-    run/summary.csv                  fig 15: strategy, step_time_s, compute_s,
-                                     exposed_io_s, host_wait_s[, ranks, model, projected]
-                                     (python -m zfbench.run --model llama2-7b --gpus 4
-                                     --out DIR/run; summary.json beside it names the proxy)
-
-A missing file is reported in the README (and on stdout) with the command that makes it;
-the figure is not drawn, never from made-up data. A file that breaks the layout is
-reported the same way and makes the command exit 1.
+A missing measured file is reported in the README (and on stdout) with the command that
+makes it; the figure is not drawn, never from made-up data. A file that breaks the layout
+is reported the same way and makes the command exit 1. docs/commands.md ("Figures")
+lists the simulated and measured files.
 """
 
 from __future__ import annotations

@@ -8,38 +8,14 @@ each 2-D weight's per-column squared and L1 gradient norms (`zfbench.real.gradca
 gradient. Then the same shape, randomly initialized, for `--random-steps` steps: the
 skew is expected to come from pretraining. Statistics: `zfbench.analysis.gradstats`.
 
-Sized for a shared 2-core CPU (measured there: a full-model SmolLM2 step took minutes):
-by default only the last 4 blocks' matrices train and are recorded, 20 steps of batch 2 x
-32 tokens, locality up to d = 16. The full study (every matrix including the tied
-embedding, d up to 64): `--last-blocks 0 --steps 80 --max-d 64 --batch 4 --seq 64
---random-steps 8 --detail-every 8`.
+Sized for a shared 2-core CPU: by default the last 4 blocks' matrices, 20 steps of batch
+2 x 32 tokens, locality up to d = 16. The full study: `--last-blocks 0 --steps 80
+--max-d 64 --batch 4 --seq 64 --random-steps 8 --detail-every 8`.
 
-Files (under `--out`, default runs/; written to a temp dir, moved into place at the end):
-
-    gradients/colnorms.parquet         (.csv when no Parquet engine is installed) step, layer, kind, col, sq_norm, l1_norm
-                                       (pretrained run; kind in q|k|v|o|gate|up|down|
-                                       embedding|lm_head|other)
-    gradients/colnorms_random.parquet  the same for the randomly initialized model
-    gradients/skew.csv                 source (pretrained|random), unit (column|row|
-                                       element), level (model|kind|matrix), name, kind,
-                                       steps, top_1pct, top_5pct, top_10pct: share of the
-                                       squared norm held by the top x of units, mean over
-                                       steps (row/element: at the detail steps only)
-    gradients/cumulative.csv           source, top_fraction, share (whole model, columns)
-    gradients/locality.csv             kind, d, overlap, jaccard, pairs, random_overlap
-                                       (top-k by squared norm, k = --topk-ratio; kind "all")
-    gradients/reselection.csv          kind, select_interval, reselections,
-                                       changed_fraction, changed_columns (top-k by L1)
-    gradients/spatial.csv              source, kind, fraction, share: of the top-x element
-                                       energy, the part inside the top-x columns
-    gradients/heatmap.csv              weight, row, col, abs_grad (one matrix, step 0,
-                                       block-mean pooled to <= 64 x 128)
-    gradients/summary.json             headline numbers, sizes, runtime, the command
-    grad_stats/heatmap.csv             the layout `zfbench.figures` reads (fig 11)
-    grad_stats/column_norms.parquet    weight, step, col, sq_norm (figs 11-12) for the
-                                       matrices of --figure-blocks blocks (default first,
-                                       middle, last), so `python -m zfbench.figures
-                                       --measured runs` draws figures 11 and 12
+Files under `--out` (default runs/, moved into place at the end): `gradients/` (column
+norms, skew, cumulative share, locality, reselection, spatial, heatmap, summary.json) and
+`grad_stats/` (what `python -m zfbench.figures --measured runs` reads for figures 11-12).
+docs/commands.md ("Gradient statistics and accuracy") lists every file and column.
 """
 
 from __future__ import annotations

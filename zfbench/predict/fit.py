@@ -4,41 +4,19 @@ A measured ZeRO-Offload step, split the way papers and dashboards split it (`Bre
 GPU compute, exposed PCIe transfer, and the rest of the step, the GPU waiting for the host
 optimizer), pins three of the simulator's unknowns on the node at hand:
 - compute time per step: the GPU's model FLOPs utilization (`default_mfu` of the inferred
-  GPU, the MFU at its reference shape: the compute lane's time is the model's matrix
-  FLOPs at the GEMM efficiency that gives it plus the elementwise traffic,
-  zfbench.sims.compute_efficiency), scaled until the simulated compute is the measured;
+  GPU, the MFU at its reference shape, zfbench.sims.compute_efficiency), scaled until the
+  simulated compute is the measured;
 - the effective PCIe rates (`d2h_bytes_per_s`, `h2d_bytes_per_s` of the inferred link);
 - the host's AdamW rate (`adam_params_per_s_per_core` of the inferred host, scaled by
   one host factor; its DRAM bandwidth rises with a factor above 1 and keeps the preset's
-  below it, and host gradient accumulation keeps its per-core streaming rate: a slower
-  CPU-Adam says nothing about memory streaming, see `write_hardware`).
+  below it, and host accumulation keeps its per-core streaming rate: `write_hardware`).
 `fit` finds them by simulating the ZeRO-Offload step with the same shape and node and
-scaling each rate by simulated / measured part until all three parts agree (the parts
-are nearly independent, so this fixed-point iteration converges in a few rounds).
-
-What a measurement cannot pin does not constrain the fit:
-- a part is matched within `tol` of the part or of the whole step, or within the part's
-  step-to-step spread when the measurement gives one (`Breakdown.spread_s`): a miss the
-  measurement cannot resolve is no miss;
-- the link's fixed cost per copy (`setup_latency_s`) is the preset's unless the
-  measurement shows one (`Breakdown.copy_latency_s`: a zfbench run whose copies differ in
-  size pins it as the intercept of copy time against bytes);
-- a part that no rate can reach (a transfer shorter than the simulated copies' fixed costs
-  alone: the simulated node copies in more pieces than the measured run did) is reported
-  with how far off it stays (`Fit.misses_s`), and the prediction still stands, its range
-  widened by that miss (`zfbench.predict`). Only contradictory input is refused: compute
-  faster than the GPU's peak allows (and, in `Breakdown`, negative or non-finite parts).
-
-One exposed-transfer total does not say how it divides between the two directions.
-`infer` therefore fits three cases when the split is not measured: both directions scaled
-alike (`nominal`), only gradients down slower or faster than the preset (`d2h-only`),
-only parameters up (`h2d-only`), and predictions are given at the ends of that range. A
-DeepSpeed log measures the split (gradient copy inside `bwd_allreduce`, parameter copy
-inside `step` after `optimizer_step`), and then one case is fitted to both directions.
-
-Each fit is written as a hardware file in `data/hardware.json`'s layout, every inferred
-number with its source saying how it was inferred, so `python -m zfbench.simulate
---hardware FILE --gpu inferred-gpu --pcie inferred-link --host inferred-host` replays it.
+scaling each rate by simulated / measured part until all three parts agree (a
+fixed-point iteration; its docstring says what a measurement cannot pin), and `infer`
+fits the cases an unmeasured d2h / h2d split leaves open. Each fit is written as a
+hardware file in `data/hardware.json`'s layout, every inferred number with its source,
+so `python -m zfbench.simulate --hardware FILE --gpu inferred-gpu --pcie inferred-link
+--host inferred-host` replays it.
 
 Part of the command `python -m zfbench.predict` (its concept: the inference, apart from
 the command line): like the command, it imports sims/ and analysis/ (docs/design.md's
@@ -269,7 +247,20 @@ _MOVES = {"nominal": {"io_s": ("d2h", "h2d")}, "d2h-only": {"io_s": ("d2h",)},
 def fit(base: SimSettings, measured: Breakdown, case: str, workdir: Path,
         tol: float = 0.005, max_iter: int = 40) -> Fit:
     """Scale the node of `base` until its simulated ZeRO-Offload parts match `measured`.
-    `case`: which link directions the exposed transfer scales (see the module doc).
+    `case`: which link directions the exposed transfer scales (`infer`).
+
+    What a measurement cannot pin does not constrain the fit:
+    - a part is matched within `tol` of the part or of the whole step, or within the part's
+      step-to-step spread when the measurement gives one (`Breakdown.spread_s`): a miss the
+      measurement cannot resolve is no miss;
+    - the link's fixed cost per copy (`setup_latency_s`) is the preset's unless the
+      measurement shows one (`Breakdown.copy_latency_s`: a zfbench run whose copies differ in
+      size pins it as the intercept of copy time against bytes);
+    - a part that no rate can reach (a transfer shorter than the simulated copies' fixed costs
+      alone: the simulated node copies in more pieces than the measured run did) is reported
+      with how far off it stays (`Fit.misses_s`), and the prediction still stands, its range
+      widened by that miss (`zfbench.predict`). Only contradictory input is refused: compute
+      faster than the GPU's peak allows (and, in `Breakdown`, negative or non-finite parts).
 
     Compute is exactly FLOPs / (peak x MFU), so MFU takes one multiplicative step. An
     exposed part (stall, transfer) is a resource's busy time less what other lanes hide,
@@ -366,6 +357,14 @@ def _allowed(measured: Breakdown, part: str, tol: float) -> float:
 def infer(base: SimSettings, measured: Breakdown, workdir: Path) -> list[Fit]:
     """Every case the measurement leaves open (one when the io split is measured); the
     first is the nominal fit. A fit that does not reach the measurement is returned too,
-    with its misses (`Fit.misses_s`): the caller widens its range by them."""
+    with its misses (`Fit.misses_s`): the caller widens its range by them.
+
+    One exposed-transfer total does not say how it divides between the two directions.
+    `infer` therefore fits three cases when the split is not measured: both directions scaled
+    alike (`nominal`), only gradients down slower or faster than the preset (`d2h-only`),
+    only parameters up (`h2d-only`), and predictions are given at the ends of that range. A
+    DeepSpeed log measures the split (gradient copy inside `bwd_allreduce`, parameter copy
+    inside `step` after `optimizer_step`), and then one case is fitted to both directions.
+    """
     cases = ("split",) if measured.split else ("nominal", "d2h-only", "h2d-only")
     return [fit(base, measured, case, workdir) for case in cases]

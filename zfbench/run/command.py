@@ -3,51 +3,22 @@
 Covers: `--model`, `--layers` (a depth slice at full width), `--strategy` (one or all),
 `--steps`, `--batch`, `--seq`, `--gpus`, `--config ds_config.json`,
 `--device auto|cuda|cpu`, `--device-threads`, `--host-threads`, `--text`, `--out`.
-
-Multi-rank: `--gpus N` (N > 1) launches N ranks through torch's elastic launcher (what
-torchrun uses), each running this command; `torchrun --nproc-per-node N -m zfbench.run`
-works the same (RANK / WORLD_SIZE / LOCAL_RANK are read from the environment). NCCL with
-CUDA, gloo without. Data parallel, ZeRO-2: each rank trains on its `--batch` rows of a
-global batch of `--batch * N`, gradients are all-reduced, each rank's host lane owns one
-shard of the optimizer state, updated shards are all-gathered. Each rank gets an equal
-share of the cores (`--device-threads` / `--host-threads` are per rank); rank 0 prints
-and writes the files, with every rank's spans.
+Multi-rank: `--gpus N` launches N data-parallel ranks (ZeRO-2) through torch's elastic
+launcher, as `torchrun --nproc-per-node N -m zfbench.run` does; NCCL with CUDA, gloo
+without; rank 0 prints and writes the files.
 Scenario: with no flags, all four strategies run on a shape where host AdamW is slower
 than forward+backward on this machine (the regime ZenFlow is for): TinyLlama-1.1B's first
-layer at full width (its 32000 x 2048 embedding and head are untied, so a third of the
-175M parameters are barely touched by compute but all of them are updated by Adam),
-batch 1 x seq 4, 30 steps each. The device lane's precision is measured first (a few
-seconds, cached per machine): bf16 weights and gradients where this CPU runs
-forward+backward in bf16 about as fast as in fp32 (AVX512-BF16 / AMX), fp32 otherwise;
-the host keeps fp32 master and moments either way (ZenFlow's mixed-precision setting).
-Measured on an Intel Xeon with AMX (2 cores, 1 + 1 threads, bf16,
-bench/engine_overlap.py, 2026-11-23): forward+backward 0.13-0.14 s, host AdamW alone (its
-uploads left out) 0.19 s (1.36-1.37x), ZeRO-Offload stalls 64% of each step and ZenFlow
-23-24% (stall seconds cut 75-76%); ZenFlow's step is 0.66-0.68x ZeRO-Offload's. On an
-AVX2-only AMD EPYC bf16 backward ran 8x slower than fp32, which is why the precision is
-measured. Then the breakdown table is printed, the same table `python -m zfbench.simulate`
-prints (zfbench.report): step time, speedup, stall, exposed I/O, host wait, achieved link
-GB/s, host Adam G parameters/s, PCIe bytes over model bytes, achieved TFLOP/s, MFU (empty
-on the CPU lane: no datasheet peak), whether it fits; then the loss. Then (the no-flag
-run, a proxy's run, or --profile; on the CPU any number of ranks, with CUDA one) this
-machine's profile is measured before and after the strategies, its host and link rates
-around each (as zfbench.validate does; with several ranks also the gloo collectives, and
-the ranks are simulated sharing this machine's cores), and
-the simulator's expectation for it is printed beside each measured strategy: step, stall,
-exposed I/O and host wait, measured | simulated, the lanes' threads and rates, and
-whether ZenFlow's step reached 0.8x ZeRO-Offload's or why not (zfbench.run.expect; kept
-in summary.json as `simulated_here`).
-
-Before anything is allocated the memory need is estimated. A named model that cannot fit
-whole is measured through a proxy, a depth or width slice chosen by memory and a time
-budget, and projected whole onto the GPU node by the simulator (zfbench.run.proxy); a
-slice the user chose that cannot fit is refused with the numbers and the `--layers` (or,
-where no full-width layer fits, the width slice `--model 'NAME[1L][wF]'`) that would. Files written to `--out`:
-`summary.csv`/`.json` (the simulator's columns, zfbench.report.SUMMARY_COLUMNS, plus the
-loss, skipped steps and threads; summary.json says what mfu and fits were measured
-against), `steps.csv` (the per-step breakdown of every strategy, rank and step, as the
-simulator writes it), `<strategy>.steps.jsonl` (one line per step), the timeline
-`<strategy>.spans.csv`/`.steps.csv` and `trace.json` (Chrome trace).
+layer at full width (its untied 32000 x 2048 embedding and head are barely touched by
+compute but updated by Adam), batch 1, the sequence length sized on the machine at hand
+(zfbench.run.probe), 30 steps each, in the precision measured for this CPU. It prints the
+breakdown table (the simulator's, zfbench.report) and the loss, then this machine's
+profile and the simulator's expectation beside each measured strategy (zfbench.run.expect).
+Memory is estimated before anything is allocated: a named model that cannot fit is
+measured through a proxy slice and projected onto the GPU node (zfbench.run.proxy); a
+slice you chose that cannot fit is refused, naming one that would.
+Files written to `--out`: `summary.csv`/`.json`, `steps.csv`, `<strategy>.steps.jsonl`,
+the timeline `<strategy>.spans.csv`/`.steps.csv` and `trace.json`.
+docs/commands.md ("run") has every flag, example and file in detail.
 """
 
 from __future__ import annotations

@@ -1,28 +1,22 @@
 """What the simulator expects for the machine that just ran `python -m zfbench.run`.
 
-A one-rank run measures this machine's profile for its shape (zfbench.real.profile:
-per-block compute, the lanes' copy rates alone and together, host AdamW, accumulation and
-conversion rates on the host lane's threads, and how much the lanes slow each other over
-the shared DRAM) as `zfbench.validate` does, because the machine drifts (`Calibration`):
-once before the strategies run and once after (the mean is used), and the memory-bound
-host and link rates again right before and after each strategy (each strategy is
-simulated with its own). `expect_here` simulates every strategy with its profile, and
-returns one row per strategy with the measured and the simulated step, stall and its
-parts side by side (`format_expectation`). `describe_lanes` says what bounds the gain here:
-the threads of each lane and the rates each lane achieved, beside the bandwidth the host
-kernels reach alone. The profiles are written beside the run's files (OUT/profile.json,
-the mean; OUT/profiles/<strategy>.json, with that strategy's rates) so
-`python -m zfbench.simulate --profile` can replay them.
+A one-rank run measures this machine's profile for its shape (zfbench.real.profile) as
+`zfbench.validate` does, because the machine drifts (`Calibration`): once before the
+strategies run and once after (the mean is used), and the memory-bound host and link
+rates again right before and after each strategy (each strategy is simulated with its
+own). `expect_here` simulates every strategy with its profile and returns one row per
+strategy, measured and simulated step, stall and its parts side by side
+(`format_expectation`); `describe_lanes` says what bounds the gain here (each lane's
+threads and achieved rates, beside the bandwidth the host kernels reach alone). The
+profiles are written beside the run's files (OUT/profile.json, the mean;
+OUT/profiles/<strategy>.json) so `python -m zfbench.simulate --profile` can replay them.
 
-Several ranks on this CPU (`--gpus 4` without a GPU, every rank a replica sharing the
-machine's cores) are simulated as they run: rank 0 measures the profile and the rates
-alone while the other ranks wait at a barrier (a rank's lanes with the threads the engine
-gives each rank, `zfbench.real.distributed.rank_threads`), every rank then times the
-engine's own all-reduce and all-gather together (zfbench.real.collective_probe), and the
-simulator runs the ranks on the machine's cores (zfbench.sims.emulated.cpu_share: busy
-lanes' threads share the cores) with the gloo collectives measured. With CUDA the ranks
-have GPUs of their own and the expectation is not printed (zfbench.validate covers one
-GPU).
+Several ranks on this CPU (`--gpus 4` without a GPU) are simulated as they run: rank 0
+measures the profile and rates alone while the others wait at a barrier (with the threads
+the engine gives each rank, `zfbench.real.distributed.rank_threads`), every rank then
+times the engine's own all-reduce and all-gather together (zfbench.real.collective_probe),
+and the simulator runs the ranks on the machine's cores (zfbench.sims.emulated.cpu_share).
+With CUDA the expectation is not printed (zfbench.validate covers one GPU).
 
 Part of the command `python -m zfbench.run`: like the command, it imports real/ and sims/
 (docs/design.md's arrows).

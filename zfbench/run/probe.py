@@ -31,6 +31,11 @@ def is_default_scenario(argv: list[str], use_cuda: bool, world: int) -> bool:
     return not use_cuda and world == 1 and not given & set(SHAPE_FLAGS)
 
 
+# The regime this sizing aims at, as measured on an Intel Xeon with AMX (2 cores, 1 + 1
+# threads, bf16, tinyllama-1.1b[1L] batch 1 x seq 4, bench/engine_overlap.py, 2026-11-23):
+# forward+backward 0.13-0.14 s, host AdamW alone (its uploads left out) 0.19 s
+# (1.36-1.37x); ZeRO-Offload stalled 64% of each step and ZenFlow 23-24% (stall seconds
+# cut 75-76%); ZenFlow's step was 0.66-0.68x ZeRO-Offload's (docs/results.md).
 def size_default(spec, quiet: bool = False) -> dict:
     """The default shape at seq DEFAULT_SEQ, else seq 1, whichever first puts host AdamW
     at least 1.3x forward+backward on this machine (the highest ratio if none does)."""

@@ -6,41 +6,22 @@ holds a replica. Instead of refusing, the run measures a proxy, a slice of the n
 model (zfbench.core.models: `with_layers`, `with_width`), and says so in its first lines
 and in summary.json (`proxy`):
 
-- **Which slice.** Full width first, then each power-of-two width down to one attention
-  head; at each width the greatest depth that fits memory with room to spare
-  (zfbench.real.memory.MemoryCheck.suggestable) and whose parameters stay within the time
-  budget. A width slice shrinks every matrix, embedding and head included, by about the
-  square of the width (vocabulary and MLP too), so the shares of embedding, layers and
-  head in the parameters, and with them the per-parameter ratios of compute, host
-  optimizer work and bytes copied, stay those of the same depth at full width.
-- **The time budget.** The proxy's parameters are at most `PROXY_HOST_ADAM_S` seconds of
-  host AdamW at the rate measured here, on one rank's host threads, before the run
-  (`measure_host_rates`, with the engine's own kernels: zfbench.real.rate_probe). A
-  judgment: on gloo ranks that share the CPU, a whole offloaded step took 10-40x its host
-  AdamW alone (the collectives dominate: an AMD EPYC Zen 4 with 2 cores, 4 ranks,
-  llama2-7b[1L][w0.25], 29 M parameters: 0.5 s per zero-offload step, the whole run of
-  four strategies 48 s; at [w0.5], 116 M parameters, 5 s per step), so 0.1 s keeps four
-  strategies within a few minutes on a 2-core machine (there, on 2026-11-25: 1.4 G params/s
-  measured on one thread gave llama2-7b[4L][w0.25], 67 M parameters, and the whole command
-  took 2 minutes; 0.6 G params/s, measured while other work shared the cores, gave
-  [7L][w0.125] at half the budget, 70 s).
-- **Steps.** Unless --steps is given, the steps left out as every strategy's warm-up plus
-  two of the longest measurement window (zfbench.run.report.measurement_window): 16 with
-  ZenFlow's update interval 4.
+- **Which slice** (`choose_proxy`): full width first, then each power-of-two width down to
+  one attention head; at each width the greatest depth that fits memory with room to
+  spare (zfbench.real.memory.MemoryCheck.suggestable) and within the time budget. A width
+  slice shrinks every matrix, embedding and head included, so the shares of embedding,
+  layers and head, and with them the per-parameter ratios of compute, host optimizer
+  work and bytes copied, stay those of the same depth at full width.
+- **The time budget**: at most `PROXY_HOST_ADAM_S` of host AdamW per step at the rate
+  measured here (its measurements beside it). **Steps**, unless --steps is given: warm-up
+  plus two of the longest window (zfbench.run.report.measurement_window): 16 with U = 4.
 
 After the measured table, `project_to_node` simulates the named model whole on a GPU
-node (`SimSettings`' defaults: 4 x A100-80GB, PCIe gen4, an EPYC 7763 host, micro-batch 1
-x 1024 tokens, bf16, with the run's ranks and ZenFlow knobs). What carries over from this
-machine is stated beside it: host gradient accumulation's rate per core, measured here
-with the engine's kernel (a streaming add, bound by one core's memory traffic much as on
-the node's server cores; the node's DRAM bandwidth still caps the sum, and without a
-measurement the simulator takes a judgment), and the regime (host AdamW over forward+backward per step)
-measured on the proxy next to the one simulated on the node. Every other number of the
-projection comes from the node's presets (zfbench/data/hardware.json, each with its
-source): a CPU cannot measure a GPU.
-
-Part of the command `python -m zfbench.run`: like the command, it imports real/, sims/
-(docs/design.md's arrows).
+node (`SimSettings`' defaults), stating what carries over from this machine (host
+accumulation's rate per core, measured with the engine's kernel; the regime, host AdamW
+over forward+backward, on the proxy beside the node's); every other number comes from the
+node's presets, each with its source: a CPU cannot measure a GPU. Part of the command
+`python -m zfbench.run`: like it, it imports real/ and sims/ (docs/design.md's arrows).
 """
 from __future__ import annotations
 
@@ -48,7 +29,17 @@ import os
 
 from zfbench.core.models import ModelShape
 
-PROXY_HOST_ADAM_S = 0.1  # seconds of host AdamW per step the proxy may need (judgment)
+# Seconds of host AdamW per step the proxy may need, at the rate measured here on one
+# rank's host threads before the run (`measure_host_rates`, the engine's own kernels). A
+# judgment: on gloo ranks that share the CPU, a whole offloaded step took 10-40x its host
+# AdamW alone (the collectives dominate: an AMD EPYC Zen 4 with 2 cores, 4 ranks,
+# llama2-7b[1L][w0.25], 29 M parameters: 0.5 s per zero-offload step, the whole run of
+# four strategies 48 s; at [w0.5], 116 M parameters, 5 s per step), so 0.1 s keeps four
+# strategies within a few minutes on a 2-core machine (there, on 2026-11-25: 1.4 G
+# params/s measured on one thread gave llama2-7b[4L][w0.25], 67 M parameters, and the
+# whole command took 2 minutes; 0.6 G params/s, measured while other work shared the
+# cores, gave [7L][w0.125] at half the budget, 70 s).
+PROXY_HOST_ADAM_S = 0.1
 # the probe's tensors: at most this many elements (the kernels are memory-bound: linear)
 RATE_PROBE_ELEMS = 1 << 23
 

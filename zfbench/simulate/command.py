@@ -1,68 +1,23 @@
 """`python -m zfbench.simulate`: simulate every strategy on a node and print the table.
 
 Covers: every knob of `zfbench.sims.costs.SimSettings` as a flag, `--strategy` to pick one,
-`--sweep KNOB=v1,v2,...` for one summary table over a knob (several `--sweep` flags: the
-grid of every combination, one column per swept knob), `--out DIR` for files.
+`--sweep KNOB=v1,v2,...` for one summary table over a knob (several: the grid), `--node`
+and `--nodes`/`--gpus-per-node` for presets and several nodes, `--profile FILE` for a
+measured machine, `--jobs N|auto` for worker processes, `--out DIR` for files.
 Scenario: `python -m zfbench.simulate --pcie gen4` simulates llama2-7b on 4 x a100-80g
 behind PCIe gen4 and prints step time, stall and the achieved rates per strategy.
+`--update-interval auto` resolves to window lengths by a stated rule
+(`zfbench.sims.update_windows`), named in the header and summary.json. A case that is the
+very setting a constant was calibrated on is marked (`calibrated on this case`,
+docs/published.md). Runs too short for warm-up + two update windows + one measured window
+warn and mark their rows `too_short`; bad input is one `error: ...` line, exit 2.
 
-`--update-interval auto` (DeepSpeed's default) is ZenFlow's adaptive interval. The
-simulator has no gradients, so "auto" resolves to window lengths by a stated rule
-(`zfbench.sims.update_windows`): `--auto-windows N`, `N1,N2,...` or a `windows.csv` measured by
-`python -m zfbench.accuracy`; without it an assumed constant 4-step window, named as an
-assumption in the header and in summary.json.
-
-`--strategy zero-infinity` (DeepSpeed's ZeRO-3 with offloaded parameters, simulated only)
-takes `--offload-params none|cpu|nvme`, `--offload-optimizer cpu|nvme` (default: with the
-parameters), `--prefetch-buckets N` and, with nvme, `--nvme DRIVE`
-and `--nvme-drives N` (presets in zfbench/data/hardware.json, per drive).
-
-`--node NAME` puts the run on a node preset of zfbench/data/hardware.json (its GPU, link,
-host, networks, switch pairing and drives; a flag given overrides its part): `--node
-dgx2-v100 --gpus 64` is four DGX-2s, `--gpus` being the run's total with a preset, and
-`--sweep node=a100-4x-gen4,h100-8x-gen5` compares presets in one table.
-
-`--nodes N --gpus-per-node G` simulates N nodes of G GPUs (each node its own host,
-drives and PCIe), joined by `--inter-net` (per-GPU NIC presets; two-level collectives,
-sims/collectives.py); `--gpus` is one node's rank count and must agree (N x G) if given.
-
-`--profile FILE` (from `python -m zfbench.run --profile`) simulates the profile's machine
-and shape on one rank, in the profile's precision unless `--precision` says otherwise.
-
-A case that is the very setting a constant was calibrated on (its GPU, host, ranks, model,
-batch and precision those of a calibration row of the bundled published dataset, and the
-row's strategy: zfbench.validate.calibrated.same_setting, docs/published.md) says so: the
-table gains a column `calibrated on this case` with the row's id, and the summary rows a
-`calibrated_on` (the ids, space-separated; empty elsewhere). Such a number reproduces that
-published measurement by construction; it is not a prediction of it.
-
-Runs shorter than warm-up + two update windows (left out of the averages) + one measured
-window print a one-line warning with the steps needed; their rows carry `too_short` true
-and every row `steps_needed`. Bad flags, values and paths (an `--out` that is a file or
-cannot be written, a missing or malformed `--profile`) are one line `error: ...` on stderr,
-exit code 2, before anything is simulated or written.
-
-`--jobs N|auto` runs the (case, strategy) runs in N worker processes (auto: one per usable
-CPU, at most one per run, and none for runs too short to pay for a process); the numbers
-are the same either way.
-
-Files written to `--out` (all complete or none: everything is validated before the first
-write, and each file lands through a rename out of a staging directory): `summary.csv` and
-`summary.json` (one row per strategy, or per swept case and strategy, with the columns of
-`zfbench.report.SUMMARY_COLUMNS`, the same as `python -m zfbench.run`'s; summary.json also
-holds the effective settings, the sweep, what "auto" resolved to, the trace rule and the
-steps drawn, and the provenance: versions, machine, command line), `steps.csv` (the
-per-step breakdown), `<strategy>.spans.parquet` / `<strategy>.steps.parquet` (every span
-and step interval, where pyarrow imports; else, or with `--timeline-format csv`,
-`<strategy>.spans.csv` / `<strategy>.steps.csv`; with a sweep prefixed `knob=value,...`;
-`zfbench.core.trace.Timeline.read_parquet` / `read_csv` read them back equal) and
-`trace.json` (a Chrome trace of every strategy, open it at https://ui.perfetto.dev or
-chrome://tracing; not with a sweep). trace.json draws a window of steps,
-`--trace-steps`: by default `left-out+10`, the steps left out of the averages (warm-up
-and two update windows) plus the last 10 steps of each strategy and rank; `N` the last N;
-`all` every step (a 1000-step run then makes a trace of hundreds of MB). Files are
-written as they are produced (rows and trace events in chunks), never built whole in
-memory.
+Files written to `--out`, all complete or none: `summary.csv`, `summary.json`,
+`steps.csv`, the timeline `<strategy>.spans.parquet` / `.steps.parquet` (where pyarrow
+imports; else, or with `--timeline-format csv`, `.spans.csv` / `.steps.csv`, which
+`Timeline.read_parquet` / `read_csv` read back) and `trace.json` (Chrome trace, no sweep),
+whose steps `--trace-steps` draws: `left-out+10` by default, `N`, or `all`.
+docs/commands.md ("simulate", "Files") has every flag, example and file in detail.
 """
 
 from __future__ import annotations

@@ -5,26 +5,19 @@ setting a row was calibrated on.
 This module owns three things.
 
 - `CALIBRATIONS`: every calibration row of the bundled dataset with the preset field it
-  sets (zfbench.sims.host_step.CALIBRATION_ROWS for hosts,
-  zfbench.sims.compute_efficiency.CALIBRATION_ROWS for GPUs), the row ids the one list.
-- Judged hardware: `judged_entries` / `write_judged_hardware` turn the presets whose
-  calibrated fields are named into a hardware file (the layout of
-  zfbench/data/hardware.json) where those fields hold their judgments
-  (`zfbench.core.hardware.judgments`) and every other number the preset's. Simulating with
-  it (`SimSettings.hardware`) is the leave-one-source-out check of
-  `python -m zfbench.validate --published`.
-- The same setting (`same_setting`): a simulated case (settings and strategy) stands for
-  a calibration row when its strategy is the row's and, on the presets' own numbers (no
-  --profile, no --hardware file), its GPU, host, ranks per node, nodes, host cores, model,
-  layers, micro-batch, sequence, micro-steps and precision (`SETTING_KNOBS`) equal the
-  ones the row's columns give (zfbench.validate.rows.row_settings, defaults filled the
-  same way), and, for a GPU's `default_mfu`, no --mfu replaces it. `calibrated_on` lists
-  the bundled rows a case stands for: `python -m zfbench.simulate` prints them beside the
-  case (a last column "calibrated on this case") and writes them in the summary's
-  `calibrated_on`; `python -m zfbench.predict`, whose numbers run on hardware fitted to
-  its own measurement, marks its rows the same way (so none) and says where its baseline
-  is such a setting. A number so marked reproduces the row by construction and predicts
-  nothing about it.
+  sets (the `CALIBRATION_ROWS` of zfbench.sims.host_step for hosts and of
+  zfbench.sims.compute_efficiency for GPUs), the row ids the one list.
+- Judged hardware: `judged_entries` / `write_judged_hardware` write a hardware file in
+  which the calibrated fields hold their judgments (`zfbench.core.hardware.judgments`)
+  and every other number the preset's; simulating with it is the leave-one-source-out
+  check of `python -m zfbench.validate --published`.
+- The same setting (`same_setting`, `calibrated_on`): a simulated case stands for a
+  calibration row when its strategy is the row's and, on the presets' own numbers (no
+  --profile, --hardware or, for `default_mfu`, --mfu), its `SETTING_KNOBS` (GPU, host,
+  ranks, nodes, host cores, model, layers, micro-batch, sequence, micro-steps,
+  precision) equal the row's (zfbench.validate.rows.row_settings). `simulate` and
+  `predict` mark such cases (docs/commands.md, docs/published.md): a number so marked
+  reproduces the row by construction and predicts nothing about it.
 """
 
 from __future__ import annotations

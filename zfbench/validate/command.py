@@ -3,39 +3,25 @@
 Scenario: three shapes of one model slice (by default `zfbench.run`'s: tinyllama-1.1b[1L],
 bf16 on the device lane), sized from two calibrations (4 and 256 tokens) so that the host
 Adam is longer than, about equal to, and shorter than forward+backward on this machine
-(the ratio each shape's own profile measured is printed as `host_adam_over_compute`); for
-each shape a profile is measured (`zfbench.real.profile`) and every strategy runs on the engine,
-zenflow at two (topk_ratio, update_interval) pairs; the simulator then runs the same cells
-with that shape's profile. Printed and written (`--out`, default runs/validate):
-`validate.csv` (measured vs simulated step time, stall fraction and bytes per step with
-signed deltas), `ops.csv` (each cell's busy seconds per step by lane and op, measured
-beside simulated: where an error comes from), `validate_summary.json` (MAPE and max error of step time, worst stall
-miss in points, rank correlation of the strategies' order per shape and pair),
-`profiles/<shape>.json` (the mean of a profile measured before and one after the shape's
-cells), `profiles/<cell>.json` (that profile with the host and link rates measured right
-before and after the cell: what the simulator uses), and `traces/<cell>.json` (measured
-and simulated timelines of a cell side by side, for Perfetto). The CSV and summary are
-rewritten whole (through a rename) as each shape finishes, the summary's `complete` false
-until the last one, so a run stopped midway keeps the shapes it did. Any cell whose
-schedule signature differs (the compute lane's op order or the ops on another lane, per
-steady-state step) is reported and makes the command exit non-zero.
-`validate_summary.json` also holds the settings used (flags, zenflow pairs, base shape)
-and the provenance (zfbench and torch versions, machine, command line, date). Bad flags,
-values or an `--out` that is a file or cannot be written are one line `error: ...` on
-stderr with exit code 2, before anything is measured or written.
+(each shape's measured ratio printed as `host_adam_over_compute`); for each shape a
+profile is measured (`zfbench.real.profile`) and every strategy runs on the engine, zenflow
+at two (topk_ratio, update_interval) pairs; the simulator then runs the same cells with
+that shape's profile, its host and link rates measured again around each cell.
+Written to `--out` (default runs/validate): `validate.csv`, `ops.csv` (busy seconds per
+step by lane and op, measured beside simulated), `validate_summary.json`, `profiles/` and
+`traces/`; rewritten as each shape finishes. A cell whose schedule signature differs
+makes the command exit non-zero; bad input is one `error: ...` line, exit 2.
+On CUDA (`--device cuda`, or `auto` where torch sees a GPU) the profiles, probes and cells
+run on the GPU in bf16 with zfbench.run's GPU defaults, the simulator takes the profile's
+copy engines, and a shape beyond the model's positions grows its batch (at most MAX_BATCH).
 
-On CUDA (`--device cuda`, or the default `auto` where torch sees a GPU) the profiles, the
-rate probes and the cells run on the GPU in bf16 with zfbench.run's GPU defaults
-(overlap_comm on), the simulator takes the profile's copy engines (not the emulated
-lanes), and a shape that needs more tokens than the model has positions grows its batch
-(rows of the longest sequence, at most MAX_BATCH of them).
-
-    python -m zfbench.validate                 # full matrix, about 8 minutes here
+    python -m zfbench.validate                 # full matrix
     python -m zfbench.validate --shapes longer # one shape (longer, equal, shorter)
     python -m zfbench.validate --quick         # tiny shapes, seconds (what CI runs)
 
 `--published [FILE.csv] [--out DIR]` checks the simulator against measurements published
 for real GPUs instead (zfbench.validate.published, docs/published.md).
+docs/commands.md ("Calibration and validation") has every file in detail.
 """
 
 from __future__ import annotations

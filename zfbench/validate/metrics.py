@@ -1,32 +1,25 @@
 """The published metrics a simulation is held against, each read off its timeline.
 
-This module owns the metrics of `python -m zfbench.validate --published`
-(zfbench.validate.published): what each means, how its value is read from a simulated
-run, the step a published value stands for, and where a simulated step's time goes.
-
-Metrics, read from steady-state steps of rank 0 (from the row's first measured step on:
-zfbench.validate.published `skip_of`):
+This module owns the metrics of `python -m zfbench.validate --published`: what each
+means, how its value is read from a simulated run, the step a published value stands for,
+and where a simulated step's time goes. Each is read from steady-state steps of rank 0
+(from the row's first measured step on: zfbench.validate.published `skip_of`):
 
 - `step_time_s`: the step's wall time (a step is all of its `grad_accum` micro-steps);
-- `tflops_per_gpu`: counted FLOPs per GPU per step over the step time, in 10^12/s. The
+- `tflops_per_gpu`: counted FLOPs per GPU per step over the step time, in 10^12/s; the
   count is the same for every row: forward FLOPs (`ModelShape.forward_flops_per_token`:
   every matmul at 2 FLOPs a multiply-add, attention over the full seq x seq scores, the
-  vocabulary projection) times 3 for forward + backward, times 4 with activation
-  checkpointing (the recomputed forward counts, as the ZeRO papers count it), times the
-  tokens of a step (micro_batch x seq x grad_accum);
-- `pflops_total`: the same counted FLOPs of every GPU together per step over the step
-  time, in 10^15/s (the ZeRO-Infinity paper's aggregate "petaflops");
-- `samples_per_s`, `tokens_per_s`: sequences (micro_batch x grad_accum per GPU) and tokens
-  (times seq) of all GPUs per step over the step time;
-- `backward_time_s`: from the start of the step's last backward (after its last forward)
-  to the end of the last span of that backward's gradients: the backward compute, its
-  reductions (`allreduce`, `reduce_scatter`) and its copies down (`d2h_grad`), i.e. until
+  vocabulary projection) x 3 for forward + backward, x 4 with activation checkpointing
+  (as the ZeRO papers count it), x the tokens of a step (micro_batch x seq x grad_accum);
+- `pflops_total`: the same FLOPs of every GPU together, in 10^15/s (ZeRO-Infinity's
+  aggregate "petaflops"); `samples_per_s`, `tokens_per_s`: sequences (micro_batch x
+  grad_accum per GPU) and tokens of all GPUs per step over the step time;
+- `backward_time_s`: from the start of the step's last backward to the end of the last
+  span of its gradients (compute, `allreduce` / `reduce_scatter`, `d2h_grad`): until
   DeepSpeed's `engine.backward()` would return with the gradients on the host;
-- `host_adam_time_s`: from the start of the step's first host Adam chunk to the end of its
-  last (`host_optim` spans).
-- `host_step_time_s`: the host's whole optimizer step, from the start of its first
-  unscale/clip, Adam or conversion span to the end of its last (`host_clip`, `host_optim`,
-  `host_convert`; zfbench/sims/host_step.py).
+- `host_adam_time_s`: the step's first to last `host_optim` span;
+- `host_step_time_s`: the host's whole optimizer step, its first to last `host_clip`,
+  `host_optim` or `host_convert` span (zfbench/sims/host_step.py).
 """
 
 from __future__ import annotations

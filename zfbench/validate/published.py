@@ -4,26 +4,19 @@ what other people measured on real GPUs.
 This module owns that check: simulating each row of a published-measurements CSV (the
 bundled `zfbench/data/published/offload_measurements.csv` when FILE is left out; the
 format and a row's `SimSettings` are zfbench.validate.rows'), reading the row's metric
-off the simulated timeline, fixing the compute efficiency from an anchor row, the
-leave-one-source-out error (each source's rows simulated again with the constants its own
-rows calibrate at their judgments: zfbench.validate.calibrated, docs/published.md), and
-the table, summary and files it prints and writes. It fits nothing:
-every row is simulated with the presets' numbers (an anchored row with the MFU its anchor
-implies), and the error is what it is.
-
-The metrics and how each is read off a simulation: zfbench.validate.metrics.
+off the simulated timeline (zfbench.validate.metrics), fixing the compute efficiency from
+an anchor row (`anchor_mfu`), the leave-one-source-out error (each source's rows
+simulated again with the constants its own rows calibrate at their judgments:
+zfbench.validate.calibrated), and the table, summary and files it prints and writes. It
+fits nothing: every row is simulated with the presets' numbers (an anchored row with the
+MFU its anchor implies), and the error is what it is.
 
 Anchors: a row whose `anchor` names another row (measured on the same machine without
-offload) is simulated with the MFU that makes the anchor row's simulation reproduce the
-anchor's measurement. The anchor row is simulated at one MFU m0 for every block (first
-the whole model's MFU by shape, zfbench.sims.compute_efficiency); its
-forward+backward compute time per step is C (which scales as 1/MFU) and the rest of its
-step O = step - C (optimizer, exposed collectives). The anchor's measured step time P
-(its `step_time_s`, or the step time its throughput metric implies) then gives MFU
-m = m0 C / (P - O);
-the anchor is simulated again at m and the rule repeated until m moves by less than
-1e-6 of itself (at most `ANCHOR_ROUNDS` times; on one GPU the first m is already exact).
-Every row also gets `simulated_no_anchor` and `error_pct_no_anchor`, by shape.
+offload) is simulated at the MFU m = m0 C / (P - O) that makes the anchor's simulation
+reproduce its measurement (C the anchor's compute per step at MFU m0, O the rest of its
+step, P its measured step), iterated until m moves by less than 1e-6 of itself (at most
+`ANCHOR_ROUNDS` times); every row also gets `simulated_no_anchor` and
+`error_pct_no_anchor`. docs/published.md has the CSV format and the rule in full.
 """
 
 from __future__ import annotations
