@@ -1,28 +1,11 @@
 """`python -m zfbench.predict`: predict ZenFlow from a ZeRO-Offload run you already have.
 
-Method. A ZeRO-Offload step measured on your cluster (GPU compute, exposed PCIe transfer,
-and the stall: the GPU waiting for the host AdamW) pins three unknowns of the simulator on
-your node: the GPU's model FLOPs utilization, the effective PCIe rates, and the host's
-AdamW rate. They are found by simulating ZeRO-Offload with your shape on the named node
-(--node, or --gpu, --pcie, --host, --gpus) and scaling each rate until the simulated parts
-equal the measured ones (zfbench.predict.fit). The fitted node is written as a hardware
-file, every number with how it was inferred, and every strategy, ZenFlow included, is then
-simulated on it.
-What one measurement cannot separate is said and bounded: a single exposed-transfer time
-does not say how it divides between gradients down and parameters up, so the prediction
-is also made with only one direction slower and the range is printed (a DeepSpeed log or a
-zfbench run measures the split, and then there is no range). A part the simulated node
-cannot reach is named with how far off it stays, and the range widens by that miss; only
-contradictory input (compute faster than the GPU's peak) is refused. Rates the ZeRO-Offload
-baseline never exercises (the device-side top-k update, selection) come from the --gpu
-preset. The host's DRAM bandwidth rises with a faster inferred CPU-Adam and stays the
-preset's with a slower one (host accumulation is memory-bound streaming, CPU-Adam is not).
-
-A baseline whose setting is a calibration row's (zfbench.validate.calibrated: e.g. llama2-7b
-on 4 x a100-80g with the epyc-7763-milan host, the ZenFlow blog's Figure 3) prints
-"calibrated on this case: <row id>" and writes it as summary.json's `calibration_note`:
-that row set the preset's constant, which the fit replaces with the measurement's, so the
-predicted rows' `calibrated_on` stays empty.
+This module owns the command: its flags, reading the baseline, and the printed and written
+prediction. A measured ZeRO-Offload step (GPU compute, exposed PCIe transfer, stall) pins
+the GPU's MFU, the effective PCIe rates and the host's AdamW rate on the named node
+(zfbench.predict.fit scales each until the simulated parts equal the measured ones); every
+strategy, ZenFlow included, is then simulated on the fitted node, with the range the data
+leaves open (how the exposed transfer splits between the directions).
 
 Baselines (one of):
   --from-breakdown compute=S,io=S,stall=S   seconds per ZeRO-Offload step
@@ -30,12 +13,10 @@ Baselines (one of):
   --from-run DIR         a python -m zfbench.run --out DIR with a zero-offload row
   --paper                the ZenFlow paper's eight ZeRO-Offload bars (4 GPUs)
 
-Files written to --out: summary.csv / summary.json (as simulate's, every strategy predicted
-on the nominal fit, with step_time_low_s / step_time_high_s over the cases the data leaves
-open), range.csv (every case's rows), inferred.json (each unknown, its value, how it was
-inferred and the fit's residuals), inferred_hardware.json (replay it: python -m
-zfbench.simulate --hardware FILE --gpu inferred-gpu --pcie inferred-link --host
-inferred-host), steps.csv, spans and trace.json; with --paper, paper.csv and paper.json.
+--out gets summary.csv/json, range.csv, inferred.json, inferred_hardware.json (replayable
+with python -m zfbench.simulate --hardware), steps.csv, spans and trace.json; with --paper
+also paper.csv and paper.json. The method, its limits and the files: docs/commands.md,
+"predict".
 """
 
 from __future__ import annotations
