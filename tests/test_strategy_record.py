@@ -77,6 +77,5 @@ def name_comparisons() -> list[tuple[str, int, str]]:
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="comparisons still being replaced (issue 47)")
 def test_no_strategy_name_comparisons_outside_the_record():
     assert name_comparisons() == []
