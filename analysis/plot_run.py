@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 
 from zfbench.analysis.plot_measured import BadData, ordered_strategies, read_table, strategy_style
 from zfbench.analysis.plots import new_figure, with_style
+from zfbench.core.strategies import BASELINE, windowed_of
 
 COLUMNS = ["strategy", "step_time_s", "compute_s", "exposed_io_s", "host_wait_s"]
 PARTS = (("compute_s", "compute", 1.0), ("exposed_io_s", "exposed I/O", 0.6),
@@ -43,9 +44,10 @@ def load_run(path: Path, command: str) -> tuple[pd.DataFrame, pd.DataFrame, dict
 def ratio(rows: pd.DataFrame) -> float | None:
     """ZenFlow's step over ZeRO-Offload's, None without both."""
     by = rows.set_index("strategy")["step_time_s"]
-    if "zenflow" not in by or "zero-offload" not in by:
+    zenflow = windowed_of(by)
+    if zenflow is None or BASELINE not in by:
         return None
-    return float(by["zenflow"] / by["zero-offload"])
+    return float(zenflow / by[BASELINE])
 
 
 def run_facts(measured: pd.DataFrame, there: pd.DataFrame, proxy: dict) -> dict:

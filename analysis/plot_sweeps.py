@@ -24,6 +24,7 @@ from matplotlib.ticker import EngFormatter, FixedLocator, FuncFormatter, NullLoc
 from zfbench.analysis.plots import (PART_STYLE, SHIPPED_STYLE, SHORT_LABEL, STRATEGY_STYLE,
                             bar_style, new_figure, with_style)
 from zfbench.core.models import get_model
+from zfbench.core.strategies import BASELINE, device_adamw, has_windows, offloads_params
 
 # Series of the sweep tables: ZenFlow with each data path, and the references.
 SERIES_STYLE = {"zenflow-design": {**STRATEGY_STYLE["zenflow"],
@@ -83,7 +84,7 @@ def plot_step_breakdown(df: pd.DataFrame, caption: str = "",
     nodes = list(dict.fromkeys(df["node"]))
     models = list(dict.fromkeys(df["model"]))
     facts = breakdown_facts(df)["table"].set_index(["node", "model"])
-    infinity = "zero-infinity" in set(df["strategy"])
+    infinity = any(map(offloads_params, df["strategy"]))
     width = (7.4 if paper is None else 9.6) + (1.6 if infinity else 0.0)
     fig, axes = new_figure(len(nodes), len(models), figsize=(
         width, 1.0 + 2.2 * len(nodes) + (0.3 if infinity else 0.0)))
@@ -123,7 +124,7 @@ def plot_step_breakdown(df: pd.DataFrame, caption: str = "",
                     stall = 100 * g.loc[s, "stall_s"] / g.loc[s, "step_time_s"]
                     over = g.loc[s, "step_time_s"] / zf_top
                     ax.text(x_of[s], g.loc[s, "step_time_s"] + 0.02 * top, f"{stall:.0f}%"
-                            + (f"\n{over:.2f}x" if s != "zenflow" else ""), ha="center",
+                            + (f"\n{over:.2f}x" if not has_windows(s) else ""), ha="center",
                             va="bottom", fontsize=7)
             else:
                 ax.text(x_of["zenflow"], zf_top + 0.03 * top, f"{f['speedup']:.2f}x faster\n"
@@ -195,7 +196,7 @@ def pcie_facts(u_df: pd.DataFrame, k_df: pd.DataFrame, default_u: int,
     col = "pcie_bytes_per_step_over_model_bytes"
     pick = lambda df, s, knob, v: float(df[(df["series"] == s) & np.isclose(  # noqa: E731
         df[knob].astype(float), v)][col].iloc[0])
-    zo = float(u_df[u_df["series"] == "zero-offload"][col].iloc[0])
+    zo = float(u_df[u_df["series"] == BASELINE][col].iloc[0])
     design_u = u_df[u_df["series"] == "zenflow-design"]
     design_k = k_df[k_df["series"] == "zenflow-design"]
     return {"design": pick(u_df, "zenflow-design", "update_interval", default_u),
@@ -229,8 +230,8 @@ def plot_pcie_traffic(u_df: pd.DataFrame, k_df: pd.DataFrame, caption: str = "")
 
 def sensitivity_facts(u_df: pd.DataFrame, k_df: pd.DataFrame) -> dict:
     col = "step_time_s"
-    out = {"zero_offload_s": float(u_df[u_df["series"] == "zero-offload"][col].iloc[0])}
-    dev = u_df[u_df["series"] == "device"]
+    out = {"zero_offload_s": float(u_df[u_df["series"] == BASELINE][col].iloc[0])}
+    dev = u_df[u_df["series"].map(device_adamw).astype(bool)]
     out["device_s"] = float(dev[col].iloc[0]) if not dev.empty else float("nan")
     for name, df, knob in (("u", u_df, "update_interval"), ("k", k_df, "topk_ratio")):
         g = df[df["series"] == "zenflow-design"].sort_values(knob)

@@ -19,6 +19,7 @@ from matplotlib.ticker import MaxNLocator
 from zfbench.analysis.plot_measured import (BadData, MissingData, ordered_strategies, read_table,
                                     strategy_style)
 from zfbench.analysis.plots import SHORT_LABEL, STRATEGY_STYLE, bar_style, new_figure, with_style
+from zfbench.core.strategies import device_adamw, windowed_of
 
 
 # -- figure 13: loss curves and final quality -----------------------------------------
@@ -76,8 +77,10 @@ def quality_facts(losses: pd.DataFrame, quality: pd.DataFrame | None) -> dict:
            "values": {s: float(v) for s, v in q.items() if s != REFERENCE},
            "reference": float(q[REFERENCE]) if REFERENCE in q else None,
            "steps": int(losses.groupby("strategy").size().max())}
-    if "zenflow" in q and "device" in q:
-        out["zenflow_minus_device"] = float(q["zenflow"] - q["device"])
+    zenflow = windowed_of(q)
+    device = next((v for s, v in q.items() if device_adamw(s)), None)
+    if zenflow is not None and device is not None:
+        out["zenflow_minus_device"] = float(zenflow - device)
     return out
 
 

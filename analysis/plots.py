@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from zfbench.analysis.breakdown import step_breakdown
+from zfbench.core.strategies import STRATEGY
 
 STYLE_FILE = Path(__file__).with_name("style.mplstyle")
 
@@ -34,15 +35,15 @@ STYLE_FILE = Path(__file__).with_name("style.mplstyle")
 # their greyscale luminances differ, and each entry adds a hatch / marker / line style.
 STRATEGY_STYLE = {
     "device": dict(color="#222222", marker="s", linestyle=":", hatch="xx",
-                   label="device (no offload)"),
+                   label=STRATEGY["device"].label),
     "zero-offload": dict(color="#BB5566", marker="o", linestyle="--", hatch="//",
-                         label="ZeRO-Offload"),
+                         label=STRATEGY["zero-offload"].label),
     "zero-offload-dpu": dict(color="#DDAA33", marker="^", linestyle="-.", hatch="..",
-                             label="ZeRO-Offload + DPU"),
+                             label=STRATEGY["zero-offload-dpu"].label),
     "zero-infinity": dict(color="#44AA99", marker="X", linestyle=(0, (3, 1, 1, 1, 1, 1)),
-                          hatch="||", label="ZeRO-Infinity"),  # Tol's muted teal
+                          hatch="||", label=STRATEGY["zero-infinity"].label),  # Tol's muted teal
     "zenflow": dict(color="#004488", marker="D", linestyle="-", hatch="",
-                    label="ZenFlow"),
+                    label=STRATEGY["zenflow"].label),
 }
 # ZenFlow with DeepSpeed's shipped data path (`transfers=shipped`).
 SHIPPED_STYLE = dict(color="#6699CC", marker="v", linestyle=(0, (5, 1.5, 1, 1.5)),

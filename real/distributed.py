@@ -275,9 +275,9 @@ def host_threads_by_strategy(reserved: float, world: int = 1, active: bool = Fal
                              cores: int | None = None) -> dict[str, int]:
     """The host threads each engine strategy with host work runs on a GPU
     (`lane_threads`; ZenFlow at `reserved`, its default 0.5 where a profile measures)."""
-    from zfbench.core.strategies import OFFLOAD_STRATEGIES
+    from zfbench.core.strategies import OFFLOAD_STRATEGIES, has_windows
 
-    return {name: lane_threads(reserved if name == "zenflow" else None, True, world,
+    return {name: lane_threads(reserved if has_windows(name) else None, True, world,
                                active, cores)[1] for name in OFFLOAD_STRATEGIES}
 
 

@@ -53,8 +53,10 @@ from zfbench.real.strategies import DelayedOffloadStrategy, DeviceStrategy, Offl
 from zfbench.real.zenflow import ZenFlowStrategy
 from zfbench.core.config import ConfigError, EngineConfig, load_config
 
-STRATEGY_CLASSES = {"device": DeviceStrategy, "zero-offload": OffloadStrategy,
-                    "zero-offload-dpu": DelayedOffloadStrategy, "zenflow": ZenFlowStrategy}
+# The engine's registry: each class under the zfbench.core.strategies record's name it
+# implements (tests/test_strategy_record.py: exactly the record's ENGINE_STRATEGIES).
+STRATEGY_CLASSES = {cls.name: cls for cls in (DeviceStrategy, OffloadStrategy,
+                                              DelayedOffloadStrategy, ZenFlowStrategy)}
 from zfbench.real.flat import DTYPES as COMM_DTYPES  # noqa: E402
 
 

@@ -18,6 +18,7 @@ from zfbench.core.config_zenflow import SCENARIO_ZENFLOW
 from zfbench.core import memory_model
 from zfbench.core.memory_model import host_bytes_per_param
 from zfbench.core.models import ModelShape
+from zfbench.core.strategies import selects_on_device
 from zfbench.core.schedule import topk_count
 
 # The top-k ratio a memory check assumes when it is not told: the scenario's.
@@ -56,7 +57,7 @@ def estimate(shape: ModelShape, strategy: str, batch: int, seq: int, elem_bytes:
     buckets, zfbench.core.strategies.buckets_on), with HEADROOM."""
     p = shape.total_params
     selected = 0.0
-    if strategy == "zenflow":
+    if selects_on_device(strategy):
         selected = sum(m.rows * topk_count(m.cols, topk_ratio) for m in shape.matrices())
         selected += sum(v.numel for v in shape.vectors())
     device = memory_model.engine_device_bytes(strategy, p, elem_bytes, selected,

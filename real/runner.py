@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 from zfbench.core.progress import progress as progress_bar
+from zfbench.core.strategies import has_windows
 
 from zfbench.real.data import made_ahead, synthetic_batches, text_batches
 from zfbench.real.distributed import DistContext, gather_timeline
@@ -116,11 +117,11 @@ class RunSpec:
             over.setdefault("precision", self.precision)
         if strategy is not None:
             over.setdefault("strategy", strategy)
-        scenario = strategy == "zenflow" and not _has_zenflow(raw) and \
+        scenario = has_windows(strategy) and not _has_zenflow(raw) and \
             not any(k in over for k in SCENARIO_ZENFLOW)
         if scenario:
             over.update(SCENARIO_ZENFLOW)
-        if strategy == "zenflow":
+        if has_windows(strategy):
             over.update(self.zenflow)
         auto = AutoValues(micro_batch=self.batch or 1, grad_accum=self.grad_accum or 1,
                           precision=self.precision or "fp32", steps=self.steps)

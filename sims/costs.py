@@ -26,7 +26,8 @@ from zfbench.core.config_zenflow import split_cores
 from zfbench.core.memory_model import (activation_bytes, element_bytes, engine_device_bytes,
                                        host_bytes_per_param)
 from zfbench.core.scenario import GPU_NODE
-from zfbench.core.strategies import ENGINE_HOST_CHUNK_ELEMS, buckets_on
+from zfbench.core.strategies import (ENGINE_HOST_CHUNK_ELEMS, STRATEGY, buckets_on, has_windows,
+                                     zero_offload)
 from zfbench.core.schedule import topk_count
 
 __all__ = ["STRATEGIES", "TRANSFER_MODES", "PRECISIONS", "OFFLOAD_PARAMS", "SimSettings",
@@ -321,7 +322,7 @@ class CostModel:
         `split_cores`): on the cores the reserve leaves of
         the rank's own contiguous block (`_compute_zf_pt_affinity` binds each rank to one
         first where the launcher did not), so its memory is local as with bind_cores."""
-        return (self.strategy == "zenflow" and self.calibration is None
+        return (has_windows(self.strategy) and self.calibration is None
                 and self.settings.pt_reserved_cores_perc is not None)
 
     @cached_property
@@ -478,16 +479,17 @@ class CostModel:
     def memory_per_rank(self, strategy: str) -> dict[str, float]:
         """Device bytes per rank, host bytes and NVMe bytes for one node (of `nodes`, each
         holding its ranks' share), by strategy (zero-infinity: zfbench.sims.zero3.memory)."""
-        if strategy == "zero-infinity":
+        rule = STRATEGY[strategy].memory
+        if rule == "zero3":
             return zero3.memory(self)
         p, b = self.params, self.elem_bytes
         part = self.share(p)
         act = self.activation_bytes()
         if self.calibration is not None:  # zfbench's engine, as it allocates
             device = engine_device_bytes(strategy, p, b, self.selected_params, act)
-        elif strategy == "device":  # ZeRO-2 at its step's peak (zfbench.sims.device_memory)
+        elif rule == "device-adam":  # ZeRO-2 at its step's peak (zfbench.sims.device_memory)
             device = device_memory.device_strategy_bytes(p, part, b, act)
-        elif strategy in ("zero-offload", "zero-offload-dpu"):
+        elif zero_offload(strategy):
             # DeepSpeed's: params + two gradient buckets
             device = device_memory.zero_offload_device_bytes(p, b, act)
         else:  # zenflow: device Adam state for the selected slice

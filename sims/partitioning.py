@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import simpy
 
+from zfbench.core.strategies import STRATEGY_LIST, ZERO_OFFLOAD_STRATEGIES
 from zfbench.sims import zero3
 
 # DeepSpeed's ZeRO-2 strategies (from presets): they reduce-scatter their gradient buckets
 # and follow `overlap_comm`; the offloading ones copy their partitions down (`device`,
 # ZeRO-2 without offload, copies nothing).
-ZERO2_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu")
-OWNED_STRATEGIES = ("zero-offload", "zero-offload-dpu")
+ZERO2_STRATEGIES = tuple(s.name for s in STRATEGY_LIST if s.sim_zero2)
+OWNED_STRATEGIES = ZERO_OFFLOAD_STRATEGIES
 
 
 def owns_partitions(c, strategy: str) -> bool:

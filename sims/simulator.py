@@ -28,6 +28,7 @@ from zfbench.sims import partitioning
 from zfbench.sims.partitioning import Sync
 from zfbench.sims.emulated import emulated_rates
 from zfbench.sims.strategies import GRAD_ACCUM_STRATEGIES, RankSim
+from zfbench.core.strategies import device_adamw, has_windows
 from zfbench.core.trace import Timeline
 
 
@@ -47,9 +48,9 @@ class SimResult:
     def host_optim_params_per_step(self) -> float:
         """Parameters the rank's host Adam updates per step, on average."""
         c, s = self.costs, self.settings
-        if self.strategy == "device":
+        if device_adamw(self.strategy):
             return 0.0
-        if self.strategy == "zenflow":
+        if has_windows(self.strategy):
             return c.share(c.params) / c.windows.mean_window_steps(
                 s.steps, s.full_warm_up_rounds, s.select_interval)
         return c.share(c.params)

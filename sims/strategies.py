@@ -17,6 +17,7 @@ start; the stall the analysis reports is that interval minus the compute lane's 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import simpy
@@ -29,11 +30,12 @@ from zfbench.sims.host_step import CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM
 from zfbench.sims.lanes import Lane, all_done, all_of, run_compute
 from zfbench.sims.zero_infinity import zero_infinity_step
 from zfbench.core.schedule import is_selection_step, is_warmup
+from zfbench.core.strategies import STRATEGY_LIST, device_adamw, offloads_params
 from zfbench.core.trace import Timeline
 
 
 # The strategies whose step runs with gradient accumulation (grad_accum > 1).
-GRAD_ACCUM_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zero-infinity")
+GRAD_ACCUM_STRATEGIES = tuple(s.name for s in STRATEGY_LIST if s.sim_grad_accum)
 
 
 class RankSim:
@@ -289,9 +291,7 @@ class RankSim:
 
     # -- strategies -------------------------------------------------------------------
     def run(self, strategy: str, steps: int):
-        step_fn = {"device": self.device_step, "zero-offload": self.offload_step,
-                   "zero-offload-dpu": self.dpu_step, "zenflow": self.zenflow_step,
-                   "zero-infinity": lambda t: zero_infinity_step(self, t)}[strategy]
+        step_fn = functools.partial(STEP_FUNCTIONS[strategy], self)
         self.state: dict = {}
         self.serial_reduction = partitioning.serial_reduction(self.costs, strategy)
         self.reduce_scatters = partitioning.reduce_scatters(self.costs, strategy)
@@ -300,7 +300,7 @@ class RankSim:
             self.owned_numels = partitioning.owned_numels(self.costs, self.rank)
             self.owners_of = [partitioning.owners(self.costs, i) for i in range(self.nb)]
         # zero-infinity runs its micro-steps inside its step (zfbench.sims.zero_infinity)
-        accum = 1 if strategy == "zero-infinity" else self.costs.settings.grad_accum
+        accum = 1 if offloads_params(strategy) else self.costs.settings.grad_accum
         for t in range(steps):
             start = self.env.now
             for micro in range(accum - 1):
@@ -321,7 +321,7 @@ class RankSim:
         docstring)."""
         c, st = self.costs, self.state
         yield from self.compute("forward", t, c.forward_s)
-        if strategy == "device":
+        if device_adamw(strategy):  # nothing goes down: each bucket is reduced in place
             reduced = []
             yield from self.backward(t, lambda i: partitioning.reduce_bucket(self, t, i, reduced),
                                      reduce=False)
@@ -523,3 +523,10 @@ def _fired(env: simpy.Environment) -> simpy.Event:
     event = env.event()
     event.succeed()
     return event
+
+
+# The simulator's registry: each step function (rank, t) under the zfbench.core.strategies
+# record's name it simulates (tests/test_strategy_record.py: exactly SIM_STRATEGIES).
+STEP_FUNCTIONS = {"device": RankSim.device_step, "zero-offload": RankSim.offload_step,
+                  "zero-offload-dpu": RankSim.dpu_step, "zenflow": RankSim.zenflow_step,
+                  "zero-infinity": zero_infinity_step}

@@ -30,6 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from zfbench.core.trace import write_json_atomic
+from zfbench.core.strategies import BASELINE
 
 SUMMARY_COLUMNS = (
     "strategy", "ranks", "steps_measured", "steps_left_out", "steps_needed", "too_short",
@@ -83,7 +84,7 @@ def ordered_rows(rows: list[dict], leading: list[str] | tuple = ()) -> list[dict
 def add_speedups(rows: list[dict]) -> None:
     """`speedup_vs_zero_offload`: zero-offload's step time over each row's (NaN without a
     zero-offload row)."""
-    base = next((r for r in rows if r["strategy"] == "zero-offload"), None)
+    base = next((r for r in rows if r["strategy"] == BASELINE), None)
     for r in rows:
         r["speedup_vs_zero_offload"] = (base["step_time_s"] / r["step_time_s"]
                                         if base else math.nan)

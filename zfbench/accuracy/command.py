@@ -37,6 +37,7 @@ import pandas as pd
 from zfbench.core.config import STRATEGIES
 from zfbench.core.config_build import build_config
 from zfbench.core.config_zenflow import SCENARIO_ZENFLOW
+from zfbench.core.strategies import has_windows
 
 DEFAULT_VARIANTS = ("device", "zero-offload-dpu", "zenflow-k0.05-u4", "zenflow-k0.1-u4",
                     "zenflow-k0.1-auto")
@@ -67,7 +68,7 @@ def parse_variant(name: str) -> tuple[str, dict]:
 def engine_config(variant: str, args) -> dict:
     strategy, zf = parse_variant(variant)
     zenflow = None
-    if strategy == "zenflow":  # the scenario, with the variant's k and U
+    if has_windows(strategy):  # the scenario, with the variant's k and U
         zenflow = {**SCENARIO_ZENFLOW, **zf, "select_interval": args.select_interval,
                    "full_warm_up_rounds": 0}
     return build_config(strategy, micro_batch=args.batch, lr=args.lr,

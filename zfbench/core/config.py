@@ -42,6 +42,7 @@ from zfbench.core.config_zenflow import (SCENARIO_ZENFLOW, ZENFLOW_PREFIX,  # no
 # which the engine does not implement, so it is not a valid zfbench.strategy).
 from zfbench.core.strategies import ENGINE_STRATEGIES as STRATEGIES
 from zfbench.core.strategies import OFFLOAD_STRATEGIES as _OFFLOAD_STRATEGIES
+from zfbench.core.strategies import device_adamw, has_windows, offloads
 
 
 # ---------------------------------------------------------------- the other sections
@@ -194,11 +195,11 @@ def _apply_overrides(d: dict, overrides: dict) -> None:
         _choice(strat, "override strategy", STRATEGIES + ("auto",))
         if strat in STRATEGIES:
             zero = d.setdefault("zero_optimization", {})
-            if isinstance(zero, dict) and strat != "zenflow":
+            if isinstance(zero, dict) and not has_windows(strat):
                 zero.pop("zenflow", None)
             _set(d, "zero_optimization.offload_optimizer.device",
-                 "none" if strat == "device" else "cpu")
-            if strat != "device" and isinstance(zero, dict) and \
+                 "cpu" if offloads(strat) else "none")
+            if offloads(strat) and isinstance(zero, dict) and \
                     zero.get("stage", 0) in (0, None):
                 zero["stage"] = 2  # offload needs a ZeRO stage; the strategy asks for it
     for name, value in given.items():
@@ -309,10 +310,10 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
     if strategy == "auto":
         strategy = ("zenflow" if zenflow is not None
                     else "zero-offload" if device == "cpu" else "device")
-    if zenflow is not None and strategy != "zenflow":
+    if zenflow is not None and not has_windows(strategy):
         raise ConfigError("zfbench.strategy", f"got {strategy!r} while "
                           f"{ZENFLOW_PREFIX} is present; expected 'zenflow' or 'auto'")
-    if strategy == "zenflow" and zenflow is None:
+    if has_windows(strategy) and zenflow is None:
         zenflow = default_zenflow_config()
     if (strategy in _OFFLOAD_STRATEGIES) != (device == "cpu"):
         want = "'cpu'" if strategy in _OFFLOAD_STRATEGIES else "'none'"
@@ -325,7 +326,7 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
     if world > 1 and stage >= 1:  # what zfbench's ranks do differently from DeepSpeed's
         notes.append(
             f"zero_optimization.stage {stage}: the device strategy keeps the whole "
-            f"optimizer state on every rank (stage 0's layout)" if strategy == "device" else
+            f"optimizer state on every rank (stage 0's layout)" if device_adamw(strategy) else
             f"zero_optimization.stage {stage}: gradients are all-reduced whole, then each "
             f"rank's host updates its shard (stage 2 would reduce-scatter: half the bytes)")
     return EngineConfig(micro_batch=micro, grad_accum=accum, optimizer=optimizer,

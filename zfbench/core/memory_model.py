@@ -22,6 +22,8 @@ simulator's memory fit check (sims/costs.py) must agree on:
 """
 from __future__ import annotations
 
+from zfbench.core.strategies import STRATEGY, STRATEGY_LIST, delayed
+
 # Bytes of one element per precision (the simulator's order of precisions).
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 PRECISIONS = tuple(ELEMENT_BYTES)
@@ -30,7 +32,8 @@ FP32_BYTES = ELEMENT_BYTES["fp32"]
 # Host optimizer state per parameter: fp32 master weights, Adam's m and v.
 HOST_OPTIMIZER_STATE_BYTES = 3 * FP32_BYTES
 # fp32 gradient buffers per parameter in host memory, per strategy (device: none).
-HOST_GRAD_BUFFERS = {"device": 0, "zero-offload": 1, "zero-offload-dpu": 1, "zenflow": 3}
+HOST_GRAD_BUFFERS = {s.name: s.host_grad_buffers for s in STRATEGY_LIST
+                     if s.host_grad_buffers is not None}
 
 
 def element_bytes(precision: str) -> int:
@@ -56,7 +59,7 @@ def host_bytes_per_param(strategy: str, elem_bytes: int = FP32_BYTES,
     if buffers == 0:
         return 0
     wires = 2 * elem_bytes if elem_bytes != FP32_BYTES else 0
-    second_landing = elem_bytes if bucketed and strategy == "zero-offload-dpu" else 0
+    second_landing = elem_bytes if bucketed and delayed(strategy) else 0
     return HOST_OPTIMIZER_STATE_BYTES + buffers * FP32_BYTES + wires + second_landing
 
 
@@ -97,13 +100,14 @@ def engine_device_bytes(strategy: str, params: float, elem_bytes: int, selected:
     columns of every matrix plus every vector), fp32 values, gradient, scratch, m and v
     and a staging copy in the device's dtype (real/strategies.py, real/zenflow.py)."""
     device = 2 * params * elem_bytes + activations
-    if strategy == "device":
+    rule = STRATEGY[strategy].memory if strategy in STRATEGY else None
+    if rule == "device-adam":
         device += 3 * FP32_BYTES * params + (2 * FP32_BYTES * params
                                               if elem_bytes != FP32_BYTES else 0)
-    elif strategy == "zero-offload-dpu":
+    elif rule == "host-adam-upload-buffer":
         device += params * elem_bytes
-    elif strategy == "zenflow":
+    elif rule == "host-adam-selected":
         device += params * elem_bytes + (5 * FP32_BYTES + elem_bytes) * selected
-    elif strategy != "zero-offload":
+    elif rule != "host-adam":
         raise ValueError(f"unknown strategy {strategy!r}")
     return device

@@ -1,23 +1,132 @@
-"""The strategy names: which strategies exist, which the engine runs, which offload.
+"""The strategy record: which strategies exist, what each moves and where it runs AdamW.
 
-This module owns the one list of strategy names every part and command reads (the engine's
-config, the simulator's settings, the figures). Order matters: it is the order of tables,
-CLI choices and figure legends.
+This module owns the one record of strategies every part and command reads (the engine's
+config, the simulator's settings, the figures); the engine and the simulator register
+their implementations against its names in their own packages. Order matters: it is the
+order of tables, CLI choices and figure legends.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """What one strategy is, as the code branches on it (the defaults: ZeRO-Offload's)."""
+    name: str
+    label: str  # display label (figure legends)
+    moves: str  # what crosses PCIe per step, in words
+    # The memory model's rule (zfbench.core.memory_model; "zero3": zfbench.sims.zero3)
+    memory: str
+    host_grad_buffers: int | None  # fp32 gradient buffers per parameter on the host
+    adamw: str = "host"  # where AdamW runs: "device", "host" or "both" (top-k on device)
+    d2h: bool = True  # gradients go down to the host every step
+    h2d: bool = True  # parameters come up from the host every step
+    offloads_optimizer: bool = True  # optimizer state on the host (offload_optimizer cpu)
+    offloads_params: bool = False  # parameters live on the host too (ZeRO-3)
+    engine: bool = True  # zfbench's engine (real/) runs it; False: simulated only
+    delayed: bool = False  # its host update lags one step behind (DPU)
+    has_windows: bool = False  # ZenFlow's update windows (accumulate, then one host update)
+    # Steps left out of a measurement: "fixed" (FIXED_SKIP_STEPS of FIXED_RUN_STEPS, the
+    # delayed update's first lag) or "windows" (warm-up plus two update windows, then one
+    # measured: zfbench.sims.update_windows.WindowPlan.skip_steps)
+    measure: str = "fixed"
+    # The simulator models its gradients as DeepSpeed's ZeRO-2 does from presets (buckets
+    # reduce-scattered, `overlap_comm`; zfbench.sims.partitioning)
+    sim_zero2: bool = True
+    sim_grad_accum: bool = True  # the simulator runs it with grad_accum > 1
+
+
+STRATEGY_LIST = (
+    Strategy("device", "device (no offload)", "nothing: gradients and AdamW stay on the GPU",
+             "device-adam", 0, adamw="device", d2h=False, h2d=False,
+             offloads_optimizer=False),
+    Strategy("zero-offload", "ZeRO-Offload",
+             "every step: all gradients down, all updated parameters up", "host-adam", 1),
+    Strategy("zero-offload-dpu", "ZeRO-Offload + DPU",
+             "every step: all gradients down, all parameters up a step late",
+             "host-adam-upload-buffer", 1, delayed=True),
+    Strategy("zero-infinity", "ZeRO-Infinity",
+             "every step: parameters up for forward and backward, gradients down", "zero3",
+             None, offloads_params=True, engine=False, sim_zero2=False),
+    Strategy("zenflow", "ZenFlow",
+             "every step: the unselected gradients down; once a window: their parameters up",
+             "host-adam-selected", 3, adamw="both", has_windows=True, measure="windows",
+             sim_zero2=False, sim_grad_accum=False),
+)
+STRATEGY = {s.name: s for s in STRATEGY_LIST}
+
 # Every strategy zfbench knows, in display order: what the simulator can run.
-SIM_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zero-infinity", "zenflow")
+SIM_STRATEGIES = tuple(STRATEGY)
 # zero-infinity is simulated only: the real engine (real/) has no ZeRO-3 path.
-SIMULATED_ONLY = ("zero-infinity",)
+SIMULATED_ONLY = tuple(s.name for s in STRATEGY_LIST if not s.engine)
 # What the real engine implements (a valid `zfbench.strategy` of a config).
 ENGINE_STRATEGIES = tuple(s for s in SIM_STRATEGIES if s not in SIMULATED_ONLY)
 # The engine's strategies whose optimizer lives on the host (offload_optimizer.device "cpu").
-OFFLOAD_STRATEGIES = ("zero-offload", "zero-offload-dpu", "zenflow")
+OFFLOAD_STRATEGIES = tuple(s.name for s in STRATEGY_LIST if s.engine and s.offloads_optimizer)
+# DeepSpeed's ZeRO-Offload step, with and without its delayed update (DPU).
+ZERO_OFFLOAD_STRATEGIES = tuple(s.name for s in STRATEGY_LIST
+                                if s.sim_zero2 and s.offloads_optimizer)
+# The strategy speed-ups are reported against (the paper's baseline).
+BASELINE = "zero-offload"
+# The measured-window rule "fixed": steps left out at the start, steps a run needs.
+FIXED_SKIP_STEPS, FIXED_RUN_STEPS = 2, 4
 # zfbench's engine runs its host optimizer in jobs of this many elements of the flat
 # buffer, each chunk's parameters going up after it (real/engine.py's default; the
 # simulator with a profile of the engine cuts its host updates the same way).
 ENGINE_HOST_CHUNK_ELEMS = 1 << 22
+
+
+def _trait(name: str, trait: str):
+    s = STRATEGY.get(name)
+    return None if s is None else getattr(s, trait)
+
+
+def offloads(name: str) -> bool:
+    """Whether `name` keeps its optimizer state on the host (False for unknown names)."""
+    return bool(_trait(name, "offloads_optimizer"))
+
+
+def offloads_params(name: str) -> bool:
+    """Whether `name` keeps its parameters on the host too (ZeRO-3)."""
+    return bool(_trait(name, "offloads_params"))
+
+
+def delayed(name: str) -> bool:
+    """Whether `name`'s host update lags a step (DPU)."""
+    return bool(_trait(name, "delayed"))
+
+
+def has_windows(name: str) -> bool:
+    """Whether `name` updates the host in windows (ZenFlow)."""
+    return bool(_trait(name, "has_windows"))
+
+
+def device_adamw(name: str) -> bool:
+    """Whether `name` runs all of AdamW on the device (no host update at all)."""
+    return _trait(name, "adamw") == "device"
+
+
+def selects_on_device(name: str) -> bool:
+    """Whether `name` keeps AdamW state on the device for a selected slice (ZenFlow)."""
+    return _trait(name, "adamw") == "both"
+
+
+def zero_offload(name: str) -> bool:
+    """Whether `name` is DeepSpeed's ZeRO-Offload step (`ZERO_OFFLOAD_STRATEGIES`)."""
+    return name in ZERO_OFFLOAD_STRATEGIES
+
+
+def windowed_measure(name: str) -> bool:
+    """Whether `name`'s measurement leaves out its warm-up and two update windows (rule
+    "windows") rather than FIXED_SKIP_STEPS."""
+    return _trait(name, "measure") == "windows"
+
+
+def windowed_of(by_name: dict):
+    """The value `by_name` (keyed by strategy name) holds for the windowed strategy
+    (ZenFlow), None where it has none."""
+    return next((v for k, v in by_name.items() if has_windows(k)), None)
 
 
 def buckets_on(precision: str, overlap_comm: bool) -> bool:

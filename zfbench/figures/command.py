@@ -42,6 +42,8 @@ from zfbench.predict import inputs as predict_inputs
 from zfbench.validate import published as validate_published
 from zfbench.core import hardware
 from zfbench.core.strategies import SIM_STRATEGIES as STRATEGIES
+from zfbench.core.strategies import (ENGINE_STRATEGIES, OFFLOAD_STRATEGIES, SIMULATED_ONLY,
+                                     delayed)
 from zfbench.figures.data import TIMELINE_STRATEGIES, Dataset, generate, is_fresh
 from zfbench.figures.measure import measure_jobs, run_missing
 from zfbench.simulation import summary_row
@@ -59,12 +61,12 @@ MULTI_NODE_STEPS = 16
 # Figure 17: the strategies of bench/convergence.py, whose committed results it reads
 # (the topic task from convergence/, the LM task's three seeds from pretrained weights from
 # convergence_lm/), and the llama2-7b step time each is simulated at for time-to-quality.
-CONVERGENCE_STRATEGIES = ("device", "zero-offload", "zero-offload-dpu", "zenflow")
+CONVERGENCE_STRATEGIES = ENGINE_STRATEGIES
 CONVERGENCE_RESULTS = Path(__file__).resolve().parents[2] / "bench/results/convergence"
 CONVERGENCE_LM_RESULTS = CONVERGENCE_RESULTS.with_name("convergence_lm")
 # Figure 5's bars: the two baselines ZenFlow's claims name (DeepSpeed's ZenFlow blog: "up
 # to 5x over ZeRO-Offload and 6.3x over ZeRO-Infinity") and ZenFlow.
-BREAKDOWN_STRATEGIES = ("zero-infinity", "zero-offload", "zenflow")
+BREAKDOWN_STRATEGIES = SIMULATED_ONLY + tuple(s for s in OFFLOAD_STRATEGIES if not delayed(s))
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,14 @@ from typing import Callable
 
 import pandas as pd
 from zfbench.core.progress import progress
+from zfbench.core.strategies import OFFLOAD_STRATEGIES
 
 from zfbench.sims.costs import SimSettings
 from zfbench.sims.simulator import simulate
 
 # Figures 1-4 tell the ZenFlow paper's story (ZeRO-Offload's stall, DPU's limit, ZenFlow's
 # pipeline); zero-infinity is compared in figures 5 and 8 (zfbench/figures/command.py), not here.
-TIMELINE_STRATEGIES = ("zero-offload", "zero-offload-dpu", "zenflow")
+TIMELINE_STRATEGIES = OFFLOAD_STRATEGIES  # the engine's offloading strategies
 
 
 @dataclass

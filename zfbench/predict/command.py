@@ -33,6 +33,7 @@ from zfbench.sims.costs import STRATEGIES, SimSettings, SimSettingsError
 from zfbench.sims.settings import on_node
 from zfbench.predict.fit import Breakdown, Fit, infer, on_hardware_file
 from zfbench.sims.simulator import steps_needed
+from zfbench.core.strategies import BASELINE, has_windows
 from zfbench.predict import inputs as predict_inputs
 from zfbench.cli_checks import (ZENFLOW_KNOBS, CliError, OneLineParser, check_out_dir,
                                 fail, zenflow_flags)
@@ -220,8 +221,8 @@ def paper(given: dict, workdir: Path, quiet: bool, models: tuple[str, ...] | Non
         sub = workdir / f"{bar['gpu']}-{bar['model']}"
         sub.mkdir()
         fits, rows, _, _ = predict(base, measured, sub, quiet, ("zero-offload", "zenflow"))
-        zf = next(r for r in rows if r["strategy"] == "zenflow")
-        zo = next(r for r in rows if r["strategy"] == "zero-offload")
+        zf = next(r for r in rows if has_windows(r["strategy"]))
+        zo = next(r for r in rows if r["strategy"] == BASELINE)
         out.append({"gpu": bar["gpu"], "node": node["node"], "model": bar["model"],
                     "zero_offload_compute_s": bar["compute_s"], "zero_offload_io_s":
                     bar["io_s"], "zero_offload_stall_s": bar["stall_s"],
@@ -324,7 +325,7 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
         print(host_note)
         head["host_note"] = host_note
     if measured_zenflow is not None:
-        zf = next(r for r in rows if r["strategy"] == "zenflow")
+        zf = next(r for r in rows if has_windows(r["strategy"]))
         error = zf["step_time_s"] / measured_zenflow["step_time_s"] - 1
         print(f"measured zenflow in that run: {measured_zenflow['step_time_s']:.4g} s per "
               f"step; predicted {zf['step_time_s']:.4g} s ({100 * error:+.1f}%)")

@@ -34,6 +34,7 @@ from zfbench.real.memory import InsufficientMemoryError, check_fits
 from zfbench.real.distributed import env_world
 from zfbench.real.host_fused import status as host_kernels_status
 from zfbench.real.runner import RunSpec, train
+from zfbench.core.strategies import windowed_of
 from zfbench.cli_checks import (CliError, OneLineParser, add_zenflow_flags, check_input_file,
                                 check_out_dir, fail, positive_int, zenflow_flags,
                                 zenflow_given)
@@ -300,9 +301,10 @@ def main(argv: list[str] | None = None) -> int:
 def memory_topk(configs: dict[str, EngineConfig]) -> dict:
     """The top-k ratio the memory check counts ZenFlow's device state with: the run's
     zenflow config's (as the `fits` column reports it), none without zenflow."""
-    if "zenflow" not in configs:
+    cfg = windowed_of(configs)
+    if cfg is None:
         return {}
-    return {"topk_ratio": configs["zenflow"].zenflow.topk_ratio}
+    return {"topk_ratio": cfg.zenflow.topk_ratio}
 
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 
 from zfbench.core.models import ModelShape
+from zfbench.core.strategies import BASELINE, windowed_of
 
 # Seconds of host AdamW per step the proxy may need, at the rate measured here on one
 # rank's host threads before the run (`measure_host_rates`, the engine's own kernels). A
@@ -160,7 +161,8 @@ def project_to_node(record: dict, configs: dict, strategies: list[str],
     from zfbench.simulation import summary_row
 
     per_core = record["host_accum_elems_per_s"] / record["threads"]
-    knobs = zenflow_knobs(configs["zenflow"].zenflow if "zenflow" in configs else None)
+    zf_cfg = windowed_of(configs)
+    knobs = zenflow_knobs(zf_cfg.zenflow if zf_cfg is not None else None)
     settings = SimSettings(model=record["model"], gpus=ranks, host_accum_per_core=per_core,
                            **knobs)
     settings = settings.with_(steps=max(settings.steps, steps_needed(settings)))
@@ -248,12 +250,12 @@ def print_projection(proxy: dict, configs: dict, strategies: list[str], ranks: i
           f"{node['preset_host_accum_per_core'] / 1e9:.2f}); the node's DRAM still caps it")
     here = {r["strategy"]: r for r in measured}
     there = {r["strategy"]: r for r in rows}
-    if "zero-offload" in here and "zero-offload" in there:
-        proxy["regime_measured"] = regime(here["zero-offload"], proxy["params"])
-        proxy["regime_projected"] = regime(there["zero-offload"], proxy["of_params"])
+    if BASELINE in here and BASELINE in there:
+        proxy["regime_measured"] = regime(here[BASELINE], proxy["params"])
+        proxy["regime_projected"] = regime(there[BASELINE], proxy["of_params"])
         print(f"  regime: host AdamW / forward+backward per ZeRO-Offload step "
               f"{proxy['regime_measured']:.2f}x measured on the proxy, "
               f"{proxy['regime_projected']:.2f}x simulated on the node")
-        print(what_bounds(here["zero-offload"], there["zero-offload"]))
+        print(what_bounds(here[BASELINE], there[BASELINE]))
     print(format_table(rows))
     return rows

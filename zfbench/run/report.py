@@ -26,6 +26,8 @@ from pathlib import Path
 
 from zfbench.analysis.breakdown import step_breakdown, summarize
 from zfbench.core.config import EngineConfig
+from zfbench.core.strategies import (FIXED_RUN_STEPS, FIXED_SKIP_STEPS, device_adamw, has_windows,
+                                     zero_offload)
 from zfbench.core.trace import merge_chrome_traces, write_json_atomic
 from zfbench.report import (add_speedups, complete_row, json_ready, land, staging_dir,
                             steps_rows, write_steps, write_summary)
@@ -40,7 +42,7 @@ def measurement_window(cfg: EngineConfig) -> tuple[int, int]:
     others leave out 2 steps (the delayed update's first lag) and need 2 more."""
     zf = cfg.zenflow
     if zf is None:
-        return 2, 4
+        return FIXED_SKIP_STEPS, FIXED_RUN_STEPS
     window = AUTO_WINDOW_GUESS if zf.update_interval == "auto" else int(zf.update_interval)
     skip = zf.full_warm_up_rounds + 2 * window
     return skip, skip + window
@@ -93,7 +95,7 @@ def host_share_note(rows: list[dict], on_cuda: bool, rank_cores: int) -> str | N
     them fewer, the line that says so beside the table, else None."""
     if not on_cuda:
         return None
-    short = [r for r in rows if r["strategy"] in ("zero-offload", "zero-offload-dpu")
+    short = [r for r in rows if zero_offload(r["strategy"])
              and r.get("host_threads") and r["host_threads"] < rank_cores]
     if not short:
         return None
@@ -196,9 +198,9 @@ def summary_row(result, work: StepWork, skip: int, needed: int,
     skip = min(skip, max(0, len(result.losses) - 2))  # leave the first windows out
     strategy = result.strategy
     cfg = result.engine.config
-    per_step_params = 0.0 if strategy == "device" else work.params / cfg.world_size
+    per_step_params = 0.0 if device_adamw(strategy) else work.params / cfg.world_size
     zf = cfg.zenflow
-    if strategy == "zenflow" and zf is not None and zf.update_interval != "auto":
+    if has_windows(strategy) and zf is not None and zf.update_interval != "auto":
         per_step_params /= int(zf.update_interval)
     row = {"strategy": strategy}
     row.update(summarize(tl.spans_frame(), tl.steps_frame(), skip, work.model_bytes,

@@ -40,6 +40,7 @@ from zfbench.analysis.validation import (compare_ops, compare_rows, error_summar
                                          schedule_signature, signature_diff)
 from zfbench.real.engine import resolve_device
 from zfbench.real.memory import InsufficientMemoryError
+from zfbench.core.strategies import has_windows
 from zfbench.real.flat import device_dtype
 from zfbench.real.profile import mean_profile, measure_profile, with_rates
 from zfbench.real.rate_probe import RateProbe, strategy_threads_of
@@ -64,7 +65,7 @@ def zenflow_overrides(topk: float, interval: int) -> dict:
 
 def measure_cell(spec: RunSpec, strategy: str, pair, progress: bool):
     """Run one cell on the engine; its timeline (the engine itself is let go)."""
-    spec = replace(spec, overrides=zenflow_overrides(*pair) if strategy == "zenflow" else {})
+    spec = replace(spec, overrides=zenflow_overrides(*pair) if has_windows(strategy) else {})
     return train(spec, strategy, progress=progress).timeline
 
 
@@ -170,7 +171,7 @@ def validate_shape(spec: RunSpec, shape_name: str, regime: str, pairs, out: Path
                       strategy_threads=strategy_threads_of(cal))
     cells = []
     for strategy in STRATEGIES:
-        for pair in (pairs if strategy == "zenflow" else pairs[:1]):
+        for pair in (pairs if has_windows(strategy) else pairs[:1]):
             ahead = probe.measure(PROBE_REPEATS)
             timeline = measure_cell(spec, strategy, pair, progress)
             rates = mean_profile([ahead, probe.measure(PROBE_REPEATS)])
@@ -183,7 +184,7 @@ def validate_shape(spec: RunSpec, shape_name: str, regime: str, pairs, out: Path
     rows, failures, ops = [], [], []
     for strategy, pair, measured_tl, rates in cells:
         cell = f"{shape_name}.{strategy}" + (
-            f".topk{pair[0]}-U{pair[1]}" if strategy == "zenflow" else "")
+            f".topk{pair[0]}-U{pair[1]}" if has_windows(strategy) else "")
         profile_path = out / "profiles" / f"{cell}.json"
         write_json_atomic(profile_path, with_rates(profile, rates))
         row, diffs, sim_tl, cell_ops = simulate_cell(spec, strategy, pair, profile_path,
@@ -191,7 +192,7 @@ def validate_shape(spec: RunSpec, shape_name: str, regime: str, pairs, out: Path
         ops.append(cell_ops.assign(shape=shape_name, cell=cell))
         write_json_atomic(out / "traces" / f"{cell}.json", merge_chrome_traces(
             {f"{cell} measured": measured_tl, f"{cell} simulated": sim_tl}))
-        for p in ([pair] if strategy == "zenflow" else pairs):
+        for p in ([pair] if has_windows(strategy) else pairs):
             rows.append({"shape": shape_name, "regime": regime, "batch": spec.batch,
                          "seq": spec.seq, "host_adam_over_compute": ratio,
                          "cell_host_adam_params_per_s": rates["host_adam_params_per_s"],

@@ -19,6 +19,8 @@ from pathlib import Path
 from zfbench.cli_checks import CliError
 from zfbench.sims.costs import STRATEGIES, SimSettings, SimSettingsError
 from zfbench.sims.partitioning import ZERO2_STRATEGIES
+from zfbench.core.strategies import (FIXED_RUN_STEPS, FIXED_SKIP_STEPS, ZERO_OFFLOAD_STRATEGIES,
+                                     offloads_params, windowed_measure)
 from zfbench.sims.settings import node_knobs
 from zfbench.sims.simulator import default_skip_steps, steps_needed
 from zfbench.validate.metrics import METRICS, Unsupported
@@ -32,8 +34,8 @@ COLUMNS = ("id", "source", "metric", "value", "strategy", "hardware", "gpu", "gp
            "pin_memory", "overlap_comm", "fused_param_upload", "anchor", "note")
 REQUIRED = ("id", "source", "metric", "value", "strategy", "hardware", "gpus", "model",
             "micro_batch", "seq")
-FUSED_UPLOAD_STRATEGIES = ("zero-offload", "zero-offload-dpu")
-STEPS, SKIP_STEPS = 4, 2  # steps simulated per row and left out of the averages
+FUSED_UPLOAD_STRATEGIES = ZERO_OFFLOAD_STRATEGIES
+STEPS, SKIP_STEPS = FIXED_RUN_STEPS, FIXED_SKIP_STEPS  # steps simulated per row and left out of the averages
 
 # -- reading ------------------------------------------------------------------------
 def bundled_path() -> Path:
@@ -134,16 +136,16 @@ def row_settings(row: dict, hardware_file: str | None = None) -> SimSettings:
                               f"{row['strategy']}")
         for key in ("offload_params", "offload_optimizer"):
             if row[key]:
-                if row["strategy"] != "zero-infinity":
+                if not offloads_params(row["strategy"]):
                     raise Unsupported(f"{key} is a zero-infinity setting; leave it empty")
                 knobs[key] = row[key]
         if _bool(row, "offload_activations", False):
-            if row["strategy"] != "zero-infinity":
+            if not offloads_params(row["strategy"]):
                 raise Unsupported("offload_activations is a zero-infinity setting "
                                   "(DeepSpeed's cpu_checkpointing); leave it empty")
             knobs["offload_activations"] = True
         settings = SimSettings(**knobs, steps=STEPS)
-        if row["strategy"] == "zenflow":  # its windows: warm-up, two skipped, one measured
+        if windowed_measure(row["strategy"]):  # its windows: warm-up, two skipped, one measured
             settings = settings.with_(steps=steps_needed(settings))
         return settings
     except (SimSettingsError, ValueError) as err:
@@ -151,4 +153,4 @@ def row_settings(row: dict, hardware_file: str | None = None) -> SimSettings:
 
 
 def skip_of(settings: SimSettings, strategy: str) -> int:
-    return default_skip_steps(settings) if strategy == "zenflow" else SKIP_STEPS
+    return default_skip_steps(settings) if windowed_measure(strategy) else SKIP_STEPS
