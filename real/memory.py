@@ -19,7 +19,7 @@ from zfbench.core import memory_model
 from zfbench.core.memory_model import host_bytes_per_param
 from zfbench.core.models import ModelShape
 from zfbench.core.strategies import selects_on_device
-from zfbench.core.schedule import topk_count
+from zfbench.core.schedule import selected_elements
 
 # The top-k ratio a memory check assumes when it is not told: the scenario's.
 TOPK_RATIO = SCENARIO_ZENFLOW["topk_ratio"]
@@ -58,8 +58,8 @@ def estimate(shape: ModelShape, strategy: str, batch: int, seq: int, elem_bytes:
     p = shape.total_params
     selected = 0.0
     if selects_on_device(strategy):
-        selected = sum(m.rows * topk_count(m.cols, topk_ratio) for m in shape.matrices())
-        selected += sum(v.numel for v in shape.vectors())
+        selected = selected_elements(shape.matrices(),
+                                     sum(v.numel for v in shape.vectors()), topk_ratio)
     device = memory_model.engine_device_bytes(strategy, p, elem_bytes, selected,
                                               activation_bytes(shape, batch, seq, elem_bytes))
     # fp32 master, m, v and the strategy's gradient buffers (zfbench.core.memory_model)

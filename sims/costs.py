@@ -28,7 +28,7 @@ from zfbench.core.memory_model import (activation_bytes, element_bytes, engine_d
 from zfbench.core.scenario import GPU_NODE
 from zfbench.core.strategies import (ENGINE_HOST_CHUNK_ELEMS, STRATEGY, buckets_on, has_windows,
                                      zero_offload)
-from zfbench.core.schedule import topk_count
+from zfbench.core.schedule import selected_elements
 
 __all__ = ["STRATEGIES", "TRANSFER_MODES", "PRECISIONS", "OFFLOAD_PARAMS", "SimSettings",
            "SimSettingsError", "load_calibration", "Bucket", "CostModel",
@@ -130,8 +130,8 @@ class CostModel:
             if self.calibration is not None:
                 fwd, bwd = self._measured_block_s(block.kind)
             matrix_numel = sum(m.numel for m in block.matrices)
-            selected = sum(m.rows * topk_count(m.cols, s.topk_ratio) for m in block.matrices)
-            selected += block.numel - matrix_numel  # 1-D parameters are always selected
+            selected = selected_elements(block.matrices, block.numel - matrix_numel,
+                                         s.topk_ratio)
             self.buckets.append(Bucket(block.name, block.kind, block.numel, matrix_numel,
                                        selected, fwd, bwd))
         # the whole model's MFU at this shape (the given one with --mfu or a profile)

@@ -28,9 +28,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from zfbench.core.schedule import is_update_boundary
-
-AUTO_ASSUMED_WINDOW_STEPS = 4
+from zfbench.core.schedule import AUTO_ASSUMED_WINDOW_STEPS, is_update_boundary
 _FILE_COLUMNS = ("length_steps", "length")
 
 

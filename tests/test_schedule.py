@@ -267,3 +267,20 @@ def test_auto_windows_partition_and_respect_reselection(cr, W, S):
     for t in range(W, n):
         if is_selection_step(t, W, S) and t > W:
             assert t - 1 in bounds
+
+
+def test_selected_elements_has_one_home_for_the_engine_and_the_simulator():
+    """ZenFlow's device-updated elements, the top-k columns of every matrix and every 1-D
+    parameter: zfbench.core.schedule.selected_elements, as the simulator's buckets and the
+    engine's memory estimate count them."""
+    from zfbench.core.models import get_model
+    from zfbench.core.schedule import selected_elements, topk_count
+    from zfbench.sims.costs import CostModel, SimSettings
+
+    shape = get_model("qwen2.5-0.5b")
+    vectors = sum(v.numel for v in shape.vectors())
+    want = sum(m.rows * max(1, int(0.1 * m.cols)) for m in shape.matrices()) + vectors
+    assert selected_elements(shape.matrices(), vectors, 0.1) == want
+    assert all(topk_count(m.cols, 0.1) == max(1, int(0.1 * m.cols)) for m in shape.matrices())
+    costs = CostModel(SimSettings(model="qwen2.5-0.5b", gpus=1, steps=2, topk_ratio=0.1))
+    assert costs.selected_params == want

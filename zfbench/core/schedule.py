@@ -54,6 +54,18 @@ def is_update_boundary(t: int, W: int, U: int | None, S: int) -> bool:
     return U is not None and (t + 1 - W) % U == 0
 
 
+# update_interval "auto" where its windows are not known yet (planning a run's steps, a
+# simulation without --auto-windows): an assumed constant window of this many steps,
+# zfbench's fixed default update_interval (not measured), named as an assumption
+AUTO_ASSUMED_WINDOW_STEPS = 4
+
+
+def selected_elements(matrices, vector_numel: int, topk_ratio: float) -> int:
+    """ZenFlow's elements updated on the device every step: the top-k columns (all rows)
+    of every 2-D weight in `matrices` (`rows`, `cols`), and every 1-D parameter."""
+    return sum(m.rows * topk_count(m.cols, topk_ratio) for m in matrices) + vector_numel
+
+
 def topk_count(cols: int, ratio: float) -> int:
     """Columns kept on the device: max(1, floor(ratio * cols)), ratio in (0, 1].
 

@@ -28,12 +28,10 @@ from zfbench.analysis.breakdown import step_breakdown, summarize
 from zfbench.core.config import EngineConfig
 from zfbench.core.strategies import (FIXED_RUN_STEPS, FIXED_SKIP_STEPS, device_adamw, has_windows,
                                      zero_offload)
+from zfbench.core.schedule import AUTO_ASSUMED_WINDOW_STEPS
 from zfbench.core.trace import merge_chrome_traces, write_json_atomic
 from zfbench.report import (add_speedups, complete_row, json_ready, land, staging_dir,
                             steps_rows, write_steps, write_summary)
-
-# assumed window of update_interval "auto" when counting the steps a run needs
-AUTO_WINDOW_GUESS = 4
 
 
 def measurement_window(cfg: EngineConfig) -> tuple[int, int]:
@@ -43,7 +41,8 @@ def measurement_window(cfg: EngineConfig) -> tuple[int, int]:
     zf = cfg.zenflow
     if zf is None:
         return FIXED_SKIP_STEPS, FIXED_RUN_STEPS
-    window = AUTO_WINDOW_GUESS if zf.update_interval == "auto" else int(zf.update_interval)
+    window = (AUTO_ASSUMED_WINDOW_STEPS if zf.update_interval == "auto"
+              else int(zf.update_interval))
     skip = zf.full_warm_up_rounds + 2 * window
     return skip, skip + window
 
