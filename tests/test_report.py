@@ -33,7 +33,10 @@ def test_run_and_simulate_share_columns_table_and_steps_csv(tmp_path, capsys):
     sim = pd.read_csv(tmp_path / "sim" / "summary.csv")
     n = len(SUMMARY_COLUMNS)
     assert list(run.columns[:n]) == list(SUMMARY_COLUMNS)
-    assert list(sim.columns) == list(SUMMARY_COLUMNS)  # no sweep: nothing else
+    # no sweep: nothing else but the published row each number was calibrated on, if any
+    # (zfbench.validate.calibrated; empty here)
+    assert list(sim.columns) == list(SUMMARY_COLUMNS) + ["calibrated_on"]
+    assert sim["calibrated_on"].isna().all()
     assert set(run.columns) - set(sim.columns) == set(MEASURED_ONLY)
     # the printed tables: the same columns, a measured run adds its loss at the end
     assert sim_head == list(TABLE_HEAD) and run_head == list(TABLE_HEAD) + ["loss"]
