@@ -26,7 +26,6 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -78,18 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     ap.add_argument("--out", type=Path, default=rs.ROOT / "bench" / "results" / "kernel_census")
     args = ap.parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
-                          else ("cpu" if args.device == "auto" else args.device))
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    device, dtype = rs.device_and_dtype(args.device)
     args.out.mkdir(parents=True, exist_ok=True)
-    args.traces, args.batches = False, [int(b) for b in args.micro_batches.split(",")]
     rows = []
     for base in [m for m in args.models.split(",") if m]:
         for layers in (1, 2):
-            args.model = f"{base}[{layers}L]"
-            for batch in args.batches:
+            for batch in [int(b) for b in args.micro_batches.split(",")]:
                 for mode in MODES:
-                    row, _ = rs.measure(mode, args, batch, device, dtype)
+                    row, _ = rs.measure(mode, f"{base}[{layers}L]", batch, args.seq, device,
+                                        dtype, args.steps, args.warmup)
                     rows.append({**row, "model": base, "layers": layers, **features(base)})
         print(f"kernel_census: {base} done", flush=True)
     frame = pd.DataFrame(rows)

@@ -217,12 +217,13 @@ TRACED_MODES = ("plain_adamw", "engine_device")
 OP_NAME_CHARS = 120  # kernel names run to 1,000 characters of template arguments
 
 
-def measure(mode: str, args, batch: int, device, dtype) -> tuple[dict, pd.DataFrame]:
-    trainer = Trainer(mode, args.model, batch, device, dtype)
-    ids, labels = synthetic_tokens(get_model(args.model).vocab, batch, args.seq, device)
-    times = timed_steps(trainer, ids, labels, args.warmup, args.steps)
-    traced = args.traces and mode in TRACED_MODES and batch == min(args.batches)
-    trace = args.out / f"trace_{mode}_mb{batch}.json.gz" if traced else None
+def measure(mode: str, model: str, batch: int, seq: int, device, dtype, steps: int,
+            warmup: int, trace: Path | None = None) -> tuple[dict, pd.DataFrame]:
+    """One mode at one micro-batch on a fresh model: its timed steps, then one profiled
+    step (a Chrome trace of it at `trace`)."""
+    trainer = Trainer(mode, model, batch, device, dtype)
+    ids, labels = synthetic_tokens(get_model(model).vocab, batch, seq, device)
+    times = timed_steps(trainer, ids, labels, warmup, steps)
     prof, table = profiled_step(trainer, ids, labels, trace)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     trainer.close()
@@ -231,11 +232,20 @@ def measure(mode: str, args, batch: int, device, dtype) -> tuple[dict, pd.DataFr
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    row = {"mode": mode, "model": args.model, "micro_batch": batch, "seq": args.seq,
+    row = {"mode": mode, "model": model, "micro_batch": batch, "seq": seq,
            "dtype": str(dtype).replace("torch.", ""), "steps": len(times),
            "step_s_median": statistics.median(times), "step_s_min": min(times),
            "step_s_max": max(times), "peak_device_bytes": peak, **prof}
     return row, table
+
+
+def device_and_dtype(device_flag: str, dtype_flag: str = "auto") -> tuple:
+    """(device, weights' dtype) of `--device` and `--dtype`: auto is CUDA where there is
+    one; bf16 on CUDA, fp32 on a CPU."""
+    device = torch.device("cuda" if device_flag == "auto" and torch.cuda.is_available()
+                          else ("cpu" if device_flag == "auto" else device_flag))
+    bf16 = dtype_flag == "bf16" or (dtype_flag == "auto" and device.type == "cuda")
+    return device, torch.bfloat16 if bf16 else torch.float32
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,17 +262,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="the weights' dtype (auto: bf16 on CUDA, fp32 on a CPU)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "reference_step")
     args = ap.parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
-                          else ("cpu" if args.device == "auto" else args.device))
-    dtype = (torch.bfloat16 if args.dtype == "bf16" or (args.dtype == "auto" and
-                                                         device.type == "cuda")
-             else torch.float32)
+    device, dtype = device_and_dtype(args.device, args.dtype)
     args.out.mkdir(parents=True, exist_ok=True)
-    args.batches = [int(b) for b in args.micro_batches.split(",")]
+    batches = [int(b) for b in args.micro_batches.split(",")]
     rows = []
-    for batch in args.batches:
+    for batch in batches:
         for mode in [m for m in args.modes.split(",") if m]:
-            row, table = measure(mode, args, batch, device, dtype)
+            traced = args.traces and mode in TRACED_MODES and batch == min(batches)
+            trace = args.out / f"trace_{mode}_mb{batch}.json.gz" if traced else None
+            row, table = measure(mode, args.model, batch, args.seq, device, dtype,
+                                 args.steps, args.warmup, trace)
             write_csv_atomic(table, args.out / f"ops_{mode}_mb{batch}.csv")
             rows.append(row)
             print(f"reference_step: {mode} mb{batch}: {row['step_s_median']:.4f} s/step, "
