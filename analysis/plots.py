@@ -57,6 +57,8 @@ OP_STYLE = {
     "h2d_param": dict(color="#994455", hatch="", label="parameters up (h2d)"),
     "d2h_act": dict(color="#EECC66", hatch="..", label="activation checkpoints down (d2h)"),
     "h2d_act": dict(color="#994455", hatch="..", label="activation checkpoints up (h2d)"),
+    "h2d_moments": dict(color="#994455", hatch="oo", label="offloaded moments up (h2d)"),
+    "d2h_moments": dict(color="#EECC66", hatch="oo", label="offloaded moments down (d2h)"),
     "host_optim": dict(color="#BB5566", hatch="", label="host Adam"),
     "host_accum": dict(color="#EE99AA", hatch="....", label="host accumulate"),
     "host_clip": dict(color="#882255", hatch="\\\\", label="host unscale/clip"),

@@ -52,18 +52,26 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, elem_bytes: int) -
 
 
 def estimate(shape: ModelShape, strategy: str, batch: int, seq: int, elem_bytes: int = 4,
-             topk_ratio: float = TOPK_RATIO, bucketed: bool = False) -> MemoryEstimate:
+             topk_ratio: float = TOPK_RATIO, bucketed: bool = False,
+             moments_offloaded: bool = False, bucket_elems: int = 500_000_000
+             ) -> MemoryEstimate:
     """The engine's buffers for `strategy` (`bucketed`: the run sends gradients in
-    buckets, zfbench.core.strategies.buckets_on), with HEADROOM."""
+    buckets, zfbench.core.strategies.buckets_on; `moments_offloaded`: zenflow.offload,
+    the device AdamW's fp32 m and v in host memory, `bucket_elems` a bucket), with
+    HEADROOM."""
     p = shape.total_params
     selected = 0.0
     if selects_on_device(strategy):
         selected = selected_elements(shape.matrices(),
                                      sum(v.numel for v in shape.vectors()), topk_ratio)
+    offloaded = moments_offloaded and selected > 0
     device = memory_model.engine_device_bytes(strategy, p, elem_bytes, selected,
-                                              activation_bytes(shape, batch, seq, elem_bytes))
+                                              activation_bytes(shape, batch, seq, elem_bytes),
+                                              offloaded, bucket_elems)
     # fp32 master, m, v and the strategy's gradient buffers (zfbench.core.memory_model)
     host = float(host_bytes_per_param(strategy, elem_bytes, bucketed) * p)
+    if offloaded:
+        host += 2 * memory_model.FP32_BYTES * selected
     return MemoryEstimate(device * HEADROOM, host * HEADROOM)
 
 

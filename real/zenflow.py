@@ -33,6 +33,7 @@ import torch
 from zfbench.real import kernels
 from zfbench.real.flat import put_columns, selected_shape, take_columns
 from zfbench.real.strategies import HostState, Strategy
+from zfbench.real.zenflow_offload import OffloadedMoments
 from zfbench.real.zenflow_shard import (device_from_master, exchange_scores,
                                         master_from_device)
 from zfbench.core.schedule import (AutoIntervalTracker, is_selection_step, is_update_boundary,
@@ -89,6 +90,12 @@ class ZenFlowStrategy(Strategy):
             self.dv[name] = torch.zeros_like(p, dtype=torch.float32)
         self.vector_scratch = {name: torch.zeros_like(self.dv[name]) for name, _ in self.vectors}
         self.vector_grads = {name: torch.zeros_like(self.dv[name]) for name, _ in self.vectors}
+        self.by_name = dict(self.named)
+        self.entry_names = [n for n, _ in self.matrices] + [n for n, _ in self.vectors]
+        # zenflow.offload: every device moment lives in host memory (real/zenflow_offload.py)
+        self.moments = self._offloaded_moments() if zf.offload else None
+        if self.moments is not None:
+            self.dm, self.dv = dict(self.moments.m), dict(self.moments.v)
         # bf16/fp16 weights: the 1-D parameters' fp32 values on the device (class docstring)
         self.low = engine.flat_params.dtype != torch.float32
         self.vector_values = ({name: p.detach().float() for name, p in self.vectors}
@@ -102,6 +109,14 @@ class ZenFlowStrategy(Strategy):
         self.tracker = AutoIntervalTracker(zf.topk_ratio, zf.auto_ratio) if self.auto else None
         self.auto_boundary_next = False
         self.chosen_windows: list[int] = []
+
+    def _offloaded_moments(self) -> OffloadedMoments:
+        e = self.e
+        entries = [(n, selected_shape(p, topk_count(p.shape[1], self.zf.topk_ratio)),
+                    p.numel()) for n, p in self.matrices]
+        entries += [(n, tuple(p.shape), p.numel()) for n, p in self.vectors]
+        return OffloadedMoments(self.B, entries, e.config.bucket_elems, e.flat_params.device,
+                                pin=e.config.pin_memory)
 
     # -- schedule ---------------------------------------------------------------------
     def is_boundary(self, t: int) -> bool:
@@ -138,8 +153,7 @@ class ZenFlowStrategy(Strategy):
             self.observe(t)
         if boundary:
             self.flush(t, window)
-        with e.compute("device_optim", t, reads=(e.flat_grads,), writes=(e.flat_params,)):
-            self.device_update()
+        self.device_update(t)
 
     def grads_landing(self, t: int) -> torch.Tensor | None:
         """The staging buffer (or the d2h wire), once the last accumulation read it."""
@@ -176,6 +190,11 @@ class ZenFlowStrategy(Strategy):
                 master_from_device(e, self.host, self._fp32_items(), t)
         shared = (exchange_scores(e, self.matrices, self.column_scores, t)
                   if e.dist.active else None)
+        if self.moments is not None:  # the new selection's moments start at zero
+            # after their last d2h: t != 0 synced the master above by a blocking d2h, so
+            # this thread is past every earlier d2h; at the first selection none ran
+            B.access(B.thread_lane(), "select", writes=(self.moments.host,))
+            self.moments.host.zero_()
         with e.compute("select", t, reads=(e.flat_grads,)):
             for name, p in self.matrices:
                 scores = shared[name] if shared is not None else self.column_scores(p.grad)
@@ -183,13 +202,15 @@ class ZenFlowStrategy(Strategy):
                 idx = kernels.top_columns(scores, k)
                 self.selected[name] = idx
                 self.selected_values.pop(name, None)
-                # moments of the selected columns, laid out as the weight's columns
-                self.dm[name] = torch.zeros(selected_shape(p, k), dtype=torch.float32,
-                                            device=p.device)
-                self.dv[name] = torch.zeros_like(self.dm[name])
+                if self.moments is None:
+                    # moments of the selected columns, laid out as the weight's columns
+                    self.dm[name] = torch.zeros(selected_shape(p, k), dtype=torch.float32,
+                                                device=p.device)
+                    self.dv[name] = torch.zeros_like(self.dm[name])
             for name, _ in self.vectors:  # 1-D parameters: moments zeroed too
-                self.dm[name].zero_()
-                self.dv[name].zero_()
+                if self.moments is None:
+                    self.dm[name].zero_()
+                    self.dv[name].zero_()
         if self.low:
             # the new columns, chosen on the compute lane, are read by the h2d lane (on a
             # GPU: `topk` is only queued when it returns); blocking: the compute lane's
@@ -219,31 +240,48 @@ class ZenFlowStrategy(Strategy):
                                float(take_columns(g, self.selected[name]).sum())))
         self.auto_boundary_next = self.tracker.observe(per_weight)
 
-    def device_update(self) -> None:
-        """Device AdamW on the selected columns and the 1-D parameters (grad / U)."""
+    def device_update(self, t: int) -> None:
+        """Device AdamW on the selected columns and the 1-D parameters (grad / U); with
+        `offload`, bucket by bucket, each bucket's moments brought in and sent back."""
+        e = self.e
         self.device_count += 1
+        if self.moments is None:
+            with e.compute("device_optim", t, reads=(e.flat_grads,), writes=(e.flat_params,)):
+                self._update_entries(self.entry_names, self.dm, self.dv)
+            return
+        staging = self.moments.staging
+        for bucket in self.moments.buckets:
+            ms, vs = self.moments.bring_in(t, bucket)
+            with e.compute("device_optim", t, reads=(e.flat_grads, staging),
+                           writes=(e.flat_params, staging)):
+                self._update_entries(bucket.names, ms, vs)
+            self.moments.send_back(t, bucket)
+
+    def _update_entries(self, names, ms_of: dict, vs_of: dict) -> None:
+        """One AdamW over the weights `names`: a matrix's selected columns, a vector whole,
+        with the moments `ms_of[name]`, `vs_of[name]`."""
         div = self.grad_divisor
         params, grads, ms, vs, slices, scratch = [], [], [], [], [], []
-        for name, p in self.matrices:
-            # The engine stores 2-D weights column by column (zfbench.real.flat.FlatLayout), so
-            # each selected column is `rows` contiguous elements: reading and writing k
-            # columns moves k columns' bytes, not a pass over the whole matrix.
-            idx = self.selected[name]
-            work = self._work(name, p, idx)
-            kernels.gather_grads_(p.grad, idx, work.grad, work.low)
-            params.append(work.values)
-            grads.append(work.grad.div_(div))
-            ms.append(self.dm[name])
-            vs.append(self.dv[name])
-            scratch.append(work.scratch)
-            slices.append((p, idx, work.low))
-        for name, p in self.vectors:
-            params.append(self.vector_values[name] if self.low else p.detach())
-            grads.append(kernels.copy_(self.vector_grads[name], p.grad).div_(div))
-            ms.append(self.dm[name])
-            vs.append(self.dv[name])
-            scratch.append(self.vector_scratch[name])
-            slices.append((p, None, None))
+        for name in names:
+            p = self.by_name[name]
+            if p.dim() == 2:
+                # The engine stores 2-D weights column by column (zfbench.real.flat.FlatLayout),
+                # so each selected column is `rows` contiguous elements: reading and writing
+                # k columns moves k columns' bytes, not a pass over the whole matrix.
+                idx = self.selected[name]
+                work = self._work(name, p, idx)
+                kernels.gather_grads_(p.grad, idx, work.grad, work.low)
+                params.append(work.values)
+                grads.append(work.grad.div_(div))
+                scratch.append(work.scratch)
+                slices.append((p, idx, work.low))
+            else:
+                params.append(self.vector_values[name] if self.low else p.detach())
+                grads.append(kernels.copy_(self.vector_grads[name], p.grad).div_(div))
+                scratch.append(self.vector_scratch[name])
+                slices.append((p, None, None))
+            ms.append(ms_of[name])
+            vs.append(vs_of[name])
         self._device_adam(params, grads, ms, vs, [self.device_count] * len(params), scratch)
         # the fp32 values it wrote (the weights are declared by the caller's op)
         self.B.access("compute", "device_optim", writes=params)
@@ -349,6 +387,8 @@ class ZenFlowStrategy(Strategy):
         if self.pending is not None:
             e.host_lane.wait(self.pending, e.host_timeout_s)
             self.B.wait("compute", self.uploaded, "checkpoint waits for the uploads")
+        if self.moments is not None:
+            self.moments.settle("checkpoint reads the offloaded moments after their last d2h")
         return {"host": self.host.state_dict(), "upload": self.upload,
                 "selected": self.selected, "dm": self.dm, "dv": self.dv,
                 "device_count": self.device_count, "parity": self.parity,
@@ -373,8 +413,14 @@ class ZenFlowStrategy(Strategy):
             self._work(name, p, self.selected[name], from_device=False).values.copy_(values)
         for name, values in (state.get("fp32_vectors") or {}).items():
             self.vector_values[name].copy_(values)
-        self.dm = {n: m.to(device) for n, m in state["dm"].items()}
-        self.dv = {n: v.to(device) for n, v in state["dv"].items()}
+        if self.moments is not None:  # into the host buffer's views
+            self.moments.settle("checkpoint writes the offloaded moments after their last d2h")
+            for name in self.entry_names:
+                self.dm[name].copy_(state["dm"][name])
+                self.dv[name].copy_(state["dv"][name])
+        else:
+            self.dm = {n: m.to(device) for n, m in state["dm"].items()}
+            self.dv = {n: v.to(device) for n, v in state["dv"].items()}
         self.device_count, self.parity = state["device_count"], state["parity"]
         self.window_len = state["window_len"]
         self.pending, self.pending_ready = None, bool(state["pending"])

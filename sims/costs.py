@@ -211,6 +211,17 @@ class CostModel:
     def selected_params(self) -> int:
         return sum(b.selected_numel for b in self.buckets)
 
+    @property
+    def offloaded_moment_bytes(self) -> float:
+        """zenflow.offload: the bytes of the selected columns' m and v that live in each
+        rank's host memory and cross the link each way per device update (0 without it).
+        fp32 in zfbench's engine (a profile); in the weights' dtype from presets, as
+        DeepSpeed allocates them (zenflow_stage_1_and_2.py, `exp_avg_cpu_data`)."""
+        if not self.settings.offload:
+            return 0.0
+        per_elem = 4 if self.calibration is not None else self.elem_bytes
+        return 2.0 * per_elem * self.selected_params
+
     def share(self, numel: float) -> float:
         """Elements of `numel` that one rank owns under ZeRO-2 partitioning."""
         return numel / self.gpus
@@ -485,8 +496,10 @@ class CostModel:
         p, b = self.params, self.elem_bytes
         part = self.share(p)
         act = self.activation_bytes()
+        moments = self.offloaded_moment_bytes if has_windows(strategy) else 0.0
         if self.calibration is not None:  # zfbench's engine, as it allocates
-            device = engine_device_bytes(strategy, p, b, self.selected_params, act)
+            device = engine_device_bytes(strategy, p, b, self.selected_params, act,
+                                         moments_offloaded=moments > 0)
         elif rule == "device-adam":  # ZeRO-2 at its step's peak (zfbench.sims.device_memory)
             device = device_memory.device_strategy_bytes(p, part, b, act)
         elif zero_offload(strategy):
@@ -495,11 +508,15 @@ class CostModel:
         else:  # zenflow: device Adam state for the selected slice
             sel = self.selected_params
             device = p * b + p * b + sel * 12 + act
+            if moments:  # on the host; one bucket's at a time on the device (staging)
+                bucket = min(1.0, device_memory.REDUCE_BUCKET_ELEMS / p)
+                device += moments * (bucket - 1.0)
         # the node's ranks' host state as the engine allocates it (zfbench.core.memory_model:
         # fp32 master, m, v, the strategy's fp32 gradient buffers and 16-bit wires; none
         # for device), with gradient buckets where the schedule has them (copy engines)
         bucketed = buckets_on(self.settings.precision, not self.emulated)
-        host = float(self.per_node(p * host_bytes_per_param(strategy, b, bucketed)))
+        host = float(self.per_node(p * host_bytes_per_param(strategy, b, bucketed)
+                                   + self.gpus * moments))
         return {"device_bytes_per_rank": device, "host_bytes": host, "nvme_bytes": 0.0}
 
     def fits(self, strategy: str) -> dict[str, float | bool]:

@@ -121,6 +121,10 @@ class SimSettings:
     select_interval: int = _ZF.select_interval  # steps
     overlap_step: bool = _ZF.overlap_step
     full_warm_up_rounds: int = _ZF.full_warm_up_rounds
+    # zero_optimization.zenflow.offload: the selected columns' moments live in host memory
+    # and cross the link up and back around every device update (zfbench.sims.costs
+    # `offloaded_moment_bytes`)
+    offload: bool = _ZF.offload
     # ZenFlow's host work on the cores DeepSpeed's pt_reserved_cores_perc leaves each rank
     # (DeepSpeed pins its ZenFlow optimizer process to them and keeps the reserved share
     # for training: deepspeed/runtime/zenflow/zenflow_utils.py, `_split_affinity`); None:
@@ -230,7 +234,7 @@ class SimSettings:
                 "topk_ratio": self.topk_ratio, "update_interval": self.update_interval,
                 "select_interval": self.select_interval, "select_strategy": "step",
                 "overlap_step": self.overlap_step,
-                "full_warm_up_rounds": self.full_warm_up_rounds,
+                "full_warm_up_rounds": self.full_warm_up_rounds, "offload": self.offload,
                 **({} if self.pt_reserved_cores_perc is None else
                    {"pt_reserved_cores_perc": self.pt_reserved_cores_perc})},
                 prefix="zenflow")

@@ -515,8 +515,13 @@ class RankSim:
                 yield from self.apply_update(t, landed, True)
             st.pop("window_start", None)
         yield from all_done(self.env, self.reduced)  # selected columns need reduced grads
+        moments = c.offloaded_moment_bytes  # zenflow.offload: m and v up, then back
+        if moments:  # in line with the update, as DeepSpeed copies them on its stream
+            yield self.transfer(self.h2d, "h2d_moments", t, moments, [])
         yield from self.compute("device_optim", t, c.device_optim_s(c.selected_params)
                                 + self.column_io_s())
+        if moments:
+            yield self.transfer(self.d2h, "d2h_moments", t, moments, [])
 
 
 def _fired(env: simpy.Environment) -> simpy.Event:

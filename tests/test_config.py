@@ -244,7 +244,7 @@ ERROR_CASES = [
     (zf_config(full_warm_up_rounds=-1), f"{ZF}.full_warm_up_rounds", ">= 0"),
     (zf_config(auto_ratio=0), f"{ZF}.auto_ratio", "(0, 1]"),
     (zf_config(pt_reserved_cores_perc=1.5), f"{ZF}.pt_reserved_cores_perc", "[0, 1]"),
-    (zf_config(offload=0), f"{ZF}.offload", "not implemented"),
+    (zf_config(offload=0), f"{ZF}.offload", "expected true or false"),
     (zf_config(offload=True), f"{ZF}.offload", "requires overlap_comm"),
     (zf_config(select_strategy="step"), f"{ZF}.select_interval", f"{ZF}.select_strategy"),
     (zf_config(select_strategy="epoch", select_interval="auto"), f"{ZF}.select_interval",

@@ -118,23 +118,31 @@ def positive_int(name: str, value, minimum: int = 1) -> int:
 # and checked where they are used (zfbench.core.config_zenflow / SimSettings), so one
 # rule says what a valid value is.
 ZENFLOW_KNOBS = ("topk_ratio", "update_interval", "select_interval", "overlap_step",
-                 "full_warm_up_rounds")
+                 "full_warm_up_rounds", "offload")
+# knobs that came after the `--zenflow.*` spelling: no older alias (`--offload` would
+# also read as parameter or optimizer offload)
+_WITHOUT_ALIAS = ("offload",)
+_BOOLEAN_KNOBS = ("overlap_step", "offload")
 
 
-def zenflow_flags(knob: str) -> tuple[str, str]:
-    """(`--zenflow.<knob>`, its older alias `--<knob>`), dashes for underscores."""
+def zenflow_flags(knob: str) -> tuple[str, ...]:
+    """(`--zenflow.<knob>`, its older alias `--<knob>` where it has one), dashes for
+    underscores."""
     dashed = knob.replace("_", "-")
+    if knob in _WITHOUT_ALIAS:
+        return (f"--zenflow.{dashed}",)
     return f"--zenflow.{dashed}", f"--{dashed}"
 
 
 def read_zenflow_value(knob: str, text: str):
     """A ZenFlow flag's text as the config's type: a float (topk_ratio), an integer or
-    "auto" (the intervals), an integer (warm-up rounds), a boolean (overlap_step)."""
+    "auto" (the intervals), an integer (warm-up rounds), a boolean (overlap_step,
+    offload)."""
     word = text.strip().lower()
     try:
         if knob == "topk_ratio":
             return float(word)
-        if knob == "overlap_step":
+        if knob in _BOOLEAN_KNOBS:
             if word in ("1", "true", "yes", "on"):
                 return True
             if word in ("0", "false", "no", "off"):
@@ -145,6 +153,7 @@ def read_zenflow_value(knob: str, text: str):
         return int(word)
     except ValueError:
         kind = {"topk_ratio": "a number", "overlap_step": "true or false",
+                "offload": "true or false",
                 "full_warm_up_rounds": "an integer"}.get(knob, "an integer or auto")
         raise CliError(f"{zenflow_flags(knob)[0]}: cannot read {text!r} as {kind}") from None
 

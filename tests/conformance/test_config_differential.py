@@ -74,9 +74,10 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "config_keys.md"
 ZF = "zero_optimization.zenflow"
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu",
               "gradient_accumulation_steps")
-# the ZenFlow fields both readers have (DeepSpeed's `offload` is refused unless false)
+# the ZenFlow fields both readers have
 ZF_FIELDS = ("topk_ratio", "select_strategy", "select_interval", "update_interval",
-             "overlap_step", "full_warm_up_rounds", "auto_ratio", "pt_reserved_cores_perc")
+             "overlap_step", "full_warm_up_rounds", "auto_ratio", "pt_reserved_cores_perc",
+             "offload")
 _MISSING = object()
 
 
@@ -326,12 +327,6 @@ DIFFERENCES = (
         example=({"train_batch_size": 1, "zero_optimization": {
             "stage": 2, "offload_optimizer": {"device": "nvme"}}}, 1)),
     Difference(
-        "zenflow.offload refused", "zfbench refuses",
-        "keeping the device-side moments of the selected columns in host memory",
-        explains=lambda c: c.zf_key() == f"{ZF}.offload",
-        example=({"train_batch_size": 1, "zero_optimization": {
-            **_ZF_CPU, "overlap_comm": True, "zenflow": {"offload": True}}}, 1)),
-    Difference(
         "gradient_allreduce_op other than mean refused", "zfbench refuses",
         "DeepSpeed 0.19.5 has no `gradient_allreduce_op` key",
         explains=lambda c: c.zf_key() == "gradient_allreduce_op",
@@ -489,7 +484,7 @@ ZENFLOW_VALUES = {  # key: (valid values, junk values)
     "full_warm_up_rounds": ([0, 1, 3], [-1, 2.0, "3", True]),
     "auto_ratio": ([0.5, 0.99, 1.0], [0, 0.0, 1.5, "auto"]),
     "pt_reserved_cores_perc": ([0, 0.0, 0.25, 0.5, 1.0, 1], [1.5, -0.5, "0.5"]),
-    "offload": ([False], [True, "yes"]),
+    "offload": ([False, True], ["yes", 1, None]),
 }
 
 

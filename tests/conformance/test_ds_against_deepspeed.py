@@ -34,22 +34,32 @@ def test_split_rule_is_deepspeeds(cores):
         assert default_thread_split(cores, perc) == (len(pt), len(zf)), (cores, perc)
 
 
-def test_selected_columns_follow_deepspeeds_selective_adamw():
+@pytest.mark.parametrize("offload", [False, True])
+def test_selected_columns_follow_deepspeeds_selective_adamw(offload):
     """Three steps before the first window closes (update_interval 4): the engine's
     selected columns of a (4, 6) weight and its (6,) bias equal DeepSpeed's
-    ZenFlowSelectiveAdamW stepping those columns with the same gradients / U."""
+    ZenFlowSelectiveAdamW stepping those columns with the same gradients / U; with
+    `offload` both keep the moments in host memory (DeepSpeed's offloaded step, buckets
+    of one parameter)."""
     from deepspeed.ops.adam import ZenFlowSelectiveAdamW
     U = 4
     model = GradProbe({"w": (4, 6), "b": (6,)})
     twin_w = torch.nn.Parameter(model.w.detach().clone())
     twin_b = torch.nn.Parameter(model.b.detach().clone())
-    engine = make_engine(model, probe_config(topk_ratio=0.5, update_interval=U))
-    ds = ZenFlowSelectiveAdamW([twin_w, twin_b], lr=1e-3, weight_decay=0.01, offload=False)
+    engine = make_engine(model, probe_config(topk_ratio=0.5, update_interval=U,
+                                             offload=offload))
+    ds = ZenFlowSelectiveAdamW([twin_w, twin_b], lr=1e-3, weight_decay=0.01,
+                               offload=offload, bucket_size=1)
+    if offload:  # DeepSpeed's ZeRO-1/2 optimizer allocates them at the first step
+        for twin, numel in ((twin_w, 4 * 3), (twin_b, 6)):
+            twin.exp_avg_cpu_data = torch.zeros(numel)
+            twin.exp_avg_sq_cpu_data = torch.zeros(numel)
     gen = torch.Generator().manual_seed(7)
     for _ in range(3):
         gw, gb = torch.randn(4, 6, generator=gen), torch.randn(6, generator=gen)
         engine.backward(engine(gw, gb))
         engine.step()
+        assert (engine.strategy.moments is not None) == offload
         idx = engine.strategy.selected["w"]
         twin_w.selected_indices = idx
         twin_w.selected_grad = gw[:, idx] / U
@@ -75,10 +85,6 @@ def test_deepspeed_accepts_what_the_ports_mark_expected_different():
         {"train_batch_size": 1, "zero_optimization": {"stage": 3}},  # stage3
         {"train_batch_size": 1,  # offload_at_stage0
          "zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": True}}},
-        {"train_batch_size": 1, "zero_optimization": {  # zenflow_offload
-            "stage": 2, "offload_optimizer": {"device": "cpu"},
-            "zenflow": {"offload": True, "select_strategy": "step", "select_interval": 0,
-                        "update_interval": 4}}},
     ]
     for cfg in whole:
         DeepSpeedConfig(cfg)

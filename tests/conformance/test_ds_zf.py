@@ -5,7 +5,7 @@ config and return early on a CPU accelerator; here every config zfbench runs is 
 for real on the CPU (bf16, as DeepSpeed's GPU CI runs it), and the ports also check what
 the smoke tests leave out: finite losses, moved weights, DeepSpeed's select-interval
 resolution, the number of selected columns and (two ranks) replicas that stay equal.
-ZeRO-3 and `zenflow.offload` cases are expected-different (refused, documented).
+ZeRO-3 cases are expected-different (refused, documented); `zenflow.offload` runs.
 """
 import math
 
@@ -23,9 +23,7 @@ def smoke_params():
     for stage, offload, sel, si, ui, warm in smoke_grid():
         marks = ()
         if stage == 3:
-            marks = expected_different("stage3", also="zenflow_offload" if offload else None)
-        elif offload:
-            marks = expected_different("zenflow_offload")
+            marks = expected_different("stage3")
         yield pytest.param(stage, offload, sel, si, ui, warm, marks=marks,
                            id=f"{sel}-{si}-{ui}-offload{offload}-W{warm}-stage{stage}")
 

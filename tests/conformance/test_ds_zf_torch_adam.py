@@ -6,8 +6,8 @@ ZenFlowSelectiveAdamW_stage3 for ZeRO-3) on hand-made parameters whose
 part of its ZenFlow strategy (real/zenflow.py), so each port drives the engine with a
 GradProbe (the gradient of each parameter is the tensor fed to it) and steers the first
 selection onto DeepSpeed's indices by giving those columns the largest L1 norm.
-`opt` names the DeepSpeed class: the stage-3 one maps to ZeRO stage 3 (refused), its
-`offload=True` mode to `zenflow.offload` (refused): both expected-different.
+`opt` names the DeepSpeed class: the stage-3 one maps to ZeRO stage 3 (refused,
+expected-different); `offload=True` maps to `zenflow.offload` (the moments in host memory).
 """
 import pytest
 import torch
@@ -20,11 +20,7 @@ STAGE = {"ZenFlowSelectiveAdamW": 2, "ZenFlowSelectiveAdamW_stage3": 3}
 OPTS = [pytest.param("ZenFlowSelectiveAdamW", id="ZenFlowSelectiveAdamW"),
         pytest.param("ZenFlowSelectiveAdamW_stage3", id="ZenFlowSelectiveAdamW_stage3",
                      marks=expected_different("stage3"))]
-OPTS_OFFLOAD = [
-    pytest.param("ZenFlowSelectiveAdamW", id="ZenFlowSelectiveAdamW",
-                 marks=expected_different("zenflow_offload")),
-    pytest.param("ZenFlowSelectiveAdamW_stage3", id="ZenFlowSelectiveAdamW_stage3",
-                 marks=expected_different("stage3", also="zenflow_offload"))]
+OPTS_OFFLOAD = OPTS
 LR, WD, BETAS, EPS = 1e-3, 0.01, (0.9, 0.999), 1e-8
 
 
@@ -69,8 +65,18 @@ def test_init_methods_without_offload(opt):
 @pytest.mark.parametrize("opt", OPTS_OFFLOAD)
 def test_init_methods_with_offload(opt):
     """Ports tests/unit/ops/adam/test_zf_torch_adam.py::test_init_methods, its offload=True
-    half (the optimizer switches to its offloading step): zfbench refuses zenflow.offload."""
-    _, engine = probe(opt, {"w": (2, 4)}, offload=True)
+    half (the optimizer switches to its offloading step): with zenflow.offload the
+    selected columns' moments live in host memory, shaped as the selection, and the
+    device holds only a staging buffer for them."""
+    model, engine = probe(opt, {"w": (2, 4)}, offload=True, topk_ratio=0.5)
+    step(engine, [steering_grad((2, 4), [1, 2], torch.Generator().manual_seed(0))])
+    s = engine.strategy
+    assert s.moments is not None
+    for moments in (s.dm, s.dv):
+        assert engine.backend.is_host(moments["w"])
+        assert moments["w"].numel() == 2 * s.selected["w"].numel()
+        assert moments["w"].abs().sum() > 0  # the step's moments came back
+    assert s.moments.staging.device == model.w.device
     engine.close()
 
 
@@ -97,8 +103,25 @@ def test_step_without_offload(opt):
 @pytest.mark.parametrize("opt", OPTS_OFFLOAD)
 def test_step_with_offload_bucket_flush(opt):
     """Ports tests/unit/ops/adam/test_zf_torch_adam.py::test_step_with_offload_bucket_flush
-    (offload=True, bucket_size 1, two (2, 4) weights): zfbench refuses zenflow.offload."""
-    _, engine = probe(opt, {"w1": (2, 4), "w2": (2, 4)}, offload=True, topk_ratio=0.5)
+    (offload=True, bucket_size 1, two (2, 4) weights with columns [1, 2] and [0, 3]): each
+    weight is a bucket of its own, both are stepped (their selected columns move, the rest
+    do not) and each bucket's moments went up and came back once."""
+    shapes = {"w1": (2, 4), "w2": (2, 4)}
+    chosen = {"w1": [1, 2], "w2": [0, 3]}
+    model, engine = probe(opt, shapes, offload=True, topk_ratio=0.5, reduce_bucket_size=1)
+    before = values(model)
+    gen = torch.Generator().manual_seed(5)
+    step(engine, [steering_grad(shapes[n], chosen[n], gen) for n in shapes])
+    s = engine.strategy
+    assert [b.names for b in s.moments.buckets] == [("w1",), ("w2",)]
+    after = values(model)
+    for name, cols in chosen.items():
+        assert s.selected[name].tolist() == cols
+        rest = [j for j in range(4) if j not in cols]
+        assert (after[name][:, cols] != before[name][:, cols]).all(), name
+        assert torch.equal(after[name][:, rest], before[name][:, rest]), name
+    spans = engine.timeline.spans_frame()
+    assert (spans["op"] == "h2d_moments").sum() == (spans["op"] == "d2h_moments").sum() == 2
     engine.close()
 
 
@@ -152,10 +175,22 @@ def test_group_step_without_offload(opt):
 
 @pytest.mark.parametrize("opt", OPTS_OFFLOAD)
 def test_group_step_with_offload(opt):
-    """Ports tests/unit/ops/adam/test_zf_torch_adam.py::test_group_step_with_offload:
-    zfbench refuses zenflow.offload."""
-    _, engine = probe(opt, {"w": (2, 6)}, offload=True, topk_ratio=0.5)
-    engine.close()
+    """Ports tests/unit/ops/adam/test_zf_torch_adam.py::test_group_step_with_offload (one
+    (2, 6) weight, columns [0, 1, 3] selected, moments offloaded): the step consumes the
+    gradient, and weights and moments equal those of the same step without offload."""
+    grads = [steering_grad((2, 6), [0, 1, 3], torch.Generator().manual_seed(6))]
+    runs = []
+    for offload in (True, False):
+        model, engine = probe(opt, {"w": (2, 6)}, offload=offload, topk_ratio=0.5,
+                              overlap_comm=True)
+        step(engine, [g.clone() for g in grads])
+        assert engine.strategy.selected["w"].tolist() == [0, 1, 3]
+        assert not model.w.grad.any()
+        runs.append((model.w.detach().clone(), engine.strategy.dm["w"].clone(),
+                     engine.strategy.dv["w"].clone()))
+        engine.close()
+    for with_offload, without in zip(*runs):
+        assert torch.equal(with_offload, without)
 
 
 @pytest.mark.parametrize("opt", OPTS)

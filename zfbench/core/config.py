@@ -315,6 +315,12 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
                           f"{ZENFLOW_PREFIX} is present; expected 'zenflow' or 'auto'")
     if has_windows(strategy) and zenflow is None:
         zenflow = default_zenflow_config()
+    if zenflow is not None and zenflow.offload and not overlap_comm:
+        # DeepSpeed asserts the same when it builds its ZeRO-1/2 ZenFlow optimizer
+        raise ConfigError(f"{ZENFLOW_PREFIX}.offload", "got true with "
+                          "zero_optimization.overlap_comm false; it requires overlap_comm "
+                          "(as DeepSpeed asserts): set zero_optimization.overlap_comm "
+                          "to true")
     if (strategy in _OFFLOAD_STRATEGIES) != (device == "cpu"):
         want = "'cpu'" if strategy in _OFFLOAD_STRATEGIES else "'none'"
         raise ConfigError("zfbench.strategy", f"got {strategy!r} with {dev_key} = "

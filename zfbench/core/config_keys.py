@@ -282,18 +282,15 @@ ZENFLOW_NOTES = {
                               "lane, by DeepSpeed's rule: ceil(share x cores) for the "
                               "device lane, the rest for the host AdamW; where either side "
                               "would get none (0, 1, one core) both use every core",
+    "offload": "the selected columns' Adam moments live in host memory and go to the "
+               "device and back around each device update, in buckets of "
+               "reduce_bucket_size elements; needs zero_optimization.overlap_comm true",
 }
 for _name, _note in ZENFLOW_NOTES.items():
     KEY_RULES[f"zero_optimization.zenflow.{_name}"] = _applied(_note)
 KEY_RULES["zero_optimization.zenflow.steps_per_epoch"] = _ignored(
     "DeepSpeed fills it itself (internal); zfbench takes steps_per_epoch from the engine's "
     "argument")
-KEY_RULES["zero_optimization.zenflow.offload"] = _refused(
-    "keeping the device-side moments of the selected columns in host memory (streamed in "
-    "and out every step) is not implemented, in the engine or the simulator; DeepSpeed "
-    "also requires overlap_comm with it. Remove it or set it to false", _is_false)
-
-
 def _children(prefix: str) -> list[str]:
     depth = prefix.count(".") + 1 if prefix else 0
     return [k.split(".")[-1] for k in KEY_RULES

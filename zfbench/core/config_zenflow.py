@@ -39,6 +39,7 @@ def _check_zenflow_values(v: dict, prefix: str) -> None:
     _int(v["full_warm_up_rounds"], k("full_warm_up_rounds"), lo=0)
     _float(v["auto_ratio"], k("auto_ratio"), 0.0, 1.0, lo_open=True)
     _float(v["pt_reserved_cores_perc"], k("pt_reserved_cores_perc"), 0.0, 1.0)
+    _bool(v["offload"], k("offload"))
     sel, si, ui = v["select_strategy"], v["select_interval"], v["update_interval"]
     if sel != "auto" and si == "auto":
         raise ConfigError(k("select_interval"), f"got 'auto' with {k('select_strategy')}"
@@ -77,8 +78,9 @@ class ZenFlowConfig:
     full_warm_up_rounds: int = 0
     auto_ratio: float = 0.99
     pt_reserved_cores_perc: float = 0.5
-    # DeepSpeed's `offload` (the selected columns' moments kept in host memory) is not
-    # implemented: zfbench.core.config_keys refuses it unless false
+    # the selected columns' Adam moments kept in host memory, brought to the device around
+    # each device update (needs zero_optimization.overlap_comm, as in DeepSpeed)
+    offload: bool = False
 
     def __post_init__(self):
         _check_zenflow_values({f.name: getattr(self, f.name) for f in fields(self)},

@@ -92,13 +92,16 @@ def activation_bytes(shape, micro_batch: int, seq: int, elem_bytes: int = 2,
 
 
 def engine_device_bytes(strategy: str, params: float, elem_bytes: int, selected: float,
-                        activations: float) -> float:
+                        activations: float, moments_offloaded: bool = False,
+                        bucket_elems: float = 500_000_000) -> float:
     """Bytes zfbench's engine holds on its device for `strategy`: the flat parameters and
     gradients in the device's dtype and the `activations`, plus the device strategy's
     fp32 m, v and scratch (and, with 16-bit weights, an fp32 master and gradient copy);
     DPU's upload buffer; ZenFlow's upload buffer and, per `selected` element (the top-k
     columns of every matrix plus every vector), fp32 values, gradient, scratch, m and v
-    and a staging copy in the device's dtype (real/strategies.py, real/zenflow.py)."""
+    and a staging copy in the device's dtype (real/strategies.py, real/zenflow.py); with
+    `moments_offloaded` (zenflow.offload) m and v live on the host and the device holds one
+    bucket's (`bucket_elems` parameters' share of them, real/zenflow_offload.py)."""
     device = 2 * params * elem_bytes + activations
     rule = STRATEGY[strategy].memory if strategy in STRATEGY else None
     if rule == "device-adam":
@@ -108,6 +111,9 @@ def engine_device_bytes(strategy: str, params: float, elem_bytes: int, selected:
         device += params * elem_bytes
     elif rule == "host-adam-selected":
         device += params * elem_bytes + (5 * FP32_BYTES + elem_bytes) * selected
+        if moments_offloaded:
+            bucket = min(1.0, bucket_elems / params) if params else 1.0
+            device -= 2 * FP32_BYTES * selected * (1.0 - bucket)
     elif rule != "host-adam":
         raise ValueError(f"unknown strategy {strategy!r}")
     return device

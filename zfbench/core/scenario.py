@@ -38,6 +38,7 @@ class ZenFlowScenario:
     select_interval: int = SCENARIO_ZENFLOW["select_interval"]  # steps; 0: select once
     overlap_step: bool = SCENARIO_ZENFLOW["overlap_step"]  # host update behind compute
     full_warm_up_rounds: int = ZenFlowConfig.full_warm_up_rounds
+    offload: bool = ZenFlowConfig.offload  # the device AdamW's moments in host memory
 
 
 @dataclass(frozen=True)
@@ -87,4 +88,4 @@ def zenflow_scenario(zf: ZenFlowConfig, steps_per_epoch: int | None = None
     return ZenFlowScenario(topk_ratio=zf.topk_ratio, update_interval=zf.update_interval,
                            select_interval=zf.select_interval_steps(steps_per_epoch),
                            overlap_step=zf.overlap_step,
-                           full_warm_up_rounds=zf.full_warm_up_rounds)
+                           full_warm_up_rounds=zf.full_warm_up_rounds, offload=zf.offload)

@@ -41,6 +41,8 @@ OPS = (
     "h2d_param",
     "d2h_act",
     "h2d_act",
+    "h2d_moments",
+    "d2h_moments",
     "host_accum",
     "host_optim",
     "host_clip",

@@ -245,7 +245,8 @@ def header(case: SimSettings, flags: set, sweeps, node: str | None = None) -> st
             f"micro-batch {s.micro_batch} x seq {s.seq}"
             + (f" x {s.grad_accum} micro-steps" if s.grad_accum > 1 else "")
             + f", {precision}; zenflow topk "
-            f"{s.topk_ratio}, U={interval}, overlap={s.overlap_step}; zero-infinity "
+            f"{s.topk_ratio}, U={interval}, overlap={s.overlap_step}"
+            + (", moments offloaded" if s.offload else "") + "; zero-infinity "
             f"parameters on {'gpu' if s.offload_params == 'none' else s.offload_params}, "
             f"optimizer state on {s.optimizer_placement}"
             + (f" ({s.nvme_drives} x {s.nvme})"
