@@ -255,3 +255,24 @@ def test_the_schedule_gathers_each_block_twice_before_its_ops():
     nb = len(CostModel(s, "zenflow").buckets)
     assert len(gathers) == len(compute) == 2 * nb
     assert (gathers["t_end_s"].to_numpy() <= compute["t_start_s"].to_numpy() + 1e-12).all()
+
+
+@hsettings(max_examples=5, deadline=None)
+@given(model=st.sampled_from(["opt-350m", "qwen2.5-0.5b", "tinyllama-1.1b"]),
+       layers=st.integers(1, 3), gpus=st.sampled_from([2, 4, 8]),
+       prefetch=st.integers(0, 2))
+def test_a_step_is_never_shorter_than_its_compute_and_first_gather(model, layers, gpus,
+                                                                   prefetch):
+    """Nothing computes before a step's first all-gather (the first block's, for its
+    forward: nothing is left to hide it behind), so every step lasts at least that
+    gather plus the step's compute, whatever the prefetch."""
+    s = SimSettings(model=model, layers=layers, gpus=gpus, steps=12, zero_stage=3,
+                    prefetch_buckets=prefetch)
+    result = simulate(s, "zenflow")
+    c = result.costs
+    spans, steps = result.timeline.spans_frame(), result.timeline.steps_frame()
+    busy = spans[spans["lane"] == "compute"].assign(s=lambda f: f["t_end_s"] - f["t_start_s"])
+    busy = busy.groupby(["rank", "step"])["s"].sum()
+    first = c.allgather_s(zero3.bucket_bytes(c, 0))
+    for _, row in steps.iterrows():
+        assert row["wall_s"] >= busy[(row["rank"], row["step"])] + first - 1e-12
