@@ -3,7 +3,7 @@ it shows (numbers read from the same data), and the README that lists them all.
 
 Covers: `FigureData` (where the simulated CSVs and the measured files are, plus the few
 settings the sentences quote), `FIGURES` (number, file stem, title, question, inputs and
-drawing function of figures 1-17) and `render_readme`. No simulation happens here:
+drawing function of figures 1-18) and `render_readme`. No simulation happens here:
 `zfbench.figures` makes the simulated CSVs and calls these functions; the measured
 layouts are in `zfbench.analysis.plot_measured`.
 """
@@ -22,6 +22,7 @@ from zfbench.analysis import plot_measured as pm, plot_sweeps as ps, plot_traini
 from zfbench.analysis import plot_run as pr
 from zfbench.analysis import plot_published as pp
 from zfbench.analysis import plot_convergence as pc
+from zfbench.analysis import plot_zero3 as pz
 
 MEASURED_COMMANDS = {
     "validate": "`python -m zfbench.validate --out <measured>`",
@@ -282,6 +283,11 @@ def fig_convergence(c: FigureData):
     return pc.plot(runs, curves, f, c.where), pc.sentence(f)
 
 
+def fig_zero3(c: FigureData):
+    df = c.table("zero3.csv")
+    return pz.plot_zero3(df), pz.zero3_sentence(df)
+
+
 # -- the registry and the README ------------------------------------------------------
 @dataclass(frozen=True)
 class FigureSpec:
@@ -358,6 +364,10 @@ FIGURES = (
                "device AdamW and ZeRO-Offload (with and without DPU), and how long does each "
                "need on the GPU node to reach a given loss?", fig_convergence,
                ("convergence_steps",)),
+    FigureSpec(18, "zenflow_zero3", "ZenFlow on ZeRO-3",
+               "For a model whose 16-bit parameters do not fit one GPU (llama2-70b on 8 x "
+               "H100), what does ZenFlow on ZeRO-3 need and take per step, against ZenFlow "
+               "on ZeRO-2 and ZeRO-Infinity?", fig_zero3, ("zero3",)),
 )
 
 

@@ -27,7 +27,7 @@ from zfbench.core.memory_model import (activation_bytes, element_bytes, engine_d
                                        host_bytes_per_param)
 from zfbench.core.scenario import GPU_NODE
 from zfbench.core.strategies import (ENGINE_HOST_CHUNK_ELEMS, STRATEGY, buckets_on, has_windows,
-                                     zero_offload)
+                                     zero_offload, zero_stage_chosen, zero_stage_of)
 from zfbench.core.schedule import selected_elements
 
 __all__ = ["STRATEGIES", "TRANSFER_MODES", "PRECISIONS", "OFFLOAD_PARAMS", "SimSettings",
@@ -505,6 +505,8 @@ class CostModel:
         elif zero_offload(strategy):
             # DeepSpeed's: params + two gradient buckets
             device = device_memory.zero_offload_device_bytes(p, b, act)
+        elif self.on_zero3(strategy):  # ZenFlow on ZeRO-3: partitioned, gathered per block
+            device = zero3.zenflow_device_bytes(self)
         else:  # zenflow: device Adam state for the selected slice
             sel = self.selected_params
             device = p * b + p * b + sel * 12 + act
@@ -518,6 +520,12 @@ class CostModel:
         host = float(self.per_node(p * host_bytes_per_param(strategy, b, bucketed)
                                    + self.gpus * moments))
         return {"device_bytes_per_rank": device, "host_bytes": host, "nvme_bytes": 0.0}
+
+    def on_zero3(self, strategy: str) -> bool:
+        """Whether `strategy` runs on ZeRO-3 here because the `zero_stage` knob says so
+        (ZenFlow with zero_stage 3; zero-infinity is ZeRO-3 by its own rule)."""
+        return zero_stage_chosen(strategy) and \
+            zero_stage_of(strategy, self.settings.zero_stage) == 3
 
     def fits(self, strategy: str) -> dict[str, float | bool]:
         mem = self.memory_per_rank(strategy)

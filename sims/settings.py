@@ -34,6 +34,8 @@ TRANSFER_MODES = ("design", "shipped", "full")
 # state (offload_optimizer.device): host DRAM or NVMe.
 OFFLOAD_PARAMS = ("none", "cpu", "nvme")
 OFFLOAD_OPTIMIZER = ("cpu", "nvme")
+# The ZeRO stages ZenFlow can be simulated on (`zero_stage`).
+ZERO_STAGES = (2, 3)
 
 
 # `gpus`'s default: with --nodes/--gpus-per-node an unchanged `gpus` is no contradiction.
@@ -142,6 +144,11 @@ class SimSettings:
     # layer of a 7B model (202 M parameters in llama2-7b), so one whole bucket ahead is at
     # least what DeepSpeed prefetches by default (judgment).
     offload_params: str = "cpu"
+    # The ZeRO stage ZenFlow runs on (`zfbench.core.strategies.zero_stage_of`; the other
+    # strategies keep their own): 2, its 16-bit model whole on every GPU; 3, DeepSpeed's
+    # `ZenFlowZeroOptimizer_Stage3` (PR #7516): parameters partitioned over the ranks and
+    # gathered block by block (zfbench.sims.zenflow_zero3). From presets only.
+    zero_stage: int = 2
     offload_optimizer: str | None = None
     prefetch_buckets: int = 1
     # zero-infinity: each decoder layer's activation checkpoint (its input, micro-batch x
@@ -192,6 +199,14 @@ class SimSettings:
         _check_int(self, "prefetch_buckets", 0)
         _check_int(self, "tiling", 1)
         _check_int(self, "nvme_drives", 1)
+        if self.zero_stage not in ZERO_STAGES:
+            raise SimSettingsError(f"zero_stage must be one of {', '.join(map(str, ZERO_STAGES))} "
+                                   f"(the ZeRO stage ZenFlow runs on), got {self.zero_stage!r}")
+        if self.zero_stage == 3 and (self.profile is not None or self.transfers == "shipped"):
+            raise SimSettingsError(
+                "zero_stage 3 simulates DeepSpeed's ZenFlow on ZeRO-3 from presets with the "
+                "design or full data path: give no --profile (zfbench's engine has no "
+                "ZeRO-3 path to measure) and --transfers design or full, or zero_stage 2")
         if self.offload_params not in OFFLOAD_PARAMS:
             raise SimSettingsError(f"offload_params {self.offload_params!r} is not known; "
                                    f"choose one of: {', '.join(OFFLOAD_PARAMS)}")

@@ -4,7 +4,8 @@ Each rank's process is its compute stream: it runs forward, backward (bucket by 
 reverse) and device optimizer ops itself and submits transfers, host work and collectives
 to its lanes with the dependencies the real engine has. This module owns those schedules
 (`RankSim`, one step method per strategy: `device`, `zero-offload`, `zero-offload-dpu`,
-`zenflow`; `zero-infinity`'s is `sims/zero_infinity.py`), gradient accumulation's
+`zenflow`; `zero-infinity`'s is `sims/zero_infinity.py`, ZenFlow on ZeRO-3's
+`sims/zenflow_zero3.py`), gradient accumulation's
 micro-steps (`accumulate`, as DeepSpeed's ZeRO-2 CPU offload accumulates), and the
 variants for pageable buffers, `overlap_comm` off and the CPU-emulated accelerator.
 `RankSim`'s docstring states each strategy's schedule; the costs come from `CostModel`,
@@ -28,9 +29,11 @@ from zfbench.sims import host_step, pageable, partitioning
 from zfbench.sims.fluid import FluidPool, Job
 from zfbench.sims.host_step import CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM
 from zfbench.sims.lanes import Lane, all_done, all_of, run_compute
+from zfbench.sims.zenflow_zero3 import zenflow_zero3_step
 from zfbench.sims.zero_infinity import zero_infinity_step
 from zfbench.core.schedule import is_selection_step, is_warmup
-from zfbench.core.strategies import STRATEGY_LIST, device_adamw, offloads_params
+from zfbench.core.strategies import (STRATEGY_LIST, device_adamw, offloads_params,
+                                     zero_stage_chosen, zero_stage_of)
 from zfbench.core.trace import Timeline
 
 
@@ -65,7 +68,8 @@ class RankSim:
     - `zero-infinity`: ZeRO-3 with parameters (and optimizer state) offloaded: every bucket
       fetched before its forward and again before its backward, gradients reduce-scattered
       and sent down, host Adam, no upload (`sims/zero_infinity.py`).
-    - `zenflow`: warm-up steps are zero-offload steps; then every step sends the unselected
+    - `zenflow` (on ZeRO-2; with `zero_stage` 3 `sims/zenflow_zero3.py`'s step): warm-up
+      steps are zero-offload steps; then every step sends the unselected
       share of each gradient down and accumulates it on the host while the device updates
       the selected columns; at each update boundary the host Adam runs over the window and its
       parameters go up. With `overlap_step` the device waits, at the next boundary, for the
@@ -291,7 +295,8 @@ class RankSim:
 
     # -- strategies -------------------------------------------------------------------
     def run(self, strategy: str, steps: int):
-        step_fn = functools.partial(STEP_FUNCTIONS[strategy], self)
+        step_fn = functools.partial(step_function(strategy, self.costs.settings.zero_stage),
+                                    self)
         self.state: dict = {}
         self.serial_reduction = partitioning.serial_reduction(self.costs, strategy)
         self.reduce_scatters = partitioning.reduce_scatters(self.costs, strategy)
@@ -535,3 +540,15 @@ def _fired(env: simpy.Environment) -> simpy.Event:
 STEP_FUNCTIONS = {"device": RankSim.device_step, "zero-offload": RankSim.offload_step,
                   "zero-offload-dpu": RankSim.dpu_step, "zenflow": RankSim.zenflow_step,
                   "zero-infinity": zero_infinity_step}
+
+# ZeRO-3 steps of the strategies whose stage the `zero_stage` knob chooses
+# (zfbench.core.strategies.zero_stage_chosen; tests/test_strategy_record.py holds the keys
+# to the record).
+ZERO3_STEP_FUNCTIONS = {"zenflow": zenflow_zero3_step}
+
+
+def step_function(strategy: str, zero_stage: int):
+    """The step function (rank, t) that simulates `strategy` with the `zero_stage` knob."""
+    if zero_stage_chosen(strategy) and zero_stage_of(strategy, zero_stage) == 3:
+        return ZERO3_STEP_FUNCTIONS[strategy]
+    return STEP_FUNCTIONS[strategy]

@@ -1,8 +1,8 @@
-"""What zero-infinity moves and holds: ZeRO-3 bytes, collectives, NVMe traffic, memory.
+"""What ZeRO-3 moves and holds: bytes, collectives, NVMe traffic, memory.
 
-This module owns the cost arithmetic of the `zero-infinity` strategy (DeepSpeed's ZeRO-3
-with parameters and optimizer state offloaded, Rajbhandari et al. 2021, "ZeRO-Infinity:
-Breaking the GPU Memory Wall for Extreme Scale Deep Learning"), on top of `CostModel`:
+This module owns the cost arithmetic of `zero-infinity` (DeepSpeed's ZeRO-3 with
+parameters and optimizer state offloaded, Rajbhandari et al. 2021, "ZeRO-Infinity") and
+of ZenFlow on ZeRO-3 (`zenflow_*`; its schedule: zfbench.sims.zenflow_zero3), over `CostModel`:
 
 - parameters are partitioned: each rank owns 1/N of every bucket as 16-bit values on the
   host (or NVMe), copies its share up and the ranks all-gather the bucket
@@ -205,3 +205,80 @@ def memory(c) -> dict[str, float]:
         host += state
     return {"device_bytes_per_rank": device, "host_bytes": c.per_node(host),
             "nvme_bytes": c.per_node(nvme)}
+
+
+# -- ZenFlow on ZeRO-3 (zero_stage 3: zfbench.sims.zenflow_zero3) ------------------------
+# Copies of each selected element of the rank's partition on its GPU, each in the
+# parameters' 16-bit dtype: Adam's m and v (`torch.zeros_like(selected_param)`), the
+# selected gradient (`selected_grad`, a clone) and the selected parameters' copy taken at
+# the boundary (`temp_selected_param`): DeepSpeed's `ZenFlowSelectiveAdamW_stage3`
+# (deepspeed/ops/adam/zenflow_torch_adam.py) and engine_stage3.py
+# `_process_selected_fp32_groups_grad`.
+ZENFLOW_SELECTED_COPIES = 4
+
+
+def zenflow_unselected_share(c, i: int) -> float:
+    """Elements of the rank's partition of bucket i that are not selected: what goes down
+    every step and up at a boundary (`transfers` full: the whole share)."""
+    b = c.buckets[i]
+    if c.settings.transfers == "full":
+        return c.share(b.numel)
+    return c.share(b.numel - b.selected_numel)
+
+
+def zenflow_down_bytes(c, i: int, warm_up: bool = False) -> int:
+    """Bytes of bucket i's gradient share the rank sends down in a step, rounded as a
+    transfer is: the unselected share in 16 bits; in a warm-up step the whole share as
+    ZeRO-Offload sends it (`CostModel.grad_wire_bytes`: fp32 from presets)."""
+    if warm_up:
+        return int(round(c.share(c.buckets[i].numel) * c.grad_wire_bytes))
+    return int(round(zenflow_unselected_share(c, i) * c.elem_bytes))
+
+
+def zenflow_up_bytes(c, i: int, warm_up: bool = False) -> int:
+    """Bytes of bucket i's new parameters the rank uploads into its GPU partition at a
+    boundary: the unselected share (the whole share in a warm-up step)."""
+    numel = c.share(c.buckets[i].numel) if warm_up else zenflow_unselected_share(c, i)
+    return int(round(numel * c.elem_bytes))
+
+
+def zenflow_score_bytes(c) -> int:
+    """Bytes of the column scores the ranks all-gather at a selection: every 2-D
+    parameter's columns, each rank scoring those of its partition, in the 16-bit dtype
+    (engine_stage3.py `update_selected_channels`, its `grad_sum_buffer`)."""
+    return sum(m.cols for m in c.shape.matrices()) * c.elem_bytes
+
+
+def zenflow_bytes_per_step(c, boundary: bool, selection: bool = False,
+                           warm_up: bool = False) -> dict[str, float]:
+    """Bytes one rank moves in one step of ZenFlow on ZeRO-3 (the schedule moves exactly
+    these): every block all-gathered twice (forward, backward) and its gradient
+    reduce-scattered once (bytes assembled, as the spans count them; none on one GPU),
+    the gradient share down, at a `boundary` the new parameters up; at a `selection` step
+    the column scores all-gathered too."""
+    nb = len(c.buckets)
+    whole = sum(bucket_bytes(c, i) for i in range(nb))
+    multi = c.gpus > 1
+    out = {"d2h": float(sum(zenflow_down_bytes(c, i, warm_up) for i in range(nb))),
+           "h2d": float(sum(zenflow_up_bytes(c, i, warm_up) for i in range(nb))
+                        if boundary or warm_up else 0),
+           "allgather": 2 * whole if multi else 0.0,
+           "reduce_scatter": float(whole) if multi else 0.0}
+    if selection and multi and not warm_up:
+        out["allgather"] += zenflow_score_bytes(c)
+    return out
+
+
+def zenflow_device_bytes(c) -> float:
+    """Device bytes per rank of ZenFlow on ZeRO-3 as DeepSpeed allocates it: ZeRO-3's
+    working set (`device_memory.zero3_device_bytes`: the gathered module, the prefetched
+    blocks, the reduce bucket, a module's gradient; with the activations), the rank's
+    16-bit partition (P/N x b: ZenFlow offloads the optimizer, not the parameters) and the
+    selected columns' state of that partition (`ZENFLOW_SELECTED_COPIES` x b per selected
+    element: m, v, the selected gradient and parameters' copy)."""
+    s, b = c.settings, c.elem_bytes
+    largest = max(bk.numel for bk in c.buckets)
+    working = device_memory.zero3_device_bytes(c.shape, largest, s.prefetch_buckets, b,
+                                               c.activation_bytes(), s.tiling)
+    return (working + c.share(c.params) * b
+            + c.share(c.selected_params) * ZENFLOW_SELECTED_COPIES * b)

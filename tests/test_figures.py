@@ -122,7 +122,7 @@ def test_every_figure_is_produced_as_png_and_pdf(built):
             path = out / f"{spec.stem}.{ext}"
             assert path.exists() and path.stat().st_size > 5000, path
     readme = built["readme"]
-    assert readme.count("**Shows.**") == len(FIGURES) == 17
+    assert readme.count("**Shows.**") == len(FIGURES) == 18
     for line in readme.splitlines():  # each sentence quotes numbers and ends
         if line.startswith("- **Shows.**"):
             assert re.search(r"\d", line) and line.endswith("."), line

@@ -42,6 +42,12 @@ def test_exact_totals_from_architecture():
     # Hand-derived counts (HF modules): these pin the structure, not just the rounding.
     assert get_model("llama2-7b").total_params == 6_738_415_616
     assert get_model("llama2-13b").total_params == 13_015_864_320
+    # Llama-2-70b-hf's config.json shape (the paper's "70B"): 80 x (q, o 8192^2, k, v
+    # 1024 x 8192 (8 key/value heads of 128), 3 x 8192 x 28672, 2 norms)
+    # + untied 32000 x 8192 embed and head + final norm
+    assert get_model("llama2-70b").total_params == 80 * (
+        2 * 8192 ** 2 + 2 * 1024 * 8192 + 3 * 8192 * 28672 + 2 * 8192) + 2 * 32000 * 8192 \
+        + 8192 == 68_976_648_192
     assert get_model("opt-350m").total_params == 331_196_416
     assert get_model("qwen2.5-1.5b").total_params == 1_543_714_304
     # tinyllama: untied 32000 x 2048 embed and head + 22 x (q,o 2048^2, k,v 256 x 2048,

@@ -39,8 +39,12 @@ def test_engine_registry_is_the_records():
 
 
 def test_simulator_registry_is_the_records():
-    from zfbench.sims.strategies import STEP_FUNCTIONS
+    from zfbench.sims.strategies import STEP_FUNCTIONS, ZERO3_STEP_FUNCTIONS
     assert set(STEP_FUNCTIONS) == set(SIM_STRATEGIES)
+    # a ZeRO-3 step for exactly the strategies whose stage the zero_stage knob chooses
+    assert set(ZERO3_STEP_FUNCTIONS) == set(strategies.ZERO_STAGE_STRATEGIES) == {"zenflow"}
+    assert [strategies.zero_stage_of(s, 3) for s in SIM_STRATEGIES] == [2, 2, 2, 3, 3]
+    assert [strategies.zero_stage_of(s, 2) for s in SIM_STRATEGIES] == [2, 2, 2, 3, 2]
 
 
 # Where a strategy-name literal is compared on purpose: (file, text of the comparison, why).

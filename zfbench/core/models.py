@@ -2,7 +2,7 @@
 
 This module owns the vocabulary of *what is being trained*: for each named model
 (``tiny``, ``opt-350m``, ``opt-1.3b``, ``qwen2.5-0.5b``, ``qwen2.5-1.5b``,
-``qwen2.5-3b``, ``tinyllama-1.1b``, ``llama2-7b``, ``llama2-13b``) it lists every weight
+``qwen2.5-3b``, ``tinyllama-1.1b``, ``llama2-7b``, ``llama2-13b``, ``llama2-70b``) it lists every weight
 matrix and every 1-D parameter, grouped into forward-order blocks (``embed``,
 ``layers.0`` ... ``layers.N-1``, ``head``), and the matmul FLOPs each block costs per
 token. Parameter counts are derived from the shape hyper-parameters (never typed in),
@@ -481,6 +481,10 @@ MODELS: dict[str, ModelShape] = {
         # meta-llama/Llama-2-13b-hf config.json
         ModelShape("llama2-13b", "llama", vocab=32000, hidden=5120, layers=40, heads=40, kv_heads=40,
                    intermediate=13824),
+        # meta-llama/Llama-2-70b-hf config.json (grouped-query attention: 8 key/value heads;
+        # Touvron et al. 2023, "Llama 2", Table 1: 70B uses GQA)
+        ModelShape("llama2-70b", "llama", vocab=32000, hidden=8192, layers=80, heads=64, kv_heads=8,
+                   intermediate=28672),
     )
 }
 

@@ -35,6 +35,9 @@ class Strategy:
     # reduce-scattered, `overlap_comm`; zfbench.sims.partitioning)
     sim_zero2: bool = True
     sim_grad_accum: bool = True  # the simulator runs it with grad_accum > 1
+    # The ZeRO stage the simulator runs it at: 2, 3 (zero-infinity), or "2|3" where the
+    # `zero_stage` knob chooses (ZenFlow: sims/zenflow_zero3.py on stage 3)
+    sim_stages: str = "2"
 
 
 STRATEGY_LIST = (
@@ -48,11 +51,11 @@ STRATEGY_LIST = (
              "host-adam-upload-buffer", 1, delayed=True),
     Strategy("zero-infinity", "ZeRO-Infinity",
              "every step: parameters up for forward and backward, gradients down", "zero3",
-             None, offloads_params=True, engine=False, sim_zero2=False),
+             None, offloads_params=True, engine=False, sim_zero2=False, sim_stages="3"),
     Strategy("zenflow", "ZenFlow",
              "every step: the unselected gradients down; once a window: their parameters up",
              "host-adam-selected", 3, adamw="both", has_windows=True, measure="windows",
-             sim_zero2=False, sim_grad_accum=False),
+             sim_zero2=False, sim_grad_accum=False, sim_stages="2|3"),
 )
 STRATEGY = {s.name: s for s in STRATEGY_LIST}
 
@@ -90,6 +93,25 @@ def offloads(name: str) -> bool:
 def offloads_params(name: str) -> bool:
     """Whether `name` keeps its parameters on the host too (ZeRO-3)."""
     return bool(_trait(name, "offloads_params"))
+
+
+def zero_stage_chosen(name: str) -> bool:
+    """Whether the simulator runs `name` at the ZeRO stage the `zero_stage` knob gives
+    (ZenFlow: 2 or 3) rather than at a stage of its own."""
+    return _trait(name, "sim_stages") == "2|3"
+
+
+def zero_stage_of(name: str, zero_stage: int = 2) -> int:
+    """The ZeRO stage the simulator runs `name` at when the `zero_stage` knob is
+    `zero_stage`: the knob's for a strategy that runs at either (`zero_stage_chosen`),
+    else the strategy's own (3 for zero-infinity, 2 for the rest)."""
+    if zero_stage_chosen(name):
+        return zero_stage
+    return int(_trait(name, "sim_stages") or 2)
+
+
+# Strategies the `zero_stage` knob applies to (ZenFlow), in display order.
+ZERO_STAGE_STRATEGIES = tuple(s.name for s in STRATEGY_LIST if s.sim_stages == "2|3")
 
 
 def delayed(name: str) -> bool:

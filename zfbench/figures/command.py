@@ -1,6 +1,6 @@
 """`python -m zfbench.figures`: rebuild every paper figure into paper_figures/ (`make figures`).
 
-Covers: figures 1-9, 16 and 17 (its step times) from simulations (regenerated when their
+Covers: figures 1-9, 16, 17 (its step times) and 18 from simulations (regenerated when their
 CSVs under `<out>/data/` are missing or were made with other settings; `--regenerate`
 forces it), figures 10-15 from measured files (`--measured DIR`; layout in
 `analysis/plot_measured.py`), run small on this machine when missing
@@ -43,7 +43,7 @@ from zfbench.validate import published as validate_published
 from zfbench.core import hardware
 from zfbench.core.strategies import SIM_STRATEGIES as STRATEGIES
 from zfbench.core.strategies import (ENGINE_STRATEGIES, OFFLOAD_STRATEGIES, SIMULATED_ONLY,
-                                     delayed)
+                                     STRATEGY, ZERO_STAGE_STRATEGIES, delayed)
 from zfbench.figures.data import TIMELINE_STRATEGIES, Dataset, generate, is_fresh
 from zfbench.figures.measure import measure_jobs, run_missing
 from zfbench.simulation import summary_row
@@ -67,6 +67,9 @@ CONVERGENCE_LM_RESULTS = CONVERGENCE_RESULTS.with_name("convergence_lm")
 # Figure 5's bars: the two baselines ZenFlow's claims name (DeepSpeed's ZenFlow blog: "up
 # to 5x over ZeRO-Offload and 6.3x over ZeRO-Infinity") and ZenFlow.
 BREAKDOWN_STRATEGIES = SIMULATED_ONLY + tuple(s for s in OFFLOAD_STRATEGIES if not delayed(s))
+# Figure 18: a model whose 16-bit parameters and gradients do not fit one GPU on ZeRO-2
+# (llama2-70b: 276 GB of them), on 8 x H100 (issue 48).
+ZERO3_NODE, ZERO3_MODEL = "h100-8x-gen5", "llama2-70b"
 
 
 @dataclass(frozen=True)
@@ -185,12 +188,29 @@ def datasets(plan: Plan) -> dict[str, Dataset]:
     d["convergence_steps"] = Dataset("convergence_steps", [
         ({}, node_settings(TIMELINE_NODE, plan), s) for s in CONVERGENCE_STRATEGIES],
         _summary_rows("convergence_steps.csv"))
+    d["zero3"] = Dataset("zero3", zero3_jobs(plan), _summary_rows("zero3.csv"))
     gpus = hardware.get_node(NODES[0]).gpus
     d["selection_traffic"] = Dataset(
         "selection_traffic", [], None,
         lambda: {"selection_traffic.csv": ps.selection_traffic(list(FULL.models), gpus)},
         {"models": list(FULL.models), "gpus": gpus})
     return d
+
+
+def zero3_jobs(plan: Plan) -> list[tuple[dict, SimSettings, str]]:
+    """Figure 18's runs on ZERO3_NODE: ZenFlow on ZeRO-2 (simulated though it does not
+    fit, to show what it would need), ZenFlow on ZeRO-3, ZeRO-Infinity (parameters on
+    the host); `key`, `series` and `where` label them."""
+    n = hardware.get_node(ZERO3_NODE)
+    model = ZERO3_MODEL + (f"[{plan.layers}L]" if plan.layers else "")
+    where = f"{model} on {n.gpus}x {n.gpu.name}, PCIe {n.link.name}"
+    base = node_settings(ZERO3_NODE, plan, ZERO3_MODEL)
+    zenflow, infinity = ZERO_STAGE_STRATEGIES[0], SIMULATED_ONLY[0]
+    return [({"key": f"{zenflow}-zero{stage}", "series": f"{STRATEGY[zenflow].label}\n"
+              f"ZeRO-{stage}", "where": where}, base.with_(zero_stage=stage), zenflow)
+            for stage in (2, 3)] + [
+        ({"key": "infinity", "series": STRATEGY[infinity].label, "where": where}, base,
+         infinity)]
 
 
 def _bundled_digest() -> str:
@@ -278,6 +298,11 @@ def sources(plan: Plan) -> dict[str, str]:
                              f"and zenflow, 3 seeds each from pretrained SmolLM2; runs.csv, "
                              f"summary.json; the one-seed LM runs of convergence/, which "
                              f"started from the wrong weights, are not drawn)",
+        "zero3": f"`data/zero3.csv` (zenflow with --zero-stage 2 and 3, and zero-infinity "
+                 f"with parameters on cpu, {ZERO3_MODEL}"
+                 + (f"[{plan.layers}L]" if plan.layers else "") + f" on {ZERO3_NODE}, "
+                 f"{plan.steps} steps; like `python -m zfbench.simulate --model {ZERO3_MODEL} "
+                 f"--node {ZERO3_NODE} --steps {plan.steps} --sweep zero_stage=2,3`)",
         "selection_traffic": f"`data/selection_traffic.csv` (computed from the shapes in "
                              f"zfbench/core/models.py of {', '.join(FULL.models)}, "
                              f"{hardware.get_node(NODES[0]).gpus} GPUs; no simulation)",
@@ -313,7 +338,7 @@ Every number below is read from the data files named with each figure. Figures 1
 simulated (SimPy model in `sims/`, hardware presets from `zfbench/data/hardware.json`,
 averages over steady-state steps after the default skip of warm-up and two update
 windows), and so is figure 16 (the bundled published GPU measurements, each row
-simulated as docs/published.md says); their CSVs are under `data/` with a `.spec.json` each holding the exact
+simulated as docs/published.md says) and figure 18 (ZenFlow on ZeRO-3); their CSVs are under `data/` with a `.spec.json` each holding the exact
 settings, and are re-simulated only when missing, made with other settings, or with
 `--regenerate`. Figures 10-15 come from measured files (`--measured DIR`, default
 `{measured}`), laid out as below (documented in `analysis/plot_measured.py`):

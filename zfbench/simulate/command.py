@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from zfbench.core import hardware
+from zfbench.core.strategies import ZERO_STAGE_STRATEGIES
 from zfbench.sims.costs import STRATEGIES, SimSettings, SimSettingsError
 from zfbench.sims.settings import on_node
 from zfbench.sims.simulator import steps_needed
@@ -182,6 +183,16 @@ def build_cases(given: dict, sweeps: list[tuple[str, list]],
     return cases
 
 
+def check_zero_stage(cases, strategies: list[str]) -> None:
+    """--zero-stage 3 with only strategies it does not apply to is an error."""
+    if any(case.zero_stage == 3 for _, case in cases) and \
+            not any(s in ZERO_STAGE_STRATEGIES for s in strategies):
+        raise SimSettingsError(
+            f"--zero-stage 3 applies to {', '.join(ZERO_STAGE_STRATEGIES)} (zero-infinity "
+            f"is ZeRO-3 always, the others ZeRO-2); simulate --strategy "
+            f"{ZERO_STAGE_STRATEGIES[0]} or all, or leave --zero-stage out")
+
+
 def check_fits(settings: SimSettings, strategies: list[str]) -> None:
     """Asking for one strategy that cannot fit is an error that says by how much."""
     from zfbench.sims.costs import CostModel
@@ -200,9 +211,42 @@ def check_fits(settings: SimSettings, strategies: list[str]) -> None:
     if fit["host_bytes"] > fit["host_capacity_bytes"]:
         parts.append(f"host needs {fit['host_bytes'] / gib:.1f} GiB, it has "
                      f"{fit['host_capacity_bytes'] / gib:.1f} GiB")
+    stage3 = ", --zero-stage 3" if strategies[0] in ZERO_STAGE_STRATEGIES and \
+        settings.zero_stage == 2 else ""
     raise SimSettingsError(f"{strategies[0]} does not fit: {'; '.join(parts)}. Try more "
                            f"--gpus, a smaller --micro-batch or --seq, "
-                           f"--activation-checkpointing true, or an offload strategy.")
+                           f"--activation-checkpointing true{stage3}, or an offload "
+                           f"strategy.")
+
+
+def zero3_where_needed(cases, strategies: list[str], given: dict, sweeps
+                       ) -> tuple[list, list[str]]:
+    """The cases with ZenFlow on ZeRO-3 where it does not fit on ZeRO-2 but does on
+    ZeRO-3 and no --zero-stage was given (nor swept), and one line per case saying so."""
+    from zfbench.sims.costs import CostModel
+
+    chosen = [s for s in strategies if s in ZERO_STAGE_STRATEGIES]
+    if not chosen or "zero_stage" in given or "zero_stage" in dict(sweeps):
+        return cases, []
+    out, notes, gib = [], [], 2 ** 30
+    for labels, case in cases:
+        if case.zero_stage == 2 and case.profile is None:
+            two = CostModel(case, chosen[0]).fits(chosen[0])
+            stage3 = case.with_(zero_stage=3)
+            three = CostModel(stage3, chosen[0]).fits(chosen[0])
+            if not two["fits"] and three["fits"]:
+                where = f"{case_label(labels)}: " if labels else ""
+                notes.append(
+                    f"note: {where}{', '.join(chosen)} on ZeRO-2 does not fit (device "
+                    f"{two['device_bytes_per_rank'] / gib:.1f} GiB per GPU, host "
+                    f"{two['host_bytes'] / gib:.0f} GiB; the GPU has "
+                    f"{two['device_capacity_bytes'] / gib:.1f} GiB, the host "
+                    f"{two['host_capacity_bytes'] / gib:.0f} GiB): simulated on ZeRO-3 "
+                    f"(--zero-stage 3: parameters partitioned over the {case.ranks} GPUs, "
+                    f"{three['device_bytes_per_rank'] / gib:.1f} GiB per GPU)")
+                case = stage3
+        out.append((labels, case))
+    return out, notes
 
 
 def accumulating(cases, strategies: list[str], every: bool) -> list[str]:
@@ -254,6 +298,8 @@ def header(case: SimSettings, flags: set, sweeps, node: str | None = None) -> st
             + f", prefetch {s.prefetch_buckets}"
             + (", activation checkpoints on the host" if s.offload_activations else "")
             + (f", Linears in {s.tiling} tiles" if s.tiling > 1 else "")
+            + (f"; {', '.join(ZERO_STAGE_STRATEGIES)} on ZeRO-3 (parameters partitioned)"
+               if s.zero_stage == 3 else "")
             + f"; {s.steps} steps (simulated)")
     if sweeps:
         line += "\nsweep: " + " x ".join(f"{k}={','.join(map(str, v))}" for k, v in sweeps)
@@ -271,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         cases = build_cases(given, sweeps, node)  # every case validated before simulating
         strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
         strategies = accumulating(cases, strategies, args.strategy == "all")
+        check_zero_stage(cases, strategies)
+        cases, notes = zero3_where_needed(cases, strategies, given, sweeps)
         for _, case in cases:
             check_fits(case, strategies)
         trace = TraceRule.parse(args.trace_steps)
@@ -280,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail(err)
     flags = {k for k in KNOBS if getattr(args, k) is not None}
     print(header(cases[0][1], flags, sweeps, node))
+    for line in notes:
+        print(line)
     warning = too_short_warning(cases)
     if warning:
         print(warning, file=sys.stderr)
@@ -294,7 +344,10 @@ def main(argv: list[str] | None = None) -> int:
                                 meanwhile=machine)  # torch's import beside the runs
             mark(rows, cases)
             print(format_table(rows, [k for k, _ in sweeps]))
-            write_outputs(args.out, summary_head(argv, given, sweeps, cases, node), rows,
+            chose = {"zero_stage": 3} if notes and all(
+                case.zero_stage == 3 for _, case in cases) else {}  # every case switched
+            write_outputs(args.out, {**summary_head(argv, {**given, **chose}, sweeps, cases,
+                                                    node), "notes": notes}, rows,
                           results, trace=trace, fmt=fmt, staging=stage)
     except OSError as err:
         return fail(f"writing {args.out}: {err}")
