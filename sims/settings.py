@@ -207,6 +207,10 @@ class SimSettings:
                 "zero_stage 3 simulates DeepSpeed's ZenFlow on ZeRO-3 from presets with the "
                 "design or full data path: give no --profile (zfbench's engine has no "
                 "ZeRO-3 path to measure) and --transfers design or full, or zero_stage 2")
+        if self.zero_stage == 3 and self.offload:
+            raise SimSettingsError(
+                "offload (zenflow.offload, the moments in host memory) is simulated on "
+                "ZeRO-2 only: give zero_stage 2 or offload false")
         if self.offload_params not in OFFLOAD_PARAMS:
             raise SimSettingsError(f"offload_params {self.offload_params!r} is not known; "
                                    f"choose one of: {', '.join(OFFLOAD_PARAMS)}")
