@@ -163,3 +163,40 @@ def test_a_tiny_model_needs_no_proxy_and_a_huge_one_gets_one(monkeypatch):
     assert get_model(run.spec.model).total_params < get_model("llama2-7b").total_params
     assert run.spec.steps == run.proxy["steps"] == 16
     assert run.reasons["proxy"].startswith("llama2-7b does not fit")
+
+
+def test_the_gpu_sized_run_keeps_the_zenflow_flags_and_checks_their_top_k(monkeypatch):
+    """On CUDA with no shape flag the run is GPU-sized (zfbench/run/defaults.py): the
+    --zenflow.* knobs survive it, and the pick is checked with their top-k."""
+    import zfbench.real.memory as memory
+    from zfbench.run.defaults import GPU_MODELS, gpu_sized
+    from zfbench.run.plan import spec_from_args
+
+    args = build_parser().parse_args(["--device", "cpu", "--zenflow.topk-ratio", "0.9"])
+    spec = spec_from_args(args, 1, ["zenflow"])
+    seen = []
+    real_need = memory.MemoryCheck.need
+
+    def need(self, shape, strategy):
+        seen.append(self.knobs[strategy][2])
+        return real_need(self, shape, strategy)
+    monkeypatch.setattr(memory.MemoryCheck, "need", need)
+    monkeypatch.setattr(memory, "available_device_bytes", lambda cuda, ranks=1: 80 * 2**30)
+    monkeypatch.setattr(memory, "available_host_bytes", lambda: 2 * 2**40)
+    sized = gpu_sized(spec, ["zenflow"], 1, quiet=True)
+    assert sized.zenflow == {"topk_ratio": 0.9} and sized.layers is None
+    assert sized.model in GPU_MODELS and sized.precision == "bf16"
+    assert seen and set(seen) == {0.9}
+
+
+@pytest.mark.slow
+def test_a_written_plan_runs_again_as_it_was_decided(tmp_path):
+    argv = QUICK + ["--strategy", "device", "--batch", "2", "--seq", "8",
+                    "--device-threads", "1", "--host-threads", "1"]
+    assert main(argv + ["--out", str(tmp_path)]) == 0
+    first = json.loads((tmp_path / "summary.json").read_text())
+    assert main(["--plan", str(tmp_path / PLAN_FILE)]) == 0
+    again = json.loads((tmp_path / "summary.json").read_text())
+    assert again["settings"] == first["settings"] and again["configs"] == first["configs"]
+    assert again["command_line"] == first["command_line"]
+    assert [r["loss_first"] for r in again["rows"]] == [r["loss_first"] for r in first["rows"]]

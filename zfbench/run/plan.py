@@ -182,6 +182,50 @@ def requested_strategies(args) -> list[str]:
     return list(STRATEGIES) if args.strategy == "all" else [args.strategy]
 
 
+def fit_or_proxy(args, spec: RunSpec, configs: dict, use_cuda: bool, launched: bool
+                 ) -> tuple[RunSpec, dict | None]:
+    """(the run's spec, None) where it fits this machine; where a named model does not,
+    (the proxy slice's spec, its record: zfbench.run.proxy). A slice the user chose, or
+    ranks torchrun started, are refused (InsufficientMemoryError, naming what fits)."""
+    try:
+        check_configs_fit(spec.shape(), configs, spec.seq, use_cuda)
+        return spec, None
+    except InsufficientMemoryError as err:
+        if args.layers is not None or "[" in spec.model or launched:
+            raise
+        from zfbench.run.proxy import proxy_spec
+
+        return proxy_spec(spec, configs, use_cuda, err, args.steps is not None)
+
+
+def size_and_precision(args, spec: RunSpec, strategies: list[str], use_cuda: bool,
+                       launched: bool, proxy: dict | None) -> tuple[RunSpec, dict]:
+    """The shape and precision decided on this machine where the flags leave them open:
+    (the spec, {"scenario_probe", "precision_probe", "reasons", "measured_precision"})."""
+    world = spec.world
+    decided = {"scenario_probe": None, "precision_probe": None, "reasons": {},
+               "measured_precision": False}
+    why = decided["reasons"]
+    if use_cuda and not shape_given(args):  # a GPU-sized run, not the CPU lanes' slice
+        spec = gpu_sized(spec, strategies, world, args.quiet)
+        why["sizing"] = why["precision"] = (
+            f"GPU-sized default (no shape flag on CUDA): {spec.model}, batch "
+            f"{spec.batch} x seq {spec.seq}, {spec.precision}")
+    if proxy is None and is_default_scenario(args, use_cuda, world):  # sized here
+        scenario = size_default(spec, quiet=args.quiet)
+        spec = replace(spec, seq=scenario["seq"], precision=scenario["precision"])
+        decided.update(scenario_probe=scenario, measured_precision=True, precision_probe={
+            k: scenario[k] for k in ("precision", "ratio")})
+        why["sizing"] = why["precision"] = describe_scenario(scenario)
+    elif spec.precision is None and spec.config is None:  # the default: measure it
+        probe = decide_precision(spec, spec.shape(), use_cuda, world, launched,
+                                 quiet=args.quiet)
+        spec = replace(spec, precision=probe["precision"])
+        decided.update(precision_probe=probe, measured_precision=True)
+        why["precision"] = probe["rule"]
+    return spec, decided
+
+
 def plan(args, argv: list[str]) -> RunPlan:
     """Decide the run `args` (parsed from `argv`) asks for on this machine (module
     docstring); raises ValueError, ConfigError, InsufficientMemoryError ... with the
@@ -196,41 +240,19 @@ def plan(args, argv: list[str]) -> RunPlan:
                          "them without --gpus" if args.project else
                          "--profile with CUDA measures one rank (a GPU of its own); "
                          "run it without --gpus")
+    spec, proxy = fit_or_proxy(args, spec, configs, use_cuda, launched)
     reasons = {"sizing": "the shape the flags give", "proxy": "none: the run fits"}
-    proxy = None
-    try:
-        check_configs_fit(spec.shape(), configs, spec.seq, use_cuda)
-    except InsufficientMemoryError as err:
-        if args.layers is not None or "[" in spec.model or launched:
-            raise  # a slice the user chose, or ranks torchrun started: refuse
-        from zfbench.run.proxy import proxy_spec
-
-        spec, proxy = proxy_spec(spec, configs, use_cuda, err, args.steps is not None)
+    if proxy is not None:
         configs = engine_configs(spec, strategies, world)
         reasons["proxy"] = reasons["sizing"] = (
             f"{proxy['model']} does not fit ({proxy['why']}): the proxy {proxy['measured']}"
             f" is measured, bound by {proxy['bound_by']}")
-    sized_for_gpu = use_cuda and not shape_given(args)
-    if sized_for_gpu:  # a GPU-sized run, not the CPU lanes' slice
-        spec = gpu_sized(spec, strategies, world, args.quiet)
-        reasons["sizing"] = reasons["precision"] = (
-            f"GPU-sized default (no shape flag on CUDA): {spec.model}, batch "
-            f"{spec.batch} x seq {spec.seq}, {spec.precision}")
-    scenario = precision_probe = None
-    if proxy is None and is_default_scenario(args, use_cuda, world):  # sized here
-        scenario = size_default(spec, quiet=args.quiet)
-        spec = replace(spec, seq=scenario["seq"], precision=scenario["precision"])
-        precision_probe = {k: scenario[k] for k in ("precision", "ratio")}
-        reasons["sizing"] = reasons["precision"] = describe_scenario(scenario)
-    elif spec.precision is None and spec.config is None:  # the default: measure it
-        precision_probe = decide_precision(spec, spec.shape(), use_cuda, world, launched,
-                                           quiet=args.quiet)
-        spec = replace(spec, precision=precision_probe["precision"])
-        reasons["precision"] = precision_probe["rule"]
+    spec, decided = size_and_precision(args, spec, strategies, use_cuda, launched, proxy)
+    reasons.update(decided["reasons"])
     configs = engine_configs(spec, strategies, world)
     reasons.setdefault("precision", f"--precision {args.precision}" if args.precision
                        else f"the --config file's ({configs[strategies[0]].precision})")
-    if spec.precision is not None and args.precision is None and not sized_for_gpu:
+    if decided["measured_precision"] and args.precision is None:
         check_configs_fit(spec.shape(), configs, spec.seq, use_cuda)  # as decided
     if proxy is not None and not launched:  # the rates in the run's precision
         from zfbench.run.proxy import measure_host_rates
@@ -241,5 +263,5 @@ def plan(args, argv: list[str]) -> RunPlan:
     return RunPlan(command_line=tuple(argv), spec=spec, strategies=tuple(strategies),
                    configs=configs, world=world, use_cuda=use_cuda, out=args.out,
                    quiet=args.quiet, profile=args.profile, project=args.project,
-                   bind_cores=args.bind_cores, precision_probe=precision_probe,
-                   scenario_probe=scenario, proxy=proxy, reasons=reasons)
+                   bind_cores=args.bind_cores, precision_probe=decided["precision_probe"],
+                   scenario_probe=decided["scenario_probe"], proxy=proxy, reasons=reasons)
