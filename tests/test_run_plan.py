@@ -200,3 +200,23 @@ def test_a_written_plan_runs_again_as_it_was_decided(tmp_path):
     assert again["settings"] == first["settings"] and again["configs"] == first["configs"]
     assert again["command_line"] == first["command_line"]
     assert [r["loss_first"] for r in again["rows"]] == [r["loss_first"] for r in first["rows"]]
+
+
+def test_the_run_neither_writes_to_its_args_nor_reads_the_command_lines_text():
+    """The namespace argparse returns is read, never written (decisions live in the plan),
+    and no module of zfbench/run/ looks for a flag in the argv text."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "zfbench" / "run"
+    found = []
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
+                    isinstance(node.value, ast.Name) and node.value.id == "args":
+                found.append(f"{path.name}:{node.lineno} writes args.{node.attr}")
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) and any(
+                    isinstance(c, ast.Name) and c.id in ("argv", "given")
+                    for c in node.comparators):
+                found.append(f"{path.name}:{node.lineno} scans the argv text")
+    assert not found, found
