@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from zfbench.core.config_zenflow import SCENARIO_ZENFLOW
 from zfbench.core import memory_model
-from zfbench.core.memory_model import host_bytes_per_param
+from zfbench.core.memory_model import element_bytes, host_bytes_per_param
 from zfbench.core.models import ModelShape
-from zfbench.core.strategies import selects_on_device
+from zfbench.core.strategies import buckets_on, selects_on_device
 from zfbench.core.schedule import selected_elements
 
 # The top-k ratio a memory check assumes when it is not told: the scenario's.
@@ -176,10 +176,31 @@ class MemoryCheck:
         if baseline is None:
             baseline = process_baseline_bytes() if ranks > 1 else 0.0
         self.baseline = baseline
+        # per strategy (elem_bytes, bucketed, topk_ratio) where its config gave them
+        self.knobs: dict[str, tuple[int, bool, float]] = {}
+
+    @classmethod
+    def of_configs(cls, configs, seq: int, use_cuda: bool, **machine) -> "MemoryCheck":
+        """The check of a run's strategies, each as its engine config
+        (zfbench.core.config.EngineConfig) runs it: its micro-batch and ranks, its
+        precision's bytes per element, its gradient buckets (precision and overlap_comm)
+        and ZenFlow's top-k ratio (its zenflow section); `machine`: host_bytes,
+        device_bytes, baseline."""
+        first = next(iter(configs.values()))
+        check = cls(list(configs), first.micro_batch, seq, element_bytes(first.precision),
+                    use_cuda, ranks=first.world_size,
+                    bucketed=buckets_on(first.precision, first.overlap_comm), **machine)
+        check.knobs = {s: (element_bytes(c.precision), buckets_on(c.precision,
+                                                                  c.overlap_comm),
+                           TOPK_RATIO if c.zenflow is None else c.zenflow.topk_ratio)
+                       for s, c in configs.items()}
+        return check
 
     def need(self, s: ModelShape, strategy: str) -> MemoryEstimate:
-        return machine_need(s, strategy, self.batch, self.seq, self.elem_bytes,
-                            self.topk_ratio, self.ranks, self.baseline, self.bucketed)
+        elem, bucketed, topk = self.knobs.get(
+            strategy, (self.elem_bytes, self.bucketed, self.topk_ratio))
+        return machine_need(s, strategy, self.batch, self.seq, elem, topk, self.ranks,
+                            self.baseline, bucketed)
 
     def machine_total(self, m: MemoryEstimate) -> float:
         """Emulated accelerator: every rank's device replica lives in the host's RAM."""
@@ -221,10 +242,24 @@ def check_fits(shape: ModelShape, strategies: list[str], batch: int, seq: int,
                bucketed: bool = False) -> None:
     """Raise `InsufficientMemoryError` unless every strategy fits (they run one by one)
     with `ranks` processes on this machine."""
-    check = MemoryCheck(strategies, batch, seq, elem_bytes, use_cuda, topk_ratio,
-                        host_bytes, device_bytes, ranks, baseline, bucketed)
+    refuse_unless_fits(shape, MemoryCheck(strategies, batch, seq, elem_bytes, use_cuda,
+                                          topk_ratio, host_bytes, device_bytes, ranks,
+                                          baseline, bucketed))
+
+
+def check_configs_fit(shape: ModelShape, configs, seq: int, use_cuda: bool,
+                      **machine) -> None:
+    """`check_fits` for a run's strategies as their engine configs run them
+    (`MemoryCheck.of_configs`: batch, ranks, precision, buckets and top-k from each)."""
+    refuse_unless_fits(shape, MemoryCheck.of_configs(configs, seq, use_cuda, **machine))
+
+
+def refuse_unless_fits(shape: ModelShape, check: MemoryCheck) -> None:
+    """Raise `InsufficientMemoryError` naming needed vs available and what would fit,
+    unless `check` says `shape` fits."""
     if check.fits(shape):
         return
+    strategies, ranks = check.strategies, check.ranks
     fitting = [n for n in range(shape.layers, 0, -1)
                if check.suggestable(shape.with_layers(n))]
     with_ranks = f" with {ranks} ranks" if ranks > 1 else ""

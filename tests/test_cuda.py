@@ -175,7 +175,7 @@ def test_gpu_sized_default_run_is_not_the_cpu_lane_shape():
     from zfbench.run.command import build_parser, spec_from_args
     from zfbench.run.defaults import gpu_sized
     args = build_parser().parse_args(["--device", "cuda", "--quiet"])
-    spec = gpu_sized(spec_from_args(args, 1, ["zenflow"]), ["zenflow"], 1, args)
+    spec = gpu_sized(spec_from_args(args, 1, ["zenflow"]), ["zenflow"], 1, quiet=True)
     assert spec.layers is None and spec.seq >= 512 and spec.precision == "bf16"
 
 

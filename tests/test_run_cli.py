@@ -164,18 +164,22 @@ def test_hazard_check_runs_the_cpu_and_the_gpu_schedules(tmp_path, capsys):
 
 
 def test_the_memory_check_counts_zenflow_with_the_configs_top_k_ratio(tmp_path):
-    """The refusal and the `fits` column use the same top-k ratio: the config's."""
-    from zfbench.real.memory import estimate
-    from zfbench.run.command import build_parser, engine_configs, memory_topk, spec_from_args
+    """The refusal and the `fits` column use the same top-k ratio: the config's, read
+    from each strategy's engine config (MemoryCheck.of_configs)."""
+    from zfbench.real.memory import MemoryCheck, estimate
+    from zfbench.run.command import build_parser, engine_configs, spec_from_args
 
     cfg = tmp_path / "ds.json"
     cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
         "stage": 2, "offload_optimizer": {"device": "cpu"},
         "zenflow": {"topk_ratio": 0.5, "update_interval": 4}}}))
-    spec = spec_from_args(build_parser().parse_args(["--config", str(cfg)]))
+    spec = spec_from_args(build_parser().parse_args(["--config", str(cfg), "--model",
+                                                     "tiny"]))
     both = engine_configs(spec, ["zero-offload", "zenflow"], 1)
-    assert memory_topk(both) == {"topk_ratio": 0.5}
-    assert memory_topk(engine_configs(spec, ["zero-offload"], 1)) == {}
     shape = get_model("tiny")
+    check = MemoryCheck.of_configs(both, 8, use_cuda=False, host_bytes=1e12)
+    assert check.need(shape, "zenflow") == estimate(shape, "zenflow", 1, 8, 4,
+                                                    topk_ratio=0.5)
+    assert check.need(shape, "zero-offload") == estimate(shape, "zero-offload", 1, 8, 4)
     assert estimate(shape, "zenflow", 1, 8, 2, topk_ratio=0.5).device_bytes > \
         estimate(shape, "zenflow", 1, 8, 2).device_bytes

@@ -40,8 +40,10 @@ def test_the_run_commands_defaults_come_from_the_cpu_lanes_scenario():
 
     assert DEFAULT_SEQ == CPU_LANES.seq == 4
     assert (DEFAULT_PRECISION, GPU_SEQ) == (GPU_NODE.precision, GPU_NODE.seq)
-    args = build_parser().parse_args([])
-    assert (args.model, args.seq) == (CPU_LANES.model, CPU_LANES.seq)
+    from zfbench.run.plan import spec_from_args
+    spec = spec_from_args(build_parser().parse_args([]))  # the flags not given, resolved
+    assert (spec.model, spec.layers, spec.seq) == (CPU_LANES.model, CPU_LANES.layers,
+                                                   CPU_LANES.seq)
 
 
 def test_the_named_scenarios():

@@ -68,7 +68,8 @@ def test_host_adam_rate_is_measured_for_real():
     (["--model", "tiny"], False, 1, False), (["--seq=8"], False, 1, False),
     (["--precision", "fp32"], False, 1, True), (["--config", "c.json"], False, 1, False), ([], True, 1, False), ([], False, 2, False)])
 def test_only_a_run_with_no_shape_flags_is_sized(argv, cuda, world, want):
-    assert is_default_scenario(argv, cuda, world) is want
+    from zfbench.run.command import build_parser
+    assert is_default_scenario(build_parser().parse_args(argv), cuda, world) is want
 
 
 def test_the_header_names_the_ratio_the_simulator_gives_on_the_gpu_node():

@@ -158,6 +158,20 @@ class EngineConfig:
         out["train_batch_size"] = self.train_batch_size
         return out
 
+    @classmethod
+    def from_dict(cls, d: dict, raw: dict | None = None) -> "EngineConfig":
+        """The config `as_dict` wrote (a resolved config, not a DeepSpeed file: nothing is
+        defaulted); `raw` the DeepSpeed dict it was parsed from. `from_dict(c.as_dict(),
+        c.raw) == c`."""
+        d = {k: v for k, v in d.items() if k != "train_batch_size"}
+        opt = d["optimizer"]
+        d["optimizer"] = OptimizerConfig(**{**opt, "betas": tuple(opt["betas"])})
+        d["loss_scale"] = LossScaleConfig(**d["loss_scale"])
+        d["zenflow"] = None if d["zenflow"] is None else ZenFlowConfig(**d["zenflow"])
+        d["scheduler"] = None if d["scheduler"] is None else SchedulerConfig(**d["scheduler"])
+        d["notes"] = tuple(d["notes"])
+        return cls(**d, raw=dict(raw or {}))
+
 
 # override name -> dotted key in the DeepSpeed dict it sets (plus "precision")
 _OVERRIDES = dict(

@@ -6,7 +6,9 @@ named model does not fit, the probes before it runs, the ranks it launches, its 
 and the simulator's expectation printed beside it.
 
 Modules:
-    command    the flags, `main`, the ranks, the strategies one after another
+    command    the flags, `main`, the ranks it launches, the report
+    plan       the RunPlan: everything decided before the first step (plan.json)
+    execute    a plan executed: the strategies one after another
     defaults   the default scenario's fixed settings (seq, precision, the GPU-sized run)
     probe      what the run measures before it runs: precision and the default shape
     proxy      the slice measured when the model cannot fit, projected whole onto a GPU node

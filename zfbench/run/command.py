@@ -13,69 +13,68 @@ compute but updated by Adam), batch 1, the sequence length sized on the machine 
 (zfbench.run.probe), 30 steps each, in the precision measured for this CPU. It prints the
 breakdown table (the simulator's, zfbench.report) and the loss, then this machine's
 profile and the simulator's expectation beside each measured strategy (zfbench.run.expect).
-Memory is estimated before anything is allocated: a named model that cannot fit is
-measured through a proxy slice and projected onto the GPU node (zfbench.run.proxy); a
-slice you chose that cannot fit is refused, naming one that would.
-Files written to `--out`: `summary.csv`/`.json`, `steps.csv`, `<strategy>.steps.jsonl`,
-the timeline `<strategy>.spans.csv`/`.steps.csv` and `trace.json`.
+Everything is decided first (zfbench.run.plan: memory, a proxy, the shape, the precision),
+then executed (zfbench.run.execute), then reported (`report`); launched ranks get `--plan`.
+Files written to `--out`: `plan.json`, `summary.csv`/`.json`, `steps.csv`,
+`<strategy>.steps.jsonl`, the timeline `<strategy>.spans.csv`/`.steps.csv`, `trace.json`.
 docs/commands.md ("run") has every flag, example and file in detail.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import json
 import sys
-from contextlib import nullcontext
+import tempfile
 from pathlib import Path
 
-from zfbench.real.memory import InsufficientMemoryError, check_fits
-from zfbench.real.distributed import env_world
-from zfbench.real.host_fused import status as host_kernels_status
-from zfbench.real.runner import RunSpec, train
-from zfbench.core.strategies import windowed_of
-from zfbench.cli_checks import (CliError, OneLineParser, add_zenflow_flags, check_input_file,
-                                check_out_dir, fail, positive_int, zenflow_flags,
-                                zenflow_given)
-from zfbench.core.config import STRATEGIES, ConfigError, EngineConfig
+from zfbench.cli_checks import CliError, OneLineParser, add_zenflow_flags, fail
+from zfbench.core.config import STRATEGIES, ConfigError
 from zfbench.core.memory_model import element_bytes
-# SIMULATED_ONLY: strategies the simulator has and the engine does not (zero-infinity: no
-# ZeRO-3 path in real/); asking the engine for one is a one-line error naming the simulator
-from zfbench.core.strategies import SIMULATED_ONLY, buckets_on
 from zfbench.core.models import UnknownModelError
 from zfbench.core.provenance import provenance
-from zfbench.run.probe import (SHAPE_FLAGS, decide_precision, describe_scenario,
-                               is_default_scenario, size_default)
+# SIMULATED_ONLY: strategies the simulator has and the engine does not (zero-infinity: no
+# ZeRO-3 path in real/); asking the engine for one is a one-line error naming the simulator
+from zfbench.core.strategies import SIMULATED_ONLY
+from zfbench.real.distributed import env_world
+from zfbench.real.host_fused import status as host_kernels_status
+from zfbench.real.memory import InsufficientMemoryError, check_configs_fit
+from zfbench.real.runner import RunSpec
 from zfbench.report import add_speedups, format_table
-from zfbench.run.report import (MEMORY_NOTE, StepWork, describe_config, host_share_note,
-                                measurement_window, memory_columns, memory_room,
-                                peak_flops, project, summary_row, write_outputs)
-from zfbench.core.trace import write_json_atomic
-
-from zfbench.run.defaults import DEFAULT_SEQ, gpu_sized
-from zfbench.run.proxy import measure_proxy, print_projection
+from zfbench.run.defaults import DEFAULT_SEQ
+from zfbench.run.execute import Execution, execute
 from zfbench.run.expect import print_expectation
+# spec_from_args, engine_configs: the flags resolved without a probe (the tests read them)
+from zfbench.run.plan import (PLAN_FILE, RunPlan, check_gpu_count, engine_configs,  # noqa: F401
+                              plan, requested_strategies, resolve_world, spec_and_configs,
+                              spec_from_args)
+from zfbench.run.proxy import print_projection
+from zfbench.run.report import (MEMORY_NOTE, StepWork, host_share_note, measurement_window,
+                                memory_columns, peak_flops, project, summary_row,
+                                write_outputs)
+
+PLAN_ERRORS = (ValueError, ConfigError, UnknownModelError, InsufficientMemoryError,
+               RuntimeError, KeyError)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m zfbench.run", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     d = RunSpec()
-    p.add_argument("--model", default=d.model, help=f"named shape (default {d.model})")
+    # a shape flag not given stays None, resolved by the plan (zfbench.run.plan)
+    p.add_argument("--model", default=None, help=f"named shape (default {d.model})")
     p.add_argument("--layers", type=int, default=None,
                    help=f"depth slice at full width (default {d.layers} for the default "
                         f"model, all layers otherwise)")
     p.add_argument("--strategy", choices=STRATEGIES + SIMULATED_ONLY + ("all",),
                    default="all", help="one strategy or all (the simulator's "
                    f"{', '.join(SIMULATED_ONLY)} is refused: the engine does not implement it)")
-    p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps per "
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps per "
                    f"strategy (default {d.steps})")
     p.add_argument("--batch", type=int, default=None, help="micro-batch per GPU "
                    "(default: the --config file's, else 1)")
     p.add_argument("--grad-accum", type=int, default=None, help="micro-steps per optimizer "
                    "step (default: the --config file's gradient_accumulation_steps, else 1)")
-    p.add_argument("--seq", type=int, default=DEFAULT_SEQ,
+    p.add_argument("--seq", type=int, default=None,
                    help=f"tokens per sequence (default {DEFAULT_SEQ})")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None,
                    help="device weights and gradients (host master and moments are fp32); "
@@ -116,211 +115,116 @@ def build_parser() -> argparse.ArgumentParser:
                         "wait (prints accesses checked and hazards; exit 1 on a hazard)")
     p.add_argument("--quiet", action="store_true")
     add_zenflow_flags(p)  # --zenflow.topk-ratio ... (zfbench.cli_checks)
-    # the launcher's choice of a proxy (zfbench.run.proxy), handed to the ranks it starts
-    p.add_argument("--proxy-record", help=argparse.SUPPRESS)
+    p.add_argument("--plan", type=Path, help="run the plan.json an earlier run wrote "
+                   "(zfbench.run.plan: shape, precision, configs and probes as decided "
+                   "then; the ranks a multi-rank run launches get only this); no other flag")
     return p
-
-
-def resolve_world(args) -> tuple[int, bool]:
-    """(ranks, launched): the world size, and whether this process is one launched rank."""
-    found = env_world()
-    if args.gpus is not None and args.gpus < 1:
-        raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
-    if found is None:
-        return (args.gpus or 1), False
-    if args.gpus is not None and args.gpus != found[1]:
-        raise ValueError(f"--gpus {args.gpus} contradicts the launcher's WORLD_SIZE "
-                         f"{found[1]}; leave --gpus out under torchrun")
-    return found[1], True
-
-
-def check_gpu_count(world: int, use_cuda: bool) -> None:
-    import torch
-
-    if use_cuda and world > torch.cuda.device_count():
-        n = torch.cuda.device_count()
-        raise ValueError(f"--gpus {world} asks for {world} ranks with a GPU each, but "
-                         f"torch sees only {n} CUDA device{'s' if n != 1 else ''}; use "
-                         f"--gpus {n} or fewer, or --device cpu (gloo, emulated)")
-
-
-def spec_from_args(args, world: int = 1, strategies=STRATEGIES) -> RunSpec:
-    """The run's settings: the --config file first, then only the flags given."""
-    return spec_and_configs(args, world, strategies)[0]
-
-
-def spec_and_configs(args, world: int = 1, strategies=STRATEGIES
-                     ) -> tuple[RunSpec, dict[str, EngineConfig]]:
-    """`spec_from_args`, and every strategy's engine config, resolved once (each is valid
-    before anything runs; a ConfigError names the flags given)."""
-    for name in ("steps", "batch", "seq", "grad_accum", "layers", "device_threads",
-                 "host_threads"):
-        if getattr(args, name) is not None:
-            positive_int("--" + name.replace("_", "-"), getattr(args, name))
-    layers = args.layers
-    if layers is None and args.model == RunSpec.model:
-        layers = RunSpec.layers
-    config = args.config
-    if config is not None:
-        check_input_file(config, "--config")
-    if args.text not in (None, "builtin"):
-        check_input_file(args.text, "--text")
-    check_out_dir(args.out)
-    if (args.profile or args.project) and args.out is None:
-        check_out_dir(Path("runs/profile"), "--profile (no --out: runs/profile)")
-    spec = RunSpec(model=args.model, layers=layers, batch=args.batch, seq=args.seq,
-                   steps=args.steps, seed=args.seed, device=args.device,
-                   device_threads=args.device_threads, host_threads=args.host_threads,
-                   text=args.text, config=config, grad_accum=args.grad_accum, world=world,
-                   precision=args.precision,  # None: the file's, else measured
-                   zenflow=zenflow_given(args))
-    try:
-        return spec, engine_configs(spec, strategies, world)
-    except ConfigError as err:
-        given = [f for f, v in (("--batch", args.batch), ("--grad-accum",
-                                args.grad_accum), ("--gpus", args.gpus)) if v]
-        given += [zenflow_flags(k)[0] for k in spec.zenflow]
-        hint = f" ({' and '.join(given)} given on the command line)" if given else ""
-        raise ConfigError(err.key, str(err).split(": ", 1)[1] + hint) from None
-
-
-def engine_configs(spec: RunSpec, strategies, world: int) -> dict[str, EngineConfig]:
-    """Each strategy's effective engine config for `spec` on `world` ranks."""
-    return {s: spec.engine_config(s, world) for s in strategies}
-
-
-def write_profile(spec: RunSpec, out: Path | None) -> Path:
-    from zfbench.real.profile import measure_profile
-
-    path = (out or Path("runs/profile")) / "profile.json"
-    profile = measure_profile(spec)
-    write_json_atomic(path, profile)
-    cal = profile["calibration"]
-    lanes = "".join(f", {name} {lane['host_adam_params_per_s'] / 1e6:.0f} M on "
-                    f"{lane['host_threads']}" for name, lane in
-                    (cal.get("host_lanes") or {}).items())
-    print(f"profile: host Adam {cal['host_adam_params_per_s'] / 1e6:.0f} M params/s on "
-          f"{cal['host_threads']} thread(s){lanes}, d2h {cal['d2h_bytes_per_s'] / 1e9:.1f} "
-          f"GB/s, h2d {cal['h2d_bytes_per_s'] / 1e9:.1f} GB/s -> {path}")
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except CliError as err:
         return fail(err)
-    args.argv = argv
-    if args.strategy in SIMULATED_ONLY:
-        return fail(f"the engine does not implement {args.strategy} (ZeRO-3 with offloaded "
-                    f"parameters); simulate it: python -m zfbench.simulate --strategy "
-                    f"{args.strategy}")
+    if args.plan is not None:
+        return run_plan_file(parser, args)
     try:
-        world, launched = resolve_world(args)
-        strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
-        spec, configs = spec_and_configs(args, world, strategies)
-        validated = copy.copy(spec)  # the spec `configs` were resolved for
-        shape = spec.shape()
         if args.hazard_check:
-            if world > 1:
-                raise ValueError("--hazard-check runs one rank (tests/test_hazards.py "
-                                 "checks two); drop --gpus")
-            from zfbench.run.hazards import check_schedules
-            return check_schedules(args, spec, strategies)
-        from zfbench.real.engine import resolve_device
-
-        use_cuda = resolve_device(spec.device).type == "cuda"
-        check_gpu_count(world, use_cuda)
-        if world > 1 and (args.project or (args.profile and use_cuda)):
-            raise ValueError("--project (and --profile with CUDA) measure one rank; run "
-                             "them without --gpus" if args.project else
-                             "--profile with CUDA measures one rank (a GPU of its own); "
-                             "run it without --gpus")
-        first = configs[strategies[0]]
-        elem = element_bytes(first.precision)
-        bucketed = buckets_on(first.precision, first.overlap_comm)
-        topk = memory_topk(configs)  # the config's, as `fits` reports it
-        given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
-        args.proxy = json.loads(args.proxy_record) if args.proxy_record else None
-        try:
-            check_fits(shape, strategies, spec.batch, spec.seq, elem, use_cuda,
-                       ranks=world, bucketed=bucketed, **topk)
-        except InsufficientMemoryError as err:
-            if "--layers" in given or "[" in args.model or launched:
-                raise  # a slice the user chose, or ranks torchrun started: refuse
-            spec, shape, argv = measure_proxy(args, argv, spec, strategies, elem,
-                                              use_cuda, world, bucketed, err, given, topk)
-        args.scenario = None
-        if use_cuda and not given & set(SHAPE_FLAGS):  # a GPU-sized run, not the slice
-            spec = gpu_sized(spec, strategies, world, args)
-            shape, elem = spec.shape(), element_bytes(spec.precision)
-            argv = argv + ["--model", spec.model, "--seq", str(spec.seq), "--batch",
-                           str(spec.batch), "--precision", spec.precision]
-        if is_default_scenario(argv, use_cuda, world):  # sized on this machine
-            args.scenario = size_default(spec, quiet=args.quiet)
-            spec.seq, spec.precision = args.scenario["seq"], args.scenario["precision"]
-            args.precision_probe = {k: args.scenario[k] for k in ("precision", "ratio")}
-        elif spec.precision is None and spec.config is None:  # the default: measure it
-            args.precision_probe = decide_precision(spec, shape, use_cuda, world, launched,
-                                                    quiet=args.quiet)
-            spec.precision = args.precision_probe["precision"]
-        if spec.precision is not None and "--precision" not in argv:
-            elem = element_bytes(spec.precision)
-            bucketed = buckets_on(spec.precision, first.overlap_comm)
-            check_fits(shape, strategies, spec.batch, spec.seq, elem, use_cuda, ranks=world,
-                       bucketed=bucketed, **topk)
-            argv = argv + ["--precision", spec.precision]  # the same choice on every rank
-        if args.proxy is not None and not launched:  # the rates in the run's precision
-            from zfbench.run.proxy import measure_host_rates
-
-            args.proxy.update(measure_host_rates(shape.total_params, spec.precision or
-                                                 first.precision, args.proxy["threads"]))
-            argv = argv + ["--proxy-record", json.dumps(args.proxy)]
-        if spec != validated:  # a proxy, the GPU-sized run or the precision decided since
-            configs = engine_configs(spec, strategies, world)
-    except (ValueError, ConfigError, UnknownModelError, InsufficientMemoryError,
-            RuntimeError, KeyError) as err:
+            return hazard_check(args, argv)
+        run = plan(args, argv)
+    except PLAN_ERRORS as err:
         return fail(err)
-    if world > 1 and not launched:
-        from zfbench.real.launch import LaunchError, launch
+    found = env_world()  # (rank, world, local rank) of a run torchrun started
+    if run.out is not None and (found is None or found[0] == 0):
+        run.write(run.out / PLAN_FILE)
+    if found is not None:  # one of its ranks: each planned alike
+        return run_rank(run)
+    if run.world > 1:
+        return launch_ranks(run)
+    return report(run, execute(run))
 
-        print(f"launching {world} ranks ({'nccl' if use_cuda else 'gloo'}) with torch's "
-              f"elastic launcher", file=sys.stderr)
+
+def hazard_check(args, argv: list[str]) -> int:
+    """--hazard-check: the schedules under the hazard checker (zfbench.run.hazards)."""
+    from zfbench.run.hazards import check_schedules
+
+    strategies = requested_strategies(args)
+    world, _ = resolve_world(args)
+    spec, _ = spec_and_configs(args, world, strategies)
+    if world > 1:
+        raise ValueError("--hazard-check runs one rank (tests/test_hazards.py checks two); "
+                         "drop --gpus")
+    return check_schedules(spec, strategies, args.quiet, args.out, argv)
+
+
+def run_plan_file(parser: argparse.ArgumentParser, args) -> int:
+    """`--plan PATH`: execute a written plan (what a launched rank gets, and nothing
+    else); with several ranks and no launcher, launch them with it."""
+    others = sorted(k for k, v in vars(args).items()
+                    if k != "plan" and v != parser.get_default(k))
+    try:
+        if others:
+            raise CliError(f"--plan takes no other flag (got {', '.join(others)}): the "
+                           f"plan file fixes the whole run")
+        run = RunPlan.read(args.plan)
+        found = env_world()
+        if found is not None and found[1] != run.world:
+            raise ValueError(f"--plan {args.plan} plans {run.world} rank(s); the launcher "
+                             f"started {found[1]}")
+    except PLAN_ERRORS as err:
+        return fail(err)
+    if found is not None:
+        return run_rank(run)
+    if run.world > 1:
+        return launch_ranks(run, args.plan)
+    if run.out is not None:
+        run.write(run.out / PLAN_FILE)
+    return report(run, execute(run))
+
+
+def rank_argv(plan_path: Path) -> list[str]:
+    """What each launched rank runs: the plan, and nothing else by argv."""
+    return ["-m", "zfbench.run", "--plan", str(plan_path)]
+
+
+def launch_ranks(run: RunPlan, path: Path | None = None) -> int:
+    """Start the plan's ranks with torch's elastic launcher, each given the plan file
+    (OUT/plan.json, else one in a temporary directory)."""
+    from zfbench.real.launch import LaunchError, launch
+
+    print(f"launching {run.world} ranks ({'nccl' if run.use_cuda else 'gloo'}) with "
+          f"torch's elastic launcher", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="zfbench-plan-") as scratch:
+        if path is None:
+            path = run.out / PLAN_FILE if run.out is not None else \
+                run.write(Path(scratch) / PLAN_FILE)
         try:
-            launch(world, ["-m", "zfbench.run", *argv])
+            launch(run.world, rank_argv(path))
         except LaunchError as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
-        return 0
-    if launched:
-        return run_rank(args, spec, shape, strategies, elem, use_cuda, configs)
-    return run_all(args, spec, shape, strategies, elem, configs)
+    return 0
 
 
-def memory_topk(configs: dict[str, EngineConfig]) -> dict:
-    """The top-k ratio the memory check counts ZenFlow's device state with: the run's
-    zenflow config's (as the `fits` column reports it), none without zenflow."""
-    cfg = windowed_of(configs)
-    if cfg is None:
-        return {}
-    return {"topk_ratio": cfg.zenflow.topk_ratio}
-
-
-
-
-def run_rank(args, spec, shape, strategies, elem, use_cuda, configs) -> int:
+def run_rank(run: RunPlan) -> int:
     """One rank of a launched multi-rank run; rank 0 reports and writes the files."""
-    from zfbench.real.distributed import DistributedError, bind_cores, init_from_env, shutdown
+    from zfbench.real.distributed import (DistributedError, bind_cores, init_from_env,
+                                          shutdown)
 
-    ctx = init_from_env(use_cuda)
+    try:  # this rank's own GPU (LOCAL_RANK) and share of the machine
+        check_gpu_count(run.world, run.use_cuda)
+        check_configs_fit(run.spec.shape(), run.configs, run.spec.seq, run.use_cuda)
+    except PLAN_ERRORS as err:
+        return fail(err)
+    ctx = init_from_env(run.use_cuda)
     try:
-        if args.bind_cores:
+        if run.bind_cores:
             bind_cores(ctx.rank, ctx.world)
-        if ctx.rank != 0:
-            args.quiet, args.out = True, None
         try:
-            return run_all(args, spec, shape, strategies, elem, configs, ctx)
+            done = execute(run, ctx)
+            return report(run, done) if done.lead else 0
         except DistributedError as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
@@ -328,146 +232,87 @@ def run_rank(args, spec, shape, strategies, elem, use_cuda, configs) -> int:
         shutdown()
 
 
-def run_all(args, spec, shape, strategies, elem, configs, ctx=None) -> int:
-    """Train every strategy with its config (`configs`, resolved for this run's ranks by
-    `main`), print the table and write the files (rank 0)."""
-    lead = ctx is None or ctx.rank == 0
-    ranks = 1 if ctx is None else ctx.world
-    windows = {s: measurement_window(c) for s, c in configs.items()}
+def measured_rows(run: RunPlan, ex: Execution, peak: float | None) -> list[dict]:
+    """One summary row per strategy trained (zfbench.run.report.summary_row)."""
+    spec, shape = run.spec, run.spec.shape()
+    windows = {s: measurement_window(c) for s, c in run.configs.items()}
     skip = max(w[0] for w in windows.values())  # the same steps left out of every row
-    proxy = getattr(args, "proxy", None)
-    if lead and proxy is not None:
-        from zfbench.run.proxy import describe_proxy
-
-        for line in describe_proxy(proxy, spec.batch, spec.seq):
-            print(line, file=sys.stderr)
-    if lead:
-        print(f"{shape.name}: {shape.total_params / 1e6:.1f}M parameters, {ranks} rank(s) x "
-              f"batch {spec.batch} x seq {spec.seq}, {spec.steps} optimizer steps per "
-              f"strategy (measured)", file=sys.stderr)
-        notes = []
-        scenario = getattr(args, "scenario", None)
-        if scenario is not None:
-            print("  " + describe_scenario(scenario), file=sys.stderr)
-        for cfg in configs.values():
-            print("  " + describe_config(cfg, use_cuda=engine_on_cuda(spec)),
-                  file=sys.stderr)
-            notes += [n for n in cfg.notes if n not in notes]
-        for note in notes:
-            print(f"  warning: {note}", file=sys.stderr)
-        for s, (_, needed) in windows.items():
-            if spec.steps < max(needed, skip + 2):
-                print(f"  warning: {s}: {spec.steps} steps are too short to measure it "
-                      f"({skip} steps are left out as warm-up, then one full window): use "
-                      f"--steps {max(needed, skip + 2)} or more; its row is marked "
-                      f"too_short", file=sys.stderr)
-    results, rows = {}, []
     tokens = spec.batch * spec.grad_accum * spec.seq
     flops = (shape.forward_flops_per_token(spec.seq) +
              shape.backward_flops_per_token(spec.seq)) * tokens
-    use_cuda = engine_on_cuda(spec)
-    precision = configs[strategies[0]].precision
-    peak, mfu_note = peak_flops(use_cuda, precision) if lead else (None, "")
-    work = StepWork(shape.total_params * elem, shape.total_params, flops, tokens, peak)
-    room = memory_room(use_cuda) if lead else None  # before any strategy allocates
-    # this machine's profile around the strategies (zfbench.run.expect): the no-flag run,
-    # --profile, and a proxy's ranks sharing this CPU
-    expect = (getattr(args, "scenario", None) is not None or args.profile or
-              proxy is not None) and (ranks == 1 or not use_cuda)
-    calibration = None
-    if expect:
-        from zfbench.run.expect import Calibration
-
-        from zfbench.real.distributed import available_cores
-
-        calibration = Calibration(spec, ctx, None if getattr(args, "bind_cores", False)
-                                  else available_cores())
-        calibration.begin()
-    for strategy in strategies:
-        with calibration.around(strategy) if calibration else nullcontext():
-            result = train(spec, strategy, progress=not args.quiet, dist=ctx,
-                           config=configs[strategy])
-        results[strategy] = result
-        if not lead:
-            continue
-        zf = configs[strategy].zenflow
-        memory = memory_columns(shape, strategy, spec.batch, spec.seq, elem,
-                                zf.topk_ratio if zf is not None else None, ranks, room,
-                                buckets_on(configs[strategy].precision,
-                                           configs[strategy].overlap_comm))
+    precision = run.configs[run.strategies[0]].precision
+    work = StepWork(shape.total_params * element_bytes(precision), shape.total_params,
+                    flops, tokens, peak)
+    rows = []
+    for strategy, result in ex.results.items():
+        memory = memory_columns(shape, run.configs[strategy], spec.seq, ex.ranks, ex.room)
         row = summary_row(result, work, skip, max(windows[strategy][1], skip + 2), memory)
         row.update(device_threads=result.engine.device_threads,
                    host_threads=result.engine.host_threads)
         rows.append(row)
-    if not lead:
-        if calibration is not None:  # the collectives are timed on every rank
-            calibration.finish(args.out or Path("runs/profile"))
-        return 0
+    return rows
+
+
+def report(run: RunPlan, ex: Execution) -> int:
+    """Rank 0: the table, the simulator beside it where the plan asks, the files."""
+    peak, mfu_note = peak_flops(run.use_cuda, run.configs[run.strategies[0]].precision)
+    rows = measured_rows(run, ex, peak)
     add_speedups(rows)
     print(format_table(rows, loss=True))
-    if use_cuda:
+    if run.use_cuda:
         from zfbench.real.distributed import available_cores
-        note = host_share_note(rows, True, max(1, available_cores() // ranks))
+        note = host_share_note(rows, True, max(1, available_cores() // ex.ranks))
         if note is not None:
             print(note, file=sys.stderr)
-    if args.profile or args.project or expect:
-        if calibration is not None:
-            profile_path = calibration.finish(args.out or Path("runs/profile"))
-            print(f"profile: the mean of one measured before and one after the strategies, "
-                  f"host and link rates also around each -> {profile_path}")
-        else:
-            profile_path = write_profile(spec, args.out)
-        if expect:
-            rows_here = print_expectation(spec, configs, strategies, rows, profile_path,
-                                          calibration.paths, ranks)
-            if args.out:
-                args.expectation = rows_here
-        if args.project:
-            projected = project(spec, shape, strategies, profile_path,
-                                configs.get("zenflow"))
-            print(f"\nPROJECTED (simulated with the profile measured above, not measured): "
-                  f"{projected[0]['model']} at full depth")
-            print(format_table(projected))
-            rows.extend({**r, "projected": True} for r in projected)
+    if ex.profile_note is not None:
+        print(ex.profile_note)
+    expectation = None
+    if ex.expect:
+        expectation = print_expectation(run.spec, run.configs, list(run.strategies), rows,
+                                        ex.profile_path, ex.profiles, ex.ranks)
+    if run.project:
+        projected = project(run.spec, run.spec.shape(), list(run.strategies),
+                            ex.profile_path, run.configs.get("zenflow"))
+        print(f"\nPROJECTED (simulated with the profile measured above, not measured): "
+              f"{projected[0]['model']} at full depth")
+        print(format_table(projected))
+        rows.extend({**r, "projected": True} for r in projected)
+    proxy = None if run.proxy is None else dict(run.proxy)  # the projection adds to it
     if proxy is not None:
-        rows.extend(print_projection(proxy, configs, strategies, ranks, rows))
-    if args.out:
-        meta = {"settings": run_settings(spec, shape, ranks, args),
-                **({"proxy": proxy} if proxy is not None else {}),
-                **({"simulated_here": args.expectation}
-                   if getattr(args, "expectation", None) else {}),
-                "configs": {s: c.as_dict() for s, c in configs.items()},
-                "column_notes": {"mfu": mfu_note, "fits": MEMORY_NOTE},
-                # which path the host chunk's kernels took ('cpp' or 'torch', real/host_fused.py)
-                "host_kernels": host_kernels_status(load=False),
-                **provenance(args.argv, "python -m zfbench.run")}
-        write_outputs(args.out, rows, results, meta)
-        print(f"wrote {args.out}/summary.csv, summary.json, steps.csv, per-step JSONL, "
+        rows.extend(print_projection(proxy, run.configs, list(run.strategies), ex.ranks,
+                                     rows))
+    if run.out:
+        write_outputs(run.out, rows, ex.results, summary_meta(run, ex, proxy, expectation,
+                                                               mfu_note))
+        print(f"wrote {run.out}/summary.csv, summary.json, steps.csv, per-step JSONL, "
               f"spans and trace.json (open in https://ui.perfetto.dev)")
     return 0
 
 
+def summary_meta(run: RunPlan, ex: Execution, proxy: dict | None,
+                 expectation: list[dict] | None, mfu_note: str) -> dict:
+    """What summary.json keeps beside the rows."""
+    return {"settings": run_settings(run, ex.ranks),
+            **({"proxy": proxy} if proxy is not None else {}),
+            **({"simulated_here": expectation} if expectation else {}),
+            "configs": {s: c.as_dict() for s, c in run.configs.items()},
+            "column_notes": {"mfu": mfu_note, "fits": MEMORY_NOTE},
+            # which path the host chunk's kernels took ('cpp' or 'torch', real/host_fused.py)
+            "host_kernels": host_kernels_status(load=False),
+            **provenance(list(run.command_line), "python -m zfbench.run")}
 
 
-
-
-def engine_on_cuda(spec: RunSpec) -> bool:
-    from zfbench.real.engine import resolve_device
-
-    return resolve_device(spec.device).type == "cuda"
-
-
-def run_settings(spec: RunSpec, shape, ranks: int, args) -> dict:
+def run_settings(run: RunPlan, ranks: int) -> dict:
     """The run's own settings as summary.json records them (the configs sit beside)."""
+    spec, shape = run.spec, run.spec.shape()
     return {"model": spec.model, "layers": spec.layers, "shape": shape.name,
             "params": shape.total_params, "ranks": ranks, "micro_batch": spec.batch,
             "grad_accum": spec.grad_accum, "seq": spec.seq, "steps": spec.steps,
             "seed": spec.seed, "device": spec.device, "device_threads":
             spec.device_threads, "host_threads": spec.host_threads, "text": spec.text,
             "config_file": spec.config if isinstance(spec.config, str) else None,
-            "precision": spec.precision,
-            "precision_probe": getattr(args, "precision_probe", None),
-            "scenario_probe": getattr(args, "scenario", None)}
+            "precision": spec.precision, "precision_probe": run.precision_probe,
+            "scenario_probe": run.scenario_probe}
 
 
 if __name__ == "__main__":

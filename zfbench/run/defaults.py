@@ -30,36 +30,32 @@ def gpu_default(fits) -> dict:
             "precision": DEFAULT_PRECISION}
 
 
-def gpu_sized(spec, strategies, world: int, args):
+def gpu_sized(spec, strategies, world: int, quiet: bool = False):
     """`zfbench.run` on CUDA with no shape flag: the RunSpec of the run `gpu_default`
-    picks (full depth, checked against the GPU's memory), replacing the CPU lane's
-    slice; says so on stderr unless --quiet."""
+    picks (full depth, each strategy's engine config checked against the GPU's memory),
+    replacing the CPU lane's slice; says so on stderr unless `quiet`."""
     import sys
+    from dataclasses import replace
 
-    from zfbench.core.memory_model import element_bytes
-    from zfbench.core.models import get_model
-    from zfbench.core.strategies import buckets_on
-    from zfbench.real.memory import InsufficientMemoryError, check_fits
-    from zfbench.real.runner import RunSpec
+    from zfbench.real.memory import InsufficientMemoryError, check_configs_fit
 
-    elem = element_bytes(DEFAULT_PRECISION)
-    # (with no config, overlap_comm is on on CUDA: real/runner.py)
-    bucketed = buckets_on(DEFAULT_PRECISION, spec.engine_config(strategies[0]).overlap_comm)
+    def sized(model: str, batch: int, seq: int):
+        # (with no config, overlap_comm is on on CUDA: real/runner.py)
+        return replace(spec, model=model, layers=None, batch=batch, seq=seq,
+                       precision=DEFAULT_PRECISION, grad_accum=None, config=None,
+                       world=world)
 
     def fits(model: str, batch: int, seq: int) -> bool:
+        run = sized(model, batch, seq)
         try:
-            check_fits(get_model(model), strategies, batch, seq, elem, True, ranks=world,
-                       bucketed=bucketed)
+            check_configs_fit(run.shape(), {s: run.engine_config(s, world)
+                                            for s in strategies}, seq, True)
         except InsufficientMemoryError:
             return False
         return True
     pick = gpu_default(fits)
-    if not args.quiet:
+    if not quiet:
         print(f"GPU-sized default: {pick['model']} full depth, batch {pick['batch']} x "
               f"seq {pick['seq']}, {pick['precision']} (give --model/--layers/--seq/"
               f"--batch to choose)", file=sys.stderr)
-    args.layers = None
-    return RunSpec(model=pick["model"], layers=None, batch=pick["batch"], seq=pick["seq"],
-                   steps=spec.steps, seed=spec.seed, device=spec.device,
-                   device_threads=spec.device_threads, host_threads=spec.host_threads,
-                   text=spec.text, precision=pick["precision"], world=world)
+    return sized(pick["model"], pick["batch"], pick["seq"])

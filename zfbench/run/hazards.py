@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 from zfbench.core.provenance import provenance
 from zfbench.core.strategies import OFFLOAD_STRATEGIES
@@ -26,12 +27,15 @@ from zfbench.real.runner import RunSpec, train
 BUCKETS = 8
 
 
-def check_schedules(args, spec: RunSpec, strategies: list[str]) -> int:
+def check_schedules(spec: RunSpec, strategies: list[str], quiet: bool = False,
+                    out: Path | None = None, argv: list[str] | None = None) -> int:
+    """Run each strategy's schedules under the checker, print and (with `out`) write
+    hazards.json, whose provenance records `argv`; 1 on any hazard."""
     if spec.device == "cuda":
         print("error: --hazard-check runs the CPU lanes (the checker proves the schedule "
               "itself); use --device cpu", file=sys.stderr)
         return 2
-    spec.device = "cpu"
+    spec = replace(spec, device="cpu")
     rows = []
     for strategy in strategies:
         variants = [{}]
@@ -42,7 +46,7 @@ def check_schedules(args, spec: RunSpec, strategies: list[str]) -> int:
             variants.append({"overlap_comm": True, "reduce_bucket_size": size})
         for extra in variants:
             run = replace(spec, overrides={**spec.overrides, **extra})
-            result = train(run, strategy, progress=not args.quiet, hazard_check=True)
+            result = train(run, strategy, progress=not quiet, hazard_check=True)
             engine = result.engine
             report = engine.backend.hazards.report()
             buckets = 0 if engine.buckets is None else len(engine.buckets.buckets)
@@ -58,8 +62,8 @@ def check_schedules(args, spec: RunSpec, strategies: list[str]) -> int:
             print(f"  {line}")
     found = sum(row["hazards"] for row in rows)
     print(f"{found} hazard(s) in {len(rows)} schedule(s)")
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(args.out / "hazards.json",
-                          {"rows": rows, "provenance": provenance(args.argv, "zfbench.run")})
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out / "hazards.json",
+                          {"rows": rows, "provenance": provenance(argv, "zfbench.run")})
     return 1 if found else 0

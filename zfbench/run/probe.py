@@ -21,14 +21,19 @@ import sys
 
 from zfbench.run.defaults import DEFAULT_PRECISION, DEFAULT_SEQ
 
-SHAPE_FLAGS = ("--model", "--layers", "--seq", "--batch", "--config", "--grad-accum")
+# the flags that fix the shape (argparse dests; None when not given)
+SHAPE_FLAGS = ("model", "layers", "seq", "batch", "config", "grad_accum")
 
 
-def is_default_scenario(argv: list[str], use_cuda: bool, world: int) -> bool:
+def shape_given(args) -> bool:
+    """Whether any flag that fixes the shape was given (as argparse parsed it)."""
+    return any(getattr(args, name) is not None for name in SHAPE_FLAGS)
+
+
+def is_default_scenario(args, use_cuda: bool, world: int) -> bool:
     """No flag that fixes the shape, one rank, the emulated accelerator (--precision may
     be given: the shape is then sized in that precision)."""
-    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
-    return not use_cuda and world == 1 and not given & set(SHAPE_FLAGS)
+    return not use_cuda and world == 1 and not shape_given(args)
 
 
 # The regime this sizing aims at, as measured on an Intel Xeon with AMX (2 cores, 1 + 1

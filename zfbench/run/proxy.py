@@ -198,10 +198,12 @@ def what_bounds(here: dict, there: dict) -> str:
             f"{side}")
 
 
-def measure_proxy(args, argv, spec, strategies, elem, use_cuda, world, bucketed, err,
-                  given, topk: dict):
-    """The named model does not fit: (the RunSpec, shape and argv of the proxy that
-    `zfbench.run.proxy.choose_proxy` picks instead)."""
+def proxy_spec(spec, configs: dict, use_cuda: bool, err, steps_given: bool):
+    """The named model does not fit (`err`, the refusal): (the RunSpec of the proxy that
+    `choose_proxy` picks instead, checked with the run's engine `configs`, and its
+    `proxy_record` without the host rates of the run's precision)."""
+    from dataclasses import replace
+
     from zfbench.real.distributed import rank_threads
     from zfbench.real.engine import default_thread_split
     from zfbench.real.memory import MemoryCheck
@@ -209,26 +211,25 @@ def measure_proxy(args, argv, spec, strategies, elem, use_cuda, world, bucketed,
 
     from zfbench.run.report import measurement_window
 
-    named = spec.shape()
+    named, world = spec.shape(), spec.world
     threads = spec.host_threads or (rank_threads(world)[1] if world > 1
                                     else default_thread_split()[1])
     rate = host_adam_params_per_s(named.total_params, threads)
     budget = PROXY_HOST_ADAM_S * rate
-    check = MemoryCheck(strategies, spec.batch, spec.seq, elem, use_cuda, ranks=world,
-                        bucketed=bucketed, **topk)
+    check = MemoryCheck.of_configs(configs, spec.seq, use_cuda)
     proxy, bound = choose_proxy(named, check.suggestable, budget)
-    if "--steps" not in given:
-        windows = [measurement_window(spec.engine_config(s, world)) for s in strategies]
+    steps = spec.steps
+    if not steps_given:
+        windows = [measurement_window(c) for c in configs.values()]
         skip = max(w[0] for w in windows)
-        spec.steps = skip + 2 * max(w[1] - w[0] for w in windows)
-    spec.model, spec.layers = proxy.name, None
+        steps = skip + 2 * max(w[1] - w[0] for w in windows)
     why = str(err).split(": ", 1)[1].split(". ")[0]  # needed vs available
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
         (os.cpu_count() or 1)
-    args.proxy = proxy_record(named, proxy, bound, {"budget_adam_params_per_s": rate,
-                              "threads": threads}, budget, why, world, cores, spec.steps,
-                              spec.batch * spec.grad_accum, spec.seq)
-    return spec, proxy, argv + ["--model", proxy.name, "--steps", str(spec.steps)]
+    record = proxy_record(named, proxy, bound, {"budget_adam_params_per_s": rate,
+                          "threads": threads}, budget, why, world, cores, steps,
+                          spec.batch * spec.grad_accum, spec.seq)
+    return replace(spec, model=proxy.name, layers=None, steps=steps), record
 
 
 def print_projection(proxy: dict, configs: dict, strategies: list[str], ranks: int,

@@ -164,30 +164,21 @@ MEMORY_NOTE = ("device_bytes_per_rank and host_bytes (the machine's, every rank'
                "with it")
 
 
-def memory_columns(shape, strategy: str, batch: int, seq: int, elem_bytes: int,
-                   topk_ratio: float | None, ranks: int, room: dict,
-                   bucketed: bool = False) -> dict:
-    """Memory per rank and `fits`, as `zfbench.real.memory.check_fits` decides it
-    (`topk_ratio`: zenflow's; None: the estimate's default; `bucketed`: gradients go
-    down in buckets, zfbench.core.strategies.buckets_on)."""
-    from zfbench.real.memory import (InsufficientMemoryError, check_fits, machine_need,
-                                     process_baseline_bytes)
+def memory_columns(shape, config: EngineConfig, seq: int, ranks: int, room: dict) -> dict:
+    """Memory per rank and `fits` of one strategy as its engine config runs it (batch,
+    precision, gradient buckets, ZenFlow's top-k: `zfbench.real.memory.MemoryCheck.
+    of_configs`), as the check before the run decides it, against `room`."""
+    from zfbench.real.memory import MemoryCheck, process_baseline_bytes
 
-    baseline = process_baseline_bytes() if ranks > 1 else 0.0
-    topk = {} if topk_ratio is None else {"topk_ratio": topk_ratio}
-    need = machine_need(shape, strategy, batch, seq, elem_bytes, ranks=ranks,
-                        baseline=baseline, bucketed=bucketed, **topk)
-    try:
-        check_fits(shape, [strategy], batch, seq, elem_bytes, room["device"] is not None,
-                   host_bytes=room["host"], device_bytes=room["device"], ranks=ranks,
-                   baseline=baseline, bucketed=bucketed, **topk)
-        fits = True
-    except InsufficientMemoryError:
-        fits = False
+    check = MemoryCheck.of_configs(
+        {config.strategy: config}, seq, room["device"] is not None,
+        host_bytes=room["host"], device_bytes=room["device"],
+        baseline=process_baseline_bytes() if ranks > 1 else 0.0)
+    need = check.need(shape, config.strategy)
     return {"device_bytes_per_rank": need.device_bytes,
             "device_capacity_bytes": float("nan") if room["device"] is None
             else room["device"], "host_bytes": need.host_bytes,
-            "host_capacity_bytes": room["host"], "fits": fits}
+            "host_capacity_bytes": room["host"], "fits": check.fits(shape)}
 
 
 def summary_row(result, work: StepWork, skip: int, needed: int,
