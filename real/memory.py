@@ -60,10 +60,7 @@ def estimate(shape: ModelShape, strategy: str, batch: int, seq: int, elem_bytes:
     the device AdamW's fp32 m and v in host memory, `bucket_elems` a bucket), with
     HEADROOM."""
     p = shape.total_params
-    selected = 0.0
-    if selects_on_device(strategy):
-        selected = selected_elements(shape.matrices(),
-                                     sum(v.numel for v in shape.vectors()), topk_ratio)
+    selected = _selected(shape, strategy, topk_ratio)
     offloaded = moments_offloaded and selected > 0
     device = memory_model.engine_device_bytes(strategy, p, elem_bytes, selected,
                                               activation_bytes(shape, batch, seq, elem_bytes),
@@ -71,8 +68,21 @@ def estimate(shape: ModelShape, strategy: str, batch: int, seq: int, elem_bytes:
     # fp32 master, m, v and the strategy's gradient buffers (zfbench.core.memory_model)
     host = float(host_bytes_per_param(strategy, elem_bytes, bucketed) * p)
     if offloaded:
-        host += 2 * memory_model.FP32_BYTES * selected
+        host += offloaded_moment_bytes(shape, strategy, topk_ratio)
     return MemoryEstimate(device * HEADROOM, host * HEADROOM)
+
+
+def _selected(shape: ModelShape, strategy: str, topk_ratio: float) -> float:
+    """Elements the device AdamW updates (ZenFlow's selection and the vectors; else 0)."""
+    if not selects_on_device(strategy):
+        return 0.0
+    return selected_elements(shape.matrices(), sum(v.numel for v in shape.vectors()),
+                             topk_ratio)
+
+
+def offloaded_moment_bytes(shape: ModelShape, strategy: str, topk_ratio: float) -> float:
+    """zenflow.offload: one rank's fp32 m and v of the selected elements in host memory."""
+    return 2 * memory_model.FP32_BYTES * _selected(shape, strategy, topk_ratio)
 
 
 def _proc_bytes(path: str, field: str) -> float | None:
@@ -122,17 +132,23 @@ def process_baseline_bytes() -> float:
 
 def machine_need(shape: ModelShape, strategy: str, batch: int, seq: int, elem_bytes: int,
                  topk_ratio: float = TOPK_RATIO, ranks: int = 1,
-                 baseline: float = 0.0, bucketed: bool = False) -> MemoryEstimate:
+                 baseline: float = 0.0, bucketed: bool = False,
+                 moments_offloaded: bool = False,
+                 bucket_elems: int = 500_000_000) -> MemoryEstimate:
     """Memory of the whole run on one machine with `ranks` processes: every rank holds
     its own device replica (parameters, gradients, activations, optimizer state on the
     device, plus the all-gather's staging buffer when ranks > 1) and 1/ranks of the host
     state; each rank and the launcher add one process `baseline`. Device bytes are per
-    rank (each rank has its own GPU), host bytes are the machine's total."""
-    one = estimate(shape, strategy, batch, seq, elem_bytes, topk_ratio, bucketed)
+    rank (each rank has its own GPU), host bytes are the machine's total (zenflow.offload's
+    moments, `moments_offloaded`, are every rank's own)."""
+    one = estimate(shape, strategy, batch, seq, elem_bytes, topk_ratio, bucketed,
+                   moments_offloaded, bucket_elems)
     if ranks == 1:
         return one
     device = one.device_bytes + shape.total_params * elem_bytes * HEADROOM
     host = one.host_bytes + (ranks + 1) * baseline  # shards add up to one host state
+    if moments_offloaded:  # the selected moments are not sharded: one copy per rank
+        host += (ranks - 1) * offloaded_moment_bytes(shape, strategy, topk_ratio) * HEADROOM
     return MemoryEstimate(device, host)
 
 
@@ -176,31 +192,33 @@ class MemoryCheck:
         if baseline is None:
             baseline = process_baseline_bytes() if ranks > 1 else 0.0
         self.baseline = baseline
-        # per strategy (elem_bytes, bucketed, topk_ratio) where its config gave them
-        self.knobs: dict[str, tuple[int, bool, float]] = {}
+        # per strategy (elem_bytes, bucketed, topk_ratio, moments offloaded, bucket
+        # elements) where its config gave them
+        self.knobs: dict[str, tuple[int, bool, float, bool, int]] = {}
 
     @classmethod
     def of_configs(cls, configs, seq: int, use_cuda: bool, **machine) -> "MemoryCheck":
         """The check of a run's strategies, each as its engine config
         (zfbench.core.config.EngineConfig) runs it: its micro-batch and ranks, its
         precision's bytes per element, its gradient buckets (precision and overlap_comm)
-        and ZenFlow's top-k ratio (its zenflow section); `machine`: host_bytes,
-        device_bytes, baseline."""
+        and ZenFlow's top-k ratio and `offload` (its zenflow section, with the bucket
+        size); `machine`: host_bytes, device_bytes, baseline."""
         first = next(iter(configs.values()))
         check = cls(list(configs), first.micro_batch, seq, element_bytes(first.precision),
                     use_cuda, ranks=first.world_size,
                     bucketed=buckets_on(first.precision, first.overlap_comm), **machine)
         check.knobs = {s: (element_bytes(c.precision), buckets_on(c.precision,
                                                                   c.overlap_comm),
-                           TOPK_RATIO if c.zenflow is None else c.zenflow.topk_ratio)
+                           TOPK_RATIO if c.zenflow is None else c.zenflow.topk_ratio,
+                           c.zenflow is not None and c.zenflow.offload, c.bucket_elems)
                        for s, c in configs.items()}
         return check
 
     def need(self, s: ModelShape, strategy: str) -> MemoryEstimate:
-        elem, bucketed, topk = self.knobs.get(
-            strategy, (self.elem_bytes, self.bucketed, self.topk_ratio))
+        elem, bucketed, topk, offloaded, bucket = self.knobs.get(
+            strategy, (self.elem_bytes, self.bucketed, self.topk_ratio, False, 500_000_000))
         return machine_need(s, strategy, self.batch, self.seq, elem, topk, self.ranks,
-                            self.baseline, bucketed)
+                            self.baseline, bucketed, offloaded, bucket)
 
     def machine_total(self, m: MemoryEstimate) -> float:
         """Emulated accelerator: every rank's device replica lives in the host's RAM."""

@@ -185,3 +185,21 @@ def test_the_simulated_memory_moves_the_moments_to_the_host():
         cost.settings.gpus * moments)  # one node: every rank keeps its own
     assert offloaded["device_bytes_per_rank"] < plain["device_bytes_per_rank"]
     assert plain["device_bytes_per_rank"] - offloaded["device_bytes_per_rank"] < moments
+
+
+def test_the_runs_memory_check_reads_offload_from_the_config():
+    from zfbench.core.config import load_config
+    from zfbench.core.models import get_model
+    from zfbench.real.memory import HEADROOM, MemoryCheck, offloaded_moment_bytes
+
+    shape = get_model("tinyllama-1.1b").with_layers(1)
+    needs = {}
+    for off in (False, True):
+        cfg = load_config(offload_config(off, bucket=500_000_000), world_size=2)
+        check = MemoryCheck.of_configs({"zenflow": cfg}, 16, False, host_bytes=1e12,
+                                       baseline=0.0)
+        needs[off] = check.need(shape, "zenflow")
+    moments = offloaded_moment_bytes(shape, "zenflow", ZF["topk_ratio"])
+    assert needs[True].host_bytes - needs[False].host_bytes == pytest.approx(
+        2 * moments * HEADROOM)  # each of the two ranks keeps its own
+    assert needs[True].device_bytes == pytest.approx(needs[False].device_bytes)  # one bucket
