@@ -1,0 +1,106 @@
+"""The ranked table: each simulated setup that fits, scored by the objective, with its
+error bar, its steps to quality and its quality penalty.
+
+This module owns the objectives and the table's columns (units in their names):
+- `throughput`: simulated tokens per second (the step time ranks the same: every setup
+  trains the same global batch);
+- `time-to-quality`: `time_to_quality_s_per_device_step` = the simulated step time x
+  `steps_factor` (zfbench.advise.quality): the wall time per step device AdamW would need,
+  so time to quality = this x device's steps. Interpolated as `quality_basis` says.
+
+Every row carries `error_pct`, the mean absolute error of the simulator in its regime
+(zfbench.advise.error_bars), as `objective_lo` / `objective_hi` = objective x (1 -/+
+error). A row whose interval meets the next row's is marked `within_error_of_next`: the
+simulator's measured error cannot tell the two apart.
+"""
+
+from __future__ import annotations
+
+import math
+
+from zfbench.advise.error_bars import ErrorBar, unknown
+from zfbench.advise.space import KNOB_ORDER, Setup
+
+OBJECTIVES = ("throughput", "time-to-quality")
+GIB = 2 ** 30
+OBJECTIVE_COLUMN = {"throughput": "tokens_per_s",
+                    "time-to-quality": "time_to_quality_s_per_device_step"}
+COLUMNS = ("rank", "strategy", "setup", "micro_batch", "grad_accum", *KNOB_ORDER,
+           "step_s", "tokens_per_s", "objective", "objective_lo", "objective_hi",
+           "error_pct", "within_error_of_next", "steps_factor", "quality_penalty_nats",
+           "time_to_quality_s_per_device_step", "stall_fraction", "device_GiB",
+           "device_capacity_GiB", "host_GiB", "host_capacity_GiB", "steps_simulated",
+           "default_zenflow", "quality_basis", "error_source")
+
+
+def scorer(objective: str, quality):
+    """score(setup, result), lower is better; `quality` a QualityModel (or None for
+    throughput)."""
+    if objective == "throughput":
+        return lambda setup, result: result["step_time_s"]
+    if quality is None:
+        raise ValueError("--objective time-to-quality needs the convergence results")
+
+    def score(setup: Setup, result: dict) -> float:
+        return result["step_time_s"] * quality.of(setup.strategy, setup.knobs())[0]
+    return score
+
+
+def row_of(setup: Setup, result: dict, objective: str, quality, error: ErrorBar,
+           default: Setup | None) -> dict:
+    """One table row (`COLUMNS`, less rank and within_error_of_next)."""
+    factor, penalty, basis = (quality.of(setup.strategy, setup.knobs()) if quality
+                              else (math.nan, math.nan, "no convergence data"))
+    step = result["step_time_s"]
+    tq = step * factor
+    value = result["tokens_per_s"] if objective == "throughput" else tq
+    err = error.fraction
+    row = {"strategy": setup.strategy, "setup": setup.label(),
+           "micro_batch": setup.micro_batch, "grad_accum": setup.grad_accum,
+           **{k: getattr(setup, k) for k in KNOB_ORDER},
+           "step_s": step, "tokens_per_s": result["tokens_per_s"], "objective": value,
+           "objective_lo": value * (1 - err), "objective_hi": value * (1 + err),
+           "error_pct": 100 * err, "steps_factor": factor,
+           "quality_penalty_nats": penalty, "time_to_quality_s_per_device_step": tq,
+           "stall_fraction": result["stall_fraction"],
+           "device_GiB": result["device_bytes_per_rank"] / GIB,
+           "device_capacity_GiB": result["device_capacity_bytes"] / GIB,
+           "host_GiB": result["host_bytes"] / GIB,
+           "host_capacity_GiB": result["host_capacity_bytes"] / GIB,
+           "steps_simulated": result["steps_simulated"],
+           "default_zenflow": setup == default, "quality_basis": basis,
+           "error_source": error.source}
+    return row
+
+
+def rank(results: dict, objective: str, quality, errors: dict[str, ErrorBar],
+         default: Setup | None) -> list[dict]:
+    """Every simulated setup, best first (ties: the setup's label), numbered from 1."""
+    rows = [row_of(s, r, objective, quality, errors.get(s.strategy) or unknown(s.strategy),
+                   default)
+            for s, r in results.items() if r["simulated"]]
+    better_high = objective == "throughput"
+    rows.sort(key=lambda r: (-r["objective"] if better_high else r["objective"],
+                             changed(r, default), r["setup"]))
+    for i, row in enumerate(rows):
+        row["rank"] = i + 1
+        row["within_error_of_next"] = i + 1 < len(rows) and overlaps(row, rows[i + 1],
+                                                                    better_high)
+    return [{c: row[c] for c in COLUMNS} for row in rows]
+
+
+def changed(row: dict, default: Setup | None) -> int:
+    """How many knobs of a row differ from the default ZenFlow setup's (ties go to the
+    setup with fewer changes)."""
+    if default is None:
+        return 0
+    return sum(row[k] is not None and row[k] != getattr(default, k) for k in KNOB_ORDER)
+
+
+def overlaps(row: dict, following: dict, better_high: bool) -> bool:
+    """Whether `row`'s error interval meets `following`'s (an unknown error: it does)."""
+    if math.isnan(row["error_pct"]) or math.isnan(following["error_pct"]):
+        return True
+    if better_high:
+        return row["objective_lo"] <= following["objective_hi"]
+    return row["objective_hi"] >= following["objective_lo"]
