@@ -4,6 +4,7 @@ table's invariants, the DeepSpeed config it writes (zfbench's parser, zfbench.ru
 interpolation and the one-line errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,8 @@ from zfbench.core.strategies import has_windows
 from zfbench.sims.costs import SimSettings
 from zfbench.sims.settings import on_node
 
+PROFILE = str(Path(__file__).resolve().parents[1] / "bench/results/noflag_run_expect/"
+              "profile.json")
 # The issue's check: llama2-13b on h100-8x-gen5, 4 sequences per GPU, in a space reduced
 # to keep the brute force to a few tens of seconds (every knob kind still in it).
 REDUCED = Space(
@@ -27,7 +30,7 @@ REDUCED = Space(
             "overlap_comm": (True, False), "topk_ratio": (0.05, 0.1, 0.2),
             "update_interval": (1, 4, 16), "select_interval": (0,),
             "pt_reserved_cores_perc": (0.5,), "offload_params": ("cpu",),
-            "offload_optimizer": ("cpu",), "prefetch_buckets": (1,)},
+            "offload_optimizer": ("cpu",)},
     coarse={"activation_checkpointing": (True, False), "topk_ratio": (0.05, 0.2),
             "update_interval": (1, 16)})
 PER_GPU = 4
@@ -122,15 +125,32 @@ def test_zfbench_parses_the_config_as_the_setup(setup):
     assert not load_config(ds_config(setup, "bf16")).notes  # no key ignored
 
 
-def test_deepspeed_accepts_the_config():
-    deepspeed = pytest.importorskip("deepspeed")
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+def test_deepspeed_accepts_the_config(monkeypatch):
+    """DeepSpeed 0.19.5's own config class (the `deepspeed` extra) reads each config as
+    the setup: the batch, the stage, the offload targets, the ZenFlow section."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.config import DeepSpeedConfig
 
-    for setup in SETUPS:
-        cfg = ds_config(setup, "bf16")
-        cfg.pop("zfbench", None)
-        DeepSpeedZeroConfig(**cfg["zero_optimization"])
-    assert deepspeed.__version__
+    zero3 = [Setup("zero-infinity", 2, 4, True, pin_memory=True, offload_params="nvme",
+                   offload_optimizer="nvme"),
+             Setup("zero-infinity", 2, 4, True, pin_memory=False, offload_params="none",
+                   offload_optimizer="cpu")]
+    for setup in SETUPS + zero3:
+        ds = DeepSpeedConfig(ds_config(setup, "bf16"))
+        assert (ds.train_micro_batch_size_per_gpu, ds.gradient_accumulation_steps) == \
+            (setup.micro_batch, setup.grad_accum)
+        zero = ds.zero_config
+        assert ds.bfloat16_config.enabled and zero.stage == (3 if setup.offload_params else 2)
+        if setup.pin_memory is not None:
+            assert zero.offload_optimizer.pin_memory == setup.pin_memory
+        if setup.offload_optimizer:
+            assert zero.offload_optimizer.device == setup.offload_optimizer
+        if has_windows(setup.strategy):
+            assert (zero.zenflow.topk_ratio, zero.zenflow.update_interval,
+                    zero.zenflow.select_interval, zero.zenflow.pt_reserved_cores_perc) == \
+                (setup.topk_ratio, setup.update_interval, setup.select_interval,
+                 setup.pt_reserved_cores_perc)
 
 
 @pytest.mark.slow
@@ -199,6 +219,7 @@ def test_the_default_zenflow_setup_is_measured_against_device():
     (["--node", "a100-4x-gen4", "--model", "llama2-8b"], ["unknown model", "llama2-7b"]),
     (["--node", "a100-4x-gen4", "--strategies", "zenflow,zero-2"], ["zero-2"]),
     (["--model", "llama2-7b"], ["--node"]),
+    (["--profile", PROFILE, "--gpus", "8"], ["--gpus"]),
     (["--node", "a100-4x-gen4", "--model", "llama:layers=128,hidden=25600,heads=160",
       "--strategies", "zero-infinity"], ["fits no setup", "a100-8x-gen4"]),
 ])
@@ -210,6 +231,16 @@ def test_bad_input_is_one_error_line(argv, words, capsys, tmp_path):
     for word in words:
         assert word in captured.err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_measured_profile_is_advised_on_its_own_machine(tmp_path, capsys):
+    assert main(["--profile", PROFILE, "--global-batch", "2", "--strategies",
+                 "zenflow,zero-offload", "--jobs", "1", "--quiet", "--out",
+                 str(tmp_path)]) == 0
+    advice = json.loads((tmp_path / "advice.json").read_text())
+    assert advice["settings"]["profile"] == PROFILE and advice["global_batch"] == 2
+    assert {r["strategy"] for r in advice["rows"]} <= {"zenflow", "zero-offload"}
+    assert "setups simulated" in capsys.readouterr().out
 
 
 def test_no_fit_anywhere_says_so():

@@ -47,7 +47,8 @@ SHOWN = 8  # rows printed; the files hold them all
 def build_parser() -> OneLineParser:
     p = OneLineParser(prog=PROG, description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=GPU_NODE.model, help=f"default {GPU_NODE.model}")
+    p.add_argument("--model", help=f"default {GPU_NODE.model} (with --profile: the "
+                   f"profile's)")
     p.add_argument("--node", metavar="NAME",
                    help=f"a node preset: {', '.join(hardware.node_names())}")
     p.add_argument("--profile", metavar="FILE", help="a measured machine (python -m "
@@ -79,13 +80,19 @@ def base_settings(args) -> tuple[SimSettings, str]:
                            "it was measured on")
         from zfbench.simulate.command import profile_defaults
 
+        fixed = [f"--{k}" for k in ("model", "gpu", "host", "pcie", "gpus")
+                 if getattr(args, k) is not None]
+        if fixed:
+            raise CliError(f"--profile simulates the machine and model it measured; "
+                           f"leave out {', '.join(fixed)}")
+
         check_profile(args.profile)
         knobs = {**profile_defaults(args.profile), "profile": args.profile}
         return SimSettings(**knobs), f"the machine measured in {args.profile}"
     if not args.node:
         raise CliError("give --node NAME (a node preset: "
                        f"{', '.join(hardware.node_names())}) or --profile FILE")
-    given = {k: v for k, v in (("model", args.model), ("gpu", args.gpu),
+    given = {k: v for k, v in (("model", args.model or GPU_NODE.model), ("gpu", args.gpu),
                                ("host", args.host), ("pcie", args.pcie),
                                ("gpus", args.gpus), ("seq", args.seq),
                                ("precision", args.precision)) if v is not None}
@@ -235,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
 def summary_lines(rows: list[dict], pick: dict, objective: str) -> str:
     """The pick in words: its error bar, its neighbour, the default ZenFlow setup."""
     unit = "tokens/s" if objective == "throughput" else "s per device step"
-    lines = [f"pick: {pick['setup']}: {fmt(pick['objective'], '.4g')} {unit} "
-             f"({fmt(pick['objective_lo'], '.4g')}-{fmt(pick['objective_hi'], '.4g')} at "
+    spec = ",.0f" if pick["objective"] >= 1000 else ".4g"
+    lines = [f"pick: {pick['setup']}: {fmt(pick['objective'], spec)} {unit} "
+             f"({fmt(pick['objective_lo'], spec)}-{fmt(pick['objective_hi'], spec)} at "
              f"its regime's error {fmt(pick['error_pct'], '.0f')}%: {pick['error_source']})"]
     if pick["within_error_of_next"] and len(rows) > 1:
         lines.append(f"  within the error bar of #2 ({rows[1]['setup']}): the simulator "

@@ -7,7 +7,8 @@ AdamW runs decide what the simulator can get wrong). Where measurements exist:
   `python -m zfbench.validate --published` over the bundled rows of that strategy
   (zfbench/data/published/offload_measurements.csv; each row simulated as validate does,
   with its anchor, calibration rows left out as validate leaves them out), computed here
-  by validate's own `simulate_row` (a few seconds; no result of it is committed);
+  by validate's own `simulate_row` (a few seconds; no result of it is committed; kept in
+  zfbench's cache until the simulator or the data change);
 - ZenFlow, which no published row measures: DeepSpeed 0.19.5's ZenFlow measured on the
   CPU lanes against `python -m zfbench.predict`'s prediction (bench/results/
   predict_deepspeed.json, `mean_abs_error`: `zenflow_overlap` with overlap_step on,
@@ -19,9 +20,11 @@ where it was checked, not a bound.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -76,10 +79,56 @@ def zenflow_error(overlap_step: bool, path: Path = PREDICT_DEEPSPEED) -> ErrorBa
         f"(bench/results/predict_deepspeed.json mean_abs_error.{key}): {100 * value:.1f}%"))
 
 
+def fingerprint() -> str:
+    """What validate's errors depend on: the simulator, the analysis, zfbench.core and
+    validate's code, and the bundled data (a digest of every file's bytes)."""
+    import zfbench.analysis
+    import zfbench.core
+    import zfbench.sims
+    import zfbench.validate
+
+    digest = hashlib.sha256()
+    folders = [Path(m.__file__).parent for m in (zfbench.sims, zfbench.analysis,
+                                                zfbench.core, zfbench.validate)]
+    folders.append(folders[2].parent / "data")
+    for folder in folders:
+        for path in sorted(folder.rglob("*")):
+            if path.suffix in (".py", ".json", ".csv") and path.is_file():
+                digest.update(path.name.encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def cached_published_errors() -> dict[str, ErrorBar]:
+    """`published_errors`, kept in zfbench's cache directory (`$ZFBENCH_CACHE_DIR`, else
+    ~/.cache/zfbench) under the `fingerprint` of what they depend on: computed again
+    whenever any of it changes."""
+    from zfbench.real.host_native import cache_root
+
+    path, key = cache_root() / "advise_published_errors.json", fingerprint()
+    try:
+        found = json.loads(path.read_text())
+        if found.get("key") == key:
+            return {k: ErrorBar(**v) for k, v in found["errors"].items()}
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    errors = published_errors()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, "errors": {k: asdict(v) for k, v
+                                                          in errors.items()}}))
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache: computed every time
+        pass
+    return errors
+
+
 @lru_cache(maxsize=1)
 def regime_errors(overlap_step: bool = True) -> dict[str, ErrorBar]:
-    """Every strategy's error bar where one was measured (computed once a process)."""
-    out = published_errors()
+    """Every strategy's error bar where one was measured (computed once a process, and
+    validate's kept in the cache between runs: `cached_published_errors`)."""
+    out = cached_published_errors()
     for s in STRATEGY_LIST:
         if has_windows(s.name):
             found = zenflow_error(overlap_step)

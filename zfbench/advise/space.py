@@ -9,12 +9,13 @@ This module owns which knobs are searched and which are held, and why:
   strategies that offload); `overlap_comm` (those the simulator runs as DeepSpeed's
   ZeRO-2, `sim_zero2`); ZenFlow's `topk_ratio`, `update_interval` (auto included),
   `select_interval` and `pt_reserved_cores_perc`; ZeRO-Infinity's offload targets
-  (`offload_params`, `offload_optimizer`) and `prefetch_buckets`;
-- held: the bucket sizes (`reduce_bucket_size`, `allgather_bucket_size`,
-  `stage3_prefetch_bucket_size`: the simulator fixes DeepSpeed's defaults,
-  sims/device_memory.py, and moves gradients per decoder layer, so a bucket size would
-  change no simulated number); `overlap_step` (on: ZenFlow's design; off is another
-  algorithm); `bind_cores` and `fused_param_upload` (a launcher flag and an old
+  (`offload_params`, `offload_optimizer`);
+- held: the bucket sizes (`reduce_bucket_size`, `allgather_bucket_size`: the simulator
+  fixes DeepSpeed's defaults, sims/device_memory.py, and moves gradients per decoder
+  layer, so a bucket size would change no simulated number); ZeRO-Infinity's
+  `prefetch_buckets` at 1 (a count of layers, which DeepSpeed's
+  `stage3_prefetch_bucket_size`, in elements, does not say); `overlap_step` (on:
+  ZenFlow's design; off is another algorithm); `bind_cores` and `fused_param_upload` (a launcher flag and an old
   DeepSpeed's path, not a ds_config key); the node, model, seq and precision (given).
 """
 
@@ -33,7 +34,7 @@ from zfbench.sims.costs import CostModel, SimSettings
 DEFAULT_RESERVED = 0.5
 KNOB_ORDER = ("activation_checkpointing", "pin_memory", "overlap_comm", "topk_ratio",
               "update_interval", "select_interval", "pt_reserved_cores_perc",
-              "offload_params", "offload_optimizer", "prefetch_buckets")
+              "offload_params", "offload_optimizer")
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,6 @@ class Setup:
     pt_reserved_cores_perc: float | None = None
     offload_params: str | None = None
     offload_optimizer: str | None = None
-    prefetch_buckets: int | None = None
 
     def knobs(self) -> dict:
         """The SimSettings fields this setup sets (its knobs that apply)."""
@@ -61,8 +61,7 @@ class Setup:
         short = {"activation_checkpointing": "ckpt", "pin_memory": "pin",
                  "overlap_comm": "ovc", "topk_ratio": "k", "update_interval": "U",
                  "select_interval": "S", "pt_reserved_cores_perc": "pt",
-                 "offload_params": "params", "offload_optimizer": "optim",
-                 "prefetch_buckets": "prefetch"}
+                 "offload_params": "params", "offload_optimizer": "optim"}
         parts = [f"mb{self.micro_batch}x{self.grad_accum}"]
         for k in KNOB_ORDER:
             v = getattr(self, k)
@@ -81,8 +80,7 @@ def applies(strategy: str, knob: str) -> bool:
             "select_interval": has_windows(strategy),
             "pt_reserved_cores_perc": has_windows(strategy),
             "offload_params": offloads_params(strategy),
-            "offload_optimizer": offloads_params(strategy),
-            "prefetch_buckets": offloads_params(strategy)}[knob]
+            "offload_optimizer": offloads_params(strategy)}[knob]
 
 
 # Each knob's default (the first a setup gets, and the default ZenFlow setup's).
@@ -90,7 +88,7 @@ DEFAULTS = {"activation_checkpointing": True, "pin_memory": True, "overlap_comm"
             "topk_ratio": DEFAULT_TOPK_RATIO, "update_interval":
             SCENARIO_ZENFLOW["update_interval"], "select_interval":
             SCENARIO_ZENFLOW["select_interval"], "pt_reserved_cores_perc": DEFAULT_RESERVED,
-            "offload_params": "cpu", "offload_optimizer": "cpu", "prefetch_buckets": 1}
+            "offload_params": "cpu", "offload_optimizer": "cpu"}
 
 
 @dataclass(frozen=True)
@@ -103,8 +101,7 @@ class Space:
         "overlap_comm": (True, False), "topk_ratio": (0.05, 0.075, 0.1, 0.15, 0.2),
         "update_interval": (1, 2, 4, 8, 16, "auto"), "select_interval": (0, 16, 64),
         "pt_reserved_cores_perc": (0.25, 0.5, 0.75),
-        "offload_params": ("none", "cpu", "nvme"), "offload_optimizer": ("cpu", "nvme"),
-        "prefetch_buckets": (1, 2)})
+        "offload_params": ("none", "cpu", "nvme"), "offload_optimizer": ("cpu", "nvme")})
     coarse: dict = field(default_factory=lambda: {
         "activation_checkpointing": (True, False), "topk_ratio": (0.05, 0.1, 0.2),
         "update_interval": (1, 4, 16), "offload_params": ("none", "cpu", "nvme")})
