@@ -75,18 +75,26 @@ def row_of(setup: Setup, result: dict, objective: str, quality, error: ErrorBar,
 
 def rank(results: dict, objective: str, quality, errors: dict[str, ErrorBar],
          default: Setup | None) -> list[dict]:
-    """Every simulated setup, best first (ties: the setup's label), numbered from 1."""
+    """Every simulated setup, best first, numbered from 1 (ties: `_second`, then fewer
+    knobs changed from the default ZenFlow setup, then the label)."""
     rows = [row_of(s, r, objective, quality, errors.get(s.strategy) or unknown(s.strategy),
                    default)
             for s, r in results.items() if r["simulated"]]
     better_high = objective == "throughput"
     rows.sort(key=lambda r: (-r["objective"] if better_high else r["objective"],
-                             changed(r, default), r["setup"]))
+                             _second(r, better_high), changed(r, default), r["setup"]))
     for i, row in enumerate(rows):
         row["rank"] = i + 1
         row["within_error_of_next"] = i + 1 < len(rows) and overlaps(row, rows[i + 1],
                                                                     better_high)
     return [{c: row[c] for c in COLUMNS} for row in rows]
+
+
+def _second(row: dict, throughput: bool) -> float:
+    """The tie-break after the objective: the time to quality (a setup the simulation
+    cannot tell from another in speed, but which needs fewer steps), else the step."""
+    value = row["time_to_quality_s_per_device_step"] if throughput else row["step_s"]
+    return math.inf if math.isnan(value) else value
 
 
 def changed(row: dict, default: Setup | None) -> int:

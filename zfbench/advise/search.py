@@ -9,9 +9,11 @@ that improves the objective, until none does (`MAX_ROUNDS` at most). `brute_forc
 simulates every setup of the space instead (what the tests hold the search to).
 
 A run is as short as its measurement allows: ZenFlow's warm-up, two update windows and
-one measured window (zfbench.sims.simulator.steps_needed), the other strategies
-`FIXED_RUN_STEPS` steps, their first `FIXED_SKIP_STEPS` left out (zfbench.core.strategies)
--- the steady step of a simulation (nothing random) does not change with more steps.
+one measured window (zfbench.sims.simulator.steps_needed) -- and with a select interval
+S, S measured steps, so that the mean holds one reselection per S steps -- the other
+strategies `FIXED_RUN_STEPS` steps, their first `FIXED_SKIP_STEPS` left out
+(zfbench.core.strategies): the steady step of a simulation (nothing random) does not
+change with more steps.
 Runs go to worker processes (`jobs`); the numbers are the same either way.
 """
 
@@ -43,7 +45,12 @@ KEPT = ("step_time_s", "tokens_per_s", "compute_s", "exposed_io_s", "host_wait_s
 def run_settings(base: SimSettings, setup: Setup) -> SimSettings:
     """`setup` on `base`, as many steps as its measurement needs."""
     settings = settings_of(base, setup)
-    steps = steps_needed(settings) if windowed_measure(setup.strategy) else FIXED_RUN_STEPS
+    if not windowed_measure(setup.strategy):
+        return settings.with_(steps=FIXED_RUN_STEPS)
+    steps = steps_needed(settings)
+    if settings.select_interval > 0:  # one reselection in the measured steps
+        skip = settings.window_plan().skip_steps(settings.full_warm_up_rounds)
+        steps = max(steps, skip + settings.select_interval)
     return settings.with_(steps=max(steps, FIXED_RUN_STEPS))
 
 
