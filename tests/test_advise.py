@@ -250,3 +250,18 @@ def test_no_fit_anywhere_says_so():
         "model": "llama:layers=80,hidden=12288,heads=96"}))
     msg = no_fit_message(base, Space(strategies=("device",)), 8, "a100-4x-gen4")
     assert "fits no setup" in msg and "no node preset fits it" in msg
+
+
+@pytest.mark.parametrize("per_gpu", [1, 6, 8])
+def test_the_coarse_grid_and_the_neighbours_stay_in_the_space(per_gpu):
+    space = Space()
+    for name in space.strategies:
+        full = set(space.setups(name, per_gpu))
+        coarse = space.setups(name, per_gpu, coarse=True)
+        assert coarse and set(coarse) <= full
+        for setup in coarse[:5]:
+            assert setup.micro_batch * setup.grad_accum == per_gpu
+            around = space.neighbours(setup)
+            assert setup not in around and set(around) <= full
+    default = default_zenflow(space.strategies, per_gpu)
+    assert default in set(space.setups(default.strategy, per_gpu))

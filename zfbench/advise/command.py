@@ -210,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         evaluator.close()
     rows = rank(results, args.objective, quality, errors, default)
+    if not rows:  # fits, but the simulator refused every setup that does
+        refused = next((r["refused"] for r in results.values() if r.get("refused")), "")
+        return fail(f"no setup that fits could be simulated: {refused}")
     pick = rows[0]
     print(f"{evaluator.simulated} setups simulated, {len(results)} checked against the "
           f"memory model, {len(rows)} fit ({time.perf_counter() - started:.0f} s)")

@@ -14,6 +14,11 @@ AdamW runs decide what the simulator can get wrong). Where measurements exist:
   predict_deepspeed.json, `mean_abs_error`: `zenflow_overlap` with overlap_step on,
   `zenflow_seq` off; docs/results.md).
 
+Not used: the engine-side `python -m zfbench.validate` on a GPU (bench/results/gpu/*/
+validate/validate_summary.json: the simulator with a profile measured on that machine,
+every strategy's cells pooled into one error), which checks another way of simulating
+than the presets advise runs from, and gives no number per strategy.
+
 The bar is symmetric: step_s x (1 +- error). It says how far off a single number was
 where it was checked, not a bound.
 """

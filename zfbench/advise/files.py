@@ -71,7 +71,8 @@ def draw_front(rows: list[dict], pick: dict, default: dict | None, title: str, o
         ax.scatter([default["quality_penalty_nats"]], [default["step_s"]], s=80,
                    facecolors="none", edgecolors="#000000", label="default ZenFlow")
     ax.set_xlabel("quality penalty vs device AdamW (validation loss, nats; topic task)")
-    ax.set_ylabel("simulated step time (s)")
+    ax.set_yscale("log")
+    ax.set_ylabel("simulated step time (s, log scale)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     return save_figure(fig, out, "front")

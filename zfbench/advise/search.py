@@ -27,7 +27,7 @@ from typing import Callable
 from zfbench.advise.space import Setup, Space, default_zenflow, settings_of
 from zfbench.core.progress import progress
 from zfbench.core.strategies import FIXED_RUN_STEPS, windowed_measure
-from zfbench.sims.costs import CostModel, SimSettings
+from zfbench.sims.costs import CostModel, SimSettings, SimSettingsError
 from zfbench.sims.simulator import simulate, steps_needed
 from zfbench.simulation import summary_row
 
@@ -56,9 +56,13 @@ def run_settings(base: SimSettings, setup: Setup) -> SimSettings:
 
 def evaluate(base: SimSettings, setup: Setup) -> dict:
     """The memory model's verdict and, where the setup fits, its simulated steady step
-    (`KEPT` of zfbench.simulation.summary_row); `simulated` says which."""
-    settings = run_settings(base, setup)
-    fit = CostModel(settings, setup.strategy).fits(setup.strategy)
+    (`KEPT` of zfbench.simulation.summary_row); `simulated` says which (`refused`: the
+    settings refused the combination)."""
+    try:
+        settings = run_settings(base, setup)
+        fit = CostModel(settings, setup.strategy).fits(setup.strategy)
+    except SimSettingsError as err:  # a combination the simulator refuses: not a setup
+        return {"fits": False, "simulated": False, "refused": str(err)}
     out = {"fits": bool(fit["fits"]), "simulated": False,
            "device_bytes_per_rank": fit["device_bytes_per_rank"],
            "device_capacity_bytes": fit["device_capacity_bytes"],
