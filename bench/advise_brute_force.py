@@ -33,7 +33,8 @@ if str(ROOT) not in sys.path:
 
 from zfbench.advise.error_bars import regime_errors  # noqa: E402
 from zfbench.advise.quality import QualityModel  # noqa: E402
-from zfbench.advise.ranking import OBJECTIVES, rank, scorer  # noqa: E402
+from zfbench.advise.ranking import (OBJECTIVE_COLUMN, OBJECTIVES, overlaps,  # noqa: E402
+                                    rank, scorer)
 from zfbench.advise.search import Evaluator, brute_force, search  # noqa: E402
 from zfbench.advise.space import Space, default_zenflow  # noqa: E402
 from zfbench.advise.command import PER_GPU_DEFAULT, per_gpu_batch  # noqa: E402
@@ -78,19 +79,18 @@ def main(argv=None) -> int:
         mine = {s: r for s, r in every.items() if s.strategy in names}
         best = rank(mine, objective, quality, errors, default)[0]
         pick = rank(found, objective, quality, errors, default)[0]
-        high = objective == "throughput"
-        within = (pick["objective_hi"] >= best["objective_lo"] if high
-                  else pick["objective_lo"] <= best["objective_hi"])
+        within = overlaps(best, pick, objective)
+        column = OBJECTIVE_COLUMN[objective]
         key = objective if names == space.strategies else f"{objective}, offloading only"
         out["objectives"][key] = {
             "searched_setups": len(found),
             "searched_simulated": sum(r["simulated"] for r in found.values()),
             "same_pick": pick["setup"] == best["setup"], "within_error_bar": within,
             **{f"{who}_{k}": row[k] for who, row in (("brute_force", best), ("search", pick))
-               for k in ("setup", "objective", "objective_lo", "objective_hi", "step_s",
+               for k in ("setup", column, f"{column}_lo", f"{column}_hi", "step_s",
                          "error_pct")}}
-        print(f"{key}: brute force {best['setup']} ({best['objective']:.4g}); search "
-              f"{pick['setup']} ({pick['objective']:.4g}) after {len(found)} of "
+        print(f"{key}: brute force {best['setup']} ({best[column]:.4g}); search "
+              f"{pick['setup']} ({pick[column]:.4g}) after {len(found)} of "
               f"{len(mine)} setups")
     out.update(wall_s=time.perf_counter() - started, load_average_before=load_before,
                load_average_after=os.getloadavg(),

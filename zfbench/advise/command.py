@@ -245,9 +245,10 @@ def main(argv: list[str] | None = None) -> int:
 def summary_lines(rows: list[dict], pick: dict, objective: str) -> str:
     """The pick in words: its error bar, its neighbour, the default ZenFlow setup."""
     unit = "tokens/s" if objective == "throughput" else "s per device step"
-    spec = ",.0f" if pick["objective"] >= 1000 else ".4g"
-    lines = [f"pick: {pick['setup']}: {fmt(pick['objective'], spec)} {unit} "
-             f"({fmt(pick['objective_lo'], spec)}-{fmt(pick['objective_hi'], spec)} at "
+    column = OBJECTIVE_COLUMN[objective]
+    spec = ",.0f" if pick[column] >= 1000 else ".4g"
+    lines = [f"pick: {pick['setup']}: {fmt(pick[column], spec)} {unit} "
+             f"({fmt(pick[column + '_lo'], spec)}-{fmt(pick[column + '_hi'], spec)} at "
              f"its regime's error {fmt(pick['error_pct'], '.0f')}%: {pick['error_source']})"]
     if pick["within_error_of_next"] and len(rows) > 1:
         lines.append(f"  within the error bar of #2 ({rows[1]['setup']}): the simulator "

@@ -22,7 +22,7 @@ def _cell(value):
 
 
 def _json_value(value):
-    return None if isinstance(value, float) and math.isnan(value) else value
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:

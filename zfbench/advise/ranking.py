@@ -9,9 +9,11 @@ This module owns the objectives and the table's columns (units in their names):
   so time to quality = this x device's steps. Interpolated as `quality_basis` says.
 
 Every row carries `error_pct`, the mean absolute error of the simulator in its regime
-(zfbench.advise.error_bars), as `objective_lo` / `objective_hi` = objective x (1 -/+
-error). A row whose interval meets the next row's is marked `within_error_of_next`: the
-simulator's measured error cannot tell the two apart.
+(zfbench.advise.error_bars), as a bar on the simulated step, `step_s_lo` / `step_s_hi` =
+step x (1 -/+ error), and the bar it puts on each objective (`tokens_per_s_lo` / `_hi`,
+`time_to_quality_s_per_device_step_lo` / `_hi`). A row whose bar on the objective meets
+the next row's is marked `within_error_of_next`: the simulator's measured error cannot
+tell the two apart.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ OBJECTIVES = ("throughput", "time-to-quality")
 GIB = 2 ** 30
 OBJECTIVE_COLUMN = {"throughput": "tokens_per_s",
                     "time-to-quality": "time_to_quality_s_per_device_step"}
+TQ = "time_to_quality_s_per_device_step"
 COLUMNS = ("rank", "strategy", "setup", "micro_batch", "grad_accum", *KNOB_ORDER,
-           "step_s", "tokens_per_s", "objective", "objective_lo", "objective_hi",
-           "error_pct", "within_error_of_next", "steps_factor", "quality_penalty_nats",
-           "time_to_quality_s_per_device_step", "stall_fraction", "device_GiB",
+           "step_s", "step_s_lo", "step_s_hi", "tokens_per_s", "tokens_per_s_lo",
+           "tokens_per_s_hi", "error_pct", "within_error_of_next", "steps_factor",
+           "quality_penalty_nats", TQ, f"{TQ}_lo", f"{TQ}_hi", "stall_fraction", "device_GiB",
            "device_capacity_GiB", "host_GiB", "host_capacity_GiB", "steps_simulated",
            "default_zenflow", "quality_basis", "error_source")
 
@@ -51,17 +54,17 @@ def row_of(setup: Setup, result: dict, objective: str, quality, error: ErrorBar,
     """One table row (`COLUMNS`, less rank and within_error_of_next)."""
     factor, penalty, basis = (quality.of(setup.strategy, setup.knobs()) if quality
                               else (math.nan, math.nan, "no convergence data"))
-    step = result["step_time_s"]
-    tq = step * factor
-    value = result["tokens_per_s"] if objective == "throughput" else tq
-    err = error.fraction
+    step, tokens, err = result["step_time_s"], result["tokens_per_s"], error.fraction
+    lo, hi = step * max(1 - err, 0.0), step * (1 + err)
     row = {"strategy": setup.strategy, "setup": setup.label(),
            "micro_batch": setup.micro_batch, "grad_accum": setup.grad_accum,
            **{k: getattr(setup, k) for k in KNOB_ORDER},
-           "step_s": step, "tokens_per_s": result["tokens_per_s"], "objective": value,
-           "objective_lo": value * (1 - err), "objective_hi": value * (1 + err),
+           "step_s": step, "step_s_lo": lo, "step_s_hi": hi, "tokens_per_s": tokens,
+           "tokens_per_s_lo": tokens * step / hi,
+           "tokens_per_s_hi": tokens * step / lo if lo > 0 else math.inf,
            "error_pct": 100 * err, "steps_factor": factor,
-           "quality_penalty_nats": penalty, "time_to_quality_s_per_device_step": tq,
+           "quality_penalty_nats": penalty, TQ: step * factor, f"{TQ}_lo": lo * factor,
+           f"{TQ}_hi": hi * factor,
            "stall_fraction": result["stall_fraction"],
            "device_GiB": result["device_bytes_per_rank"] / GIB,
            "device_capacity_GiB": result["device_capacity_bytes"] / GIB,
@@ -81,19 +84,20 @@ def rank(results: dict, objective: str, quality, errors: dict[str, ErrorBar],
                    default)
             for s, r in results.items() if r["simulated"]]
     better_high = objective == "throughput"
-    rows.sort(key=lambda r: (-r["objective"] if better_high else r["objective"],
+    column = OBJECTIVE_COLUMN[objective]
+    rows.sort(key=lambda r: (-r[column] if better_high else r[column],
                              _second(r, better_high), changed(r, default), r["setup"]))
     for i, row in enumerate(rows):
         row["rank"] = i + 1
         row["within_error_of_next"] = i + 1 < len(rows) and overlaps(row, rows[i + 1],
-                                                                    better_high)
+                                                                    objective)
     return [{c: row[c] for c in COLUMNS} for row in rows]
 
 
 def _second(row: dict, throughput: bool) -> float:
     """The tie-break after the objective: the time to quality (a setup the simulation
     cannot tell from another in speed, but which needs fewer steps), else the step."""
-    value = row["time_to_quality_s_per_device_step"] if throughput else row["step_s"]
+    value = row[TQ] if throughput else row["step_s"]
     return math.inf if math.isnan(value) else value
 
 
@@ -105,10 +109,12 @@ def changed(row: dict, default: Setup | None) -> int:
     return sum(row[k] is not None and row[k] != getattr(default, k) for k in KNOB_ORDER)
 
 
-def overlaps(row: dict, following: dict, better_high: bool) -> bool:
-    """Whether `row`'s error interval meets `following`'s (an unknown error: it does)."""
+def overlaps(row: dict, following: dict, objective: str) -> bool:
+    """Whether `row`'s bar on the objective meets `following`'s, `row` ranked above it (an
+    unknown error: it does)."""
     if math.isnan(row["error_pct"]) or math.isnan(following["error_pct"]):
         return True
-    if better_high:
-        return row["objective_lo"] <= following["objective_hi"]
-    return row["objective_hi"] >= following["objective_lo"]
+    column = OBJECTIVE_COLUMN[objective]
+    if objective == "throughput":
+        return row[f"{column}_lo"] <= following[f"{column}_hi"]
+    return row[f"{column}_hi"] >= following[f"{column}_lo"]
