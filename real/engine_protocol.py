@@ -53,6 +53,7 @@ class EngineForStrategy(Protocol):
     host_timeout_s: float  # how long a wait on the host lane may take before an error
     host_chunk_elems: int  # elements per host optimizer job (each chunk then goes up)
     bucketed: bool  # the gradients go down bucket by bucket during backward
+    zero3: Any  # ZeRO-3: the rank's shard of the parameters and its gathers (real/zero3.py)
     steps_per_epoch: int | None  # for ZenFlow's epoch-based reselection (None: unsized)
     t: int  # the optimizer step being run
     lr: float  # its learning rate (the optimizer's, which a schedule moves)
