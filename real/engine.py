@@ -36,7 +36,8 @@ from zfbench.real.checkpoint import EngineCheckpoint
 from zfbench.real.engine_surface import DeepSpeedSurface
 from zfbench.real.engine_protocol import StrategyForEngine
 from zfbench.real.flat import LOW_PRECISION, FlatLayout
-from zfbench.core.strategies import ENGINE_HOST_CHUNK_ELEMS, gradient_buckets_apply
+from zfbench.core.strategies import (ENGINE_HOST_CHUNK_ELEMS, gradient_buckets_apply,
+                                     has_windows)
 from zfbench.real.grad_buckets import GradBuckets
 from zfbench.real.hazards import HazardChecker
 from zfbench.real.distributed import (DistContext, allgather_flat, allreduce_mean_,
@@ -115,7 +116,8 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
                         if self.use_cuda else CpuLanes(self.recorder, hazards, waits_dropped))
         self._flatten_parameters()
         # ZeRO-3: the rank owns a shard of the parameters, modules gather them (real/zero3.py)
-        self.zero3 = Zero3Params(self) if config.zero_stage == 3 else None
+        self.zero3 = (Zero3Params(self) if config.zero_stage == 3 and has_windows(config.strategy)
+                      else None)
         # the lr: the optimizer's group holds it, a schedule moves it (real/lr_schedule.py)
         self.optimizer = EngineOptimizer([p for _, p in self.named_params],
                                          config.optimizer, self._zero_grads)

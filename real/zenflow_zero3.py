@@ -25,6 +25,7 @@ import torch
 
 from zfbench.real import kernels
 from zfbench.real.distributed import allreduce_sum_
+from zfbench.real.flat import selected_shape
 from zfbench.real.zenflow import ZenFlowStrategy
 from zfbench.real.zenflow_shard import _positions, exchange_scores, shard_column_scores
 from zfbench.core.schedule import topk_count
@@ -32,16 +33,21 @@ from zfbench.core.schedule import topk_count
 
 def shard_positions(slots_and_columns, vector_slots, lo: int, hi: int) -> torch.Tensor:
     """Shard-relative positions (int64, ascending within each weight) of the elements of
-    the selected columns (`(slot, idx)` pairs) and of the 1-D slots that lie in [lo, hi)."""
-    parts = [torch.zeros(0, dtype=torch.long)]
+    the selected columns (`(slot, idx)` pairs, idx ascending) and of the 1-D slots that
+    lie in [lo, hi); a weight wholly in the shard comes laid out as `selected_shape`."""
+    return torch.cat([torch.zeros(0, dtype=torch.long)] + _pieces(
+        slots_and_columns, vector_slots, lo, hi))
+
+
+def _pieces(slots_and_columns, vector_slots, lo: int, hi: int) -> list[torch.Tensor]:
+    parts = []
     for slot, idx in slots_and_columns:
         pos = _positions(slot, idx).reshape(-1)
         parts.append(pos[(pos >= lo) & (pos < hi)].sort().values - lo)
     for slot in vector_slots:
         a, b = max(lo, slot.offset), min(hi, slot.offset + slot.numel)
-        if a < b:
-            parts.append(torch.arange(a - lo, b - lo))
-    return torch.cat(parts)
+        parts.append(torch.arange(max(a, lo) - lo, max(a, b) - lo))
+    return parts
 
 
 class ZenFlowZero3Strategy(ZenFlowStrategy):
@@ -53,6 +59,7 @@ class ZenFlowZero3Strategy(ZenFlowStrategy):
         self.owned = z3.owned
         self.upload = self.B.name(torch.zeros_like(self.owned), "upload")
         self.pos = torch.zeros(0, dtype=torch.long, device=self.owned.device)
+        self.counts: list[int] = []  # elements of each weight in `pos` (entry_names' order)
         self._fresh_state(0)
 
     def _fresh_state(self, n: int) -> None:
@@ -63,6 +70,18 @@ class ZenFlowZero3Strategy(ZenFlowStrategy):
         self.v = torch.zeros_like(self.values)
         self.g = torch.zeros_like(self.values)
         self.scratch = torch.zeros_like(self.values)
+        # each weight's moments as views (shaped as its selection when the shard holds
+        # the whole weight), as ZeRO-2's strategy names them
+        self.dm, self.dv, at = {}, {}, 0
+        for name, count in zip(self.entry_names, self.counts if n else ()):
+            p = self.by_name[name]
+            whole = count == (p.shape[0] * self.selected[name].numel() if p.dim() == 2
+                              else p.numel())
+            shape = (selected_shape(p, self.selected[name].numel()) if p.dim() == 2
+                     else tuple(p.shape)) if whole else (count,)
+            self.dm[name] = self.m[at:at + count].view(shape)
+            self.dv[name] = self.v[at:at + count].view(shape)
+            at += count
 
     # -- the host's result goes into the shard-sized buffers ------------------------------
     def params_up(self, t, target, a, b, wire) -> None:
@@ -108,8 +127,10 @@ class ZenFlowZero3Strategy(ZenFlowStrategy):
                 s = scores[name] if scores is not None else self.column_scores(p.grad)
                 self.selected[name] = kernels.top_columns(s, topk_count(p.shape[1],
                                                                         self.zf.topk_ratio))
-            pos = shard_positions([(slots[n], self.selected[n]) for n, _ in self.matrices],
-                                  [slots[n] for n, _ in self.vectors], host.lo, host.hi)
+            pieces = _pieces([(slots[n], self.selected[n]) for n, _ in self.matrices],
+                             [slots[n] for n, _ in self.vectors], host.lo, host.hi)
+            pos = torch.cat([torch.zeros(0, dtype=torch.long)] + pieces)
+            self.counts = [piece.numel() for piece in pieces]
             self.pos = pos.to(self.owned.device)
             self._fresh_state(self.pos.numel())  # the moments start at zero
         B.access("compute", "select", writes=(self.pos, self.values, self.m, self.v))
@@ -150,7 +171,7 @@ class ZenFlowZero3Strategy(ZenFlowStrategy):
     # -- checkpoint -----------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {**self.schedule_state(), "owned": self.owned, "pos": self.pos,
-                "values": self.values, "m": self.m, "v": self.v}
+                "counts": self.counts, "values": self.values, "m": self.m, "v": self.v}
 
     def load_state_dict(self, state: dict) -> None:
         if "owned" not in state:
@@ -159,6 +180,7 @@ class ZenFlowZero3Strategy(ZenFlowStrategy):
         self.load_schedule_state(state)
         self.owned.copy_(state["owned"])
         self.pos = state["pos"].to(self.owned.device)
+        self.counts = list(state["counts"])
         self._fresh_state(self.pos.numel())
         for name in ("values", "m", "v"):
             getattr(self, name).copy_(state[name])

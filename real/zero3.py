@@ -18,6 +18,7 @@ the gradients are reduce-scattered (`reduce_scatter` span): this rank's shard of
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from contextlib import contextmanager, nullcontext
 
@@ -25,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from zfbench.real.distributed import allreduce_sum_, run_collective
+from zfbench.real.flat import FlatLayout
 
 
 class Zero3Params:
@@ -205,6 +207,17 @@ class Zero3Params:
         self.B.access("compute", "release", writes=(self.flat,))
         with torch.no_grad():
             self.flat.fill_(float("nan"))
+
+    def owned_view(self, name: str) -> torch.Tensor:
+        """Parameter `name` as this rank's shard holds it (laid out as the parameter; the
+        shard must hold all of it: one rank, or a parameter inside the shard), as
+        DeepSpeed's `ds_tensor` is the rank's partition."""
+        slot = self.e.layout.by_name[name]
+        if slot.offset < self.lo or slot.offset + slot.numel > self.hi:
+            raise ValueError(f"{name} is not wholly in this rank's shard "
+                             f"[{self.lo}, {self.hi}); gather it with gathered()")
+        return FlatLayout._view(self.owned, dataclasses.replace(slot,
+                                                                offset=slot.offset - self.lo))
 
     @contextmanager
     def gathered(self):

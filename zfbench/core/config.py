@@ -348,10 +348,10 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
         raise ConfigError("zero_optimization.stage", f"got 0 with {dev_key} = 'cpu'; "
                           "optimizer offload needs ZeRO stage 1 or 2 (as in DeepSpeed)")
 
-    if world > 1 and stage in (1, 2):  # what zfbench's ranks do differently from DeepSpeed's
+    if world > 1 and (stage in (1, 2) or device_adamw(strategy)):  # what zfbench's ranks do differently from DeepSpeed's
         notes.append(
             f"zero_optimization.stage {stage}: the device strategy keeps the whole "
-            f"optimizer state on every rank (stage 0's layout)" if device_adamw(strategy) else
+            f"parameters and optimizer state on every rank (stage 0's layout)" if device_adamw(strategy) else
             f"zero_optimization.stage {stage}: gradients are all-reduced whole, then each "
             f"rank's host updates its shard (stage 2 would reduce-scatter: half the bytes)")
     return EngineConfig(micro_batch=micro, grad_accum=accum, optimizer=optimizer,
@@ -380,7 +380,10 @@ def _prefetch_elems(zero: dict) -> int:
 
 
 def _check_stage3(strategy: str, zenflow: ZenFlowConfig | None) -> None:
-    """ZeRO-3 runs in the engine for zenflow only (real/zero3.py), without its offload."""
+    """ZeRO-3 runs in the engine for zenflow (real/zero3.py), without its offload; the
+    device strategy takes the stage and keeps stage 0's layout, as it does at 1 and 2."""
+    if device_adamw(strategy):  # no partitioning: the note below says so
+        return
     if not has_windows(strategy):
         raise ConfigError("zero_optimization.stage", f"got 3 with strategy {strategy!r}; "
                           "the engine runs ZeRO-3 for zenflow only: set stage 2 (or 1), "

@@ -133,14 +133,12 @@ KEY_RULES: dict[str, KeyRule] = {
     "data_types": _ignored("zfbench accumulates gradients in the model's dtype"),
     # ---- ZeRO
     "zero_optimization": _applied("stage, offload and ZenFlow", section=True),
-    "zero_optimization.stage": _applied("0 (device strategy only), 1 or 2: the optimizer "
-                                        "state is sharded over ranks; gradients are "
-                                        "all-reduced in both; 3 (zenflow only, without "
-                                        "zenflow.offload): the 16-bit parameters are "
-                                        "sharded too, gathered per module and released, "
-                                        "and the gradients reduce-scattered "
-                                        "(docs/zenflow.md); 3 with another strategy is "
-                                        "refused"),
+    "zero_optimization.stage": _applied(
+        "0 (device strategy only), 1 or 2: the optimizer state is sharded over ranks; "
+        "gradients are all-reduced in both; 3 (zenflow, without zenflow.offload): the 16-bit "
+        "parameters are sharded too, gathered per module and released, and the gradients "
+        "reduce-scattered (docs/zenflow.md); the device strategy keeps stage 0's layout at "
+        "every stage; 3 with zero-offload or zero-offload-dpu is refused"),
     "zero_optimization.offload_optimizer": _applied("device 'cpu' selects an offloading "
                                                     "strategy", section=True),
     "zero_optimization.offload_optimizer.device": _applied("'cpu' or 'none'; 'nvme' is "
