@@ -21,7 +21,7 @@ real/deepspeed_api.py's). The engine owns what all strategies share:
 - data parallelism (`dist`, a `zfbench.real.distributed.DistContext`): the flat gradients
   all-reduced before the step, the host state covering only this rank's shard
   `[shard_lo, shard_hi)` (ZeRO-2), updated shards all-gathered back (`gather_params`), both
-  collectives `net` spans with their bytes.
+  collectives `net` spans with their bytes; ZeRO-3 (zenflow): `zero3`, real/zero3.py.
 """
 
 from __future__ import annotations

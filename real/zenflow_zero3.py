@@ -149,7 +149,9 @@ class ZenFlowZero3Strategy(ZenFlowStrategy):
                 cols = shard_column_scores(e.flat_grads, e.layout.by_name[name],
                                            self.host.lo, self.host.hi, square=False)
                 rows.append(torch.stack([cols.sum(), cols[self.selected[name]].sum()]))
-            sums = torch.stack(rows).double().cpu() if rows else torch.zeros(0, 2)
+            # on the gradients' device: the main group is NCCL's on CUDA
+            sums = (torch.stack(rows).double() if rows
+                    else torch.zeros(0, 2, dtype=torch.float64, device=e.flat_grads.device))
         if e.dist.active and rows:
             with self.B.op("net", "allreduce", t, nbytes=sums.numel() * 8):
                 allreduce_sum_(e.dist, sums)

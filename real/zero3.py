@@ -159,7 +159,8 @@ class Zero3Params:
             send[at:at + b - a].copy_(self.owned[a - self.lo:b - self.lo])
             at += b - a
         out = torch.empty(width * world, dtype=self.flat.dtype, device=self.flat.device)
-        work = run_collective(self.ctx, "allgather", lambda: dist.all_gather_into_tensor(
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        work = run_collective(self.ctx, "allgather", lambda: gather(
             out, send, group=self.ctx.group, async_op=async_op))
         return work, out, pieces, t0
 
@@ -254,9 +255,10 @@ class Zero3Params:
         """Whether every rank's shard is finite (each rank checks only its own)."""
         if not self.ctx.active:
             return finite
-        bad = (~finite.reshape(1)).to(torch.float32).cpu()
+        # on the gradients' device: the main group is NCCL's on CUDA
+        bad = (~finite.reshape(1)).to(torch.float32)
         allreduce_sum_(self.ctx, bad)
-        return torch.tensor(bool(bad.item() == 0))
+        return bad[0] == 0
 
     @staticmethod
     def around(zero3, name: str):
