@@ -299,12 +299,12 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
             self.reduce_grads(self.t)
         with self.compute("device_optim", self.t, reads=(self.flat_grads,)):
             finite = kernels.all_finite(self.flat_grads)
-            if self.zero3 is not None:  # each rank holds only its shard's mean
-                finite = self.zero3.agree_finite(finite)
             # the losses and the check read in one transfer: on a GPU each read waits
             # for the device, and a launch-bound step pays every wait
             *losses, finite = read_scalars(self._micro_losses + [finite])
             bad = [] if finite else self._nonfinite_params()
+            if self.zero3 is not None:  # each rank holds only its shard's mean: a vote
+                bad = self.zero3.agree_bad(bad)
         self._loss = sum(losses) / len(losses) if losses else None
         self._micro_losses = []
         record = {"step": self.t, "loss": self._loss, "skipped": False, "lr": self.lr}

@@ -251,14 +251,17 @@ class Zero3Params:
             grads.zero_()
             grads[self.lo:self.hi].copy_(mine[:self.hi - self.lo])
 
-    def agree_finite(self, finite: torch.Tensor) -> torch.Tensor:
-        """Whether every rank's shard is finite (each rank checks only its own)."""
+    def agree_bad(self, bad: list[str]) -> list[str]:
+        """This rank's non-finite parameters, or, when only another rank's shard has one,
+        a line saying so: every rank skips (or raises on) the same steps."""
         if not self.ctx.active:
-            return finite
+            return bad
         # on the gradients' device: the main group is NCCL's on CUDA
-        bad = (~finite.reshape(1)).to(torch.float32)
-        allreduce_sum_(self.ctx, bad)
-        return bad[0] == 0
+        votes = torch.tensor([1.0 if bad else 0.0], device=self.flat.device)
+        allreduce_sum_(self.ctx, votes)
+        if votes.item() > 0 and not bad:
+            return [f"a parameter of another rank's shard ({int(votes.item())} rank(s))"]
+        return bad
 
     @staticmethod
     def around(zero3, name: str):

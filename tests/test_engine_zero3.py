@@ -6,7 +6,8 @@ gradients at its own weights, to 1e-5; ZeRO-3 and ZeRO-2 end on the same weights
 columns; parameters are released (NaN) outside their module's use, and a read of a
 released one shows; each rank owns 1/N of the parameters and the gradients are
 reduce-scattered, the gathers and the reduce-scatter carrying their bytes; a checkpoint
-resumes exactly on the same number of ranks.
+resumes exactly on the same number of ranks; a non-finite gradient in any rank's shard
+makes every rank skip the step.
 """
 
 from __future__ import annotations
@@ -229,6 +230,20 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
                 "net": [(s.op, s.bytes) for s in engine.timeline.spans if s.lane == "net"],
                 "owned": None if engine.zero3 is None else engine.zero3.owned.numel(),
                 "hazards": engine.backend.hazards.report()["hazards"]}
+        # a NaN in rank 1's local gradient lands in rank 0's shard: both ranks skip
+        model = BiasMLP()
+        engine = make_engine(model, z3_config("sync"), dist=ctx, host_chunk_elems=50,
+                             host_timeout_s=60)
+        for step, (ids, labels) in enumerate(data[:5]):
+            sl = slice(rank * per, (rank + 1) * per)
+            engine.backward(engine(ids[sl], labels[sl]))
+            if step == 3 and rank == world - 1:
+                engine.flat_grads[0] = float("nan")
+            engine.step()
+        engine.finish()
+        engine.close()
+        results["nonfinite"] = {"skipped": [r["skipped"] for r in engine.step_log],
+                                "params": params_of(model)}
         # resume the checkpoint of step 6 on the same ranks: the same end, bit for bit
         model = BiasMLP(seed=7)
         engine = make_engine(model, z3_config("overlap_warmup_reselect"), dist=ctx,
@@ -292,3 +307,7 @@ def test_ranks_match_the_reference_and_zero2(world, tmp_path):
             assert torch.equal(p, zero3["params"][name]), (r, name)
         for name, p in res["overlap_warmup_reselect/3"]["params"].items():  # replicas
             assert torch.equal(p, ranks[0]["overlap_warmup_reselect/3"]["params"][name])
+        assert res["nonfinite"]["skipped"] == [False, False, False, True, False], r
+        for name, p in res["nonfinite"]["params"].items():
+            assert torch.isfinite(p).all(), (r, name)
+            assert torch.equal(p, ranks[0]["nonfinite"]["params"][name]), (r, name)
