@@ -176,10 +176,7 @@ class ZenFlowZero3Strategy(ZenFlowStrategy):
                 "counts": self.counts, "values": self.values, "m": self.m, "v": self.v}
 
     def load_state_dict(self, state: dict) -> None:
-        if "owned" not in state:
-            raise ValueError("this checkpoint was saved on ZeRO stage 1 or 2; resume it "
-                             "with the stage it was saved with (zero_optimization.stage)")
-        self.load_schedule_state(state)
+        self.load_schedule_state(state)  # (the engine checked the stage and size)
         self.owned.copy_(state["owned"])
         self.pos = state["pos"].to(self.owned.device)
         self.counts = list(state["counts"])

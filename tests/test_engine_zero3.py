@@ -182,6 +182,17 @@ def test_checkpoint_resumes_exactly_on_one_rank(tmp_path):
     resumed.close()
     for name, p in params_of(model).items():
         assert torch.equal(params_of(resumed_model)[name], p), name
+    # the file holds the rank's shard once (no full-size working space), and a resume on
+    # another stage is refused with the stage to use
+    tag = (tmp_path / "latest").read_text().strip()
+    saved = torch.load(tmp_path / tag / resumed.checkpoint_name, weights_only=False)
+    assert saved["flat_params"].numel() == 0
+    assert saved["strategy"]["owned"].numel() == engine.layout.total
+    other = make_engine(BiasMLP(), z3_config("overlap_warmup_reselect", stage=2))
+    with pytest.raises(ValueError, match="saved on ZeRO stage 3; resume it with "
+                                         "zero_optimization.stage 3"):
+        other.load_checkpoint(tmp_path)
+    other.close()
 
 
 def test_bf16_weights_follow_zero2():
