@@ -6,7 +6,8 @@ buffer (the persistent copy: every update writes it, checkpoints carry it). The 
 `flat_params` stays the working space the parameters' views point into; outside a
 module's use its elements are released: filled with NaN, so anything that reads a
 released parameter gets NaN (a test checks it). A unit is a module with parameters of its
-own (`_parameters`, tied ones included); hooks gather a unit's elements from every rank's
+own (`_parameters`, tied ones included, and those `register_external_parameter` names);
+hooks gather a unit's elements from every rank's
 shard before its forward and before its backward (one `net` all-gather span each, padded
 pieces) and release them after. The first forward traces the units' order; from then on
 the units after the one in use are gathered ahead, asynchronously, while their elements
@@ -29,6 +30,15 @@ from zfbench.real.distributed import allreduce_sum_, run_collective
 from zfbench.real.flat import FlatLayout
 
 
+def register_external_parameter(module: torch.nn.Module, owner: torch.nn.Module,
+                                name: str) -> None:
+    """`module`'s forward reads `owner.<name>`, a parameter another module owns (a tied
+    weight): ZeRO-3 gathers it with `module` too (DeepSpeed's
+    `deepspeed.zero.register_external_parameter`; by owner and name, so a parameter
+    re-created by `to_empty` is still found); nothing changes on other stages."""
+    module.__dict__.setdefault("_zero3_external", []).append((owner, name))
+
+
 class Zero3Params:
     def __init__(self, engine) -> None:
         self.e, self.B, self.ctx = engine, engine.backend, engine.dist
@@ -40,8 +50,10 @@ class Zero3Params:
         self.units: list[list] = []  # each unit's slots
         self.modules = []
         for module in engine.model.modules():
-            mine = [slot_of[id(p)] for p in module._parameters.values()
-                    if p is not None and id(p) in slot_of]
+            used = list(module._parameters.values()) + [
+                getattr(owner, name) for owner, name in module.__dict__.get(
+                    "_zero3_external", [])]
+            mine = [slot_of[id(p)] for p in used if p is not None and id(p) in slot_of]
             if mine:
                 self.units.append(sorted(set(mine), key=lambda s: s.offset))
                 self.modules.append(module)
