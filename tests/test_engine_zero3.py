@@ -222,9 +222,12 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
     per = 4 // world
     results = {}
     try:
-        for case, stage in [(c, 3) for c in sorted(CASES)] + [("overlap_warmup_reselect", 2)]:
+        runs = [(c, 3, "fp32") for c in sorted(CASES)] + [
+            ("overlap_warmup_reselect", 2, "fp32"), ("overlap_warmup_reselect", 2, "bf16"),
+            ("overlap_warmup_reselect", 3, "bf16")]
+        for case, stage, precision in runs:
             model = BiasMLP()
-            engine = make_engine(model, z3_config(case, stage), dist=ctx,
+            engine = make_engine(model, z3_config(case, stage, precision), dist=ctx,
                                  host_chunk_elems=50, host_timeout_s=60,
                                  hazard_check=True)
             data = list(itertools.islice(batches(batch=4), STEPS))
@@ -232,11 +235,11 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
                 sl = slice(rank * per, (rank + 1) * per)
                 engine.backward(engine(ids[sl], labels[sl]))
                 engine.step()
-                if step == 6 and stage == 3 and case == "overlap_warmup_reselect":
+                if (step, stage, case, precision) == (6, 3, "overlap_warmup_reselect", "fp32"):
                     engine.save_checkpoint(Path(out, "ckpt"))
             engine.finish()
             engine.close()
-            results[f"{case}/{stage}"] = {
+            results[f"{case}/{stage}" + ("" if precision == "fp32" else "/bf16")] = {
                 "params": params_of(model), "selected": dict(engine.strategy.selected),
                 "net": [(s.op, s.bytes) for s in engine.timeline.spans if s.lane == "net"],
                 "owned": None if engine.zero3 is None else engine.zero3.owned.numel(),
@@ -318,6 +321,10 @@ def test_ranks_match_the_reference_and_zero2(world, tmp_path):
             assert torch.equal(p, zero3["params"][name]), (r, name)
         for name, p in res["overlap_warmup_reselect/3"]["params"].items():  # replicas
             assert torch.equal(p, ranks[0]["overlap_warmup_reselect/3"]["params"][name])
+        bf2, bf3 = (res[f"overlap_warmup_reselect/{k}/bf16"]["params"] for k in (2, 3))
+        for name, p in bf2.items():  # the same fp32 values, rounded the same way
+            diff = (bf3[name].float() - p.float()).abs().max()
+            assert diff <= 2 ** -7 * p.float().abs().max(), (r, name, diff)
         assert res["nonfinite"]["skipped"] == [False, False, False, True, False], r
         for name, p in res["nonfinite"]["params"].items():
             assert torch.isfinite(p).all(), (r, name)
@@ -354,3 +361,26 @@ def test_a_tied_head_registered_as_external_reads_the_gathered_embedding():
     assert worst(first[3], first[2]) < 1e-6
     assert max(abs(a - b) for a, b in zip(losses[2], losses[3])) < 1e-5
     assert worst(finals[3], finals[2]) < 1e-3
+
+
+def test_gradient_accumulation_reduces_once_per_boundary_as_zero2_trains():
+    """Micro-steps accumulate the whole local gradient; the boundary's step
+    reduce-scatters it (one rank: no collective) and trains as ZeRO-2 does."""
+    finals = {}
+    for stage in (2, 3):
+        cfg = z3_config("sync", stage)
+        cfg["gradient_accumulation_steps"] = 2
+        cfg["train_micro_batch_size_per_gpu"] = 2
+        cfg.pop("train_batch_size", None)
+        model = BiasMLP()
+        engine = make_engine(model, cfg)
+        data = batches(batch=2)
+        for _ in range(8):
+            ids, labels = next(data)
+            engine.backward(engine(ids, labels))
+            engine.step()
+        engine.finish()
+        engine.close()
+        assert engine.t == 4 and engine.config.grad_accum == 2
+        finals[stage] = params_of(model)
+    assert worst(finals[3], finals[2]) < 1e-6
