@@ -200,7 +200,7 @@ ERROR_CASES = [
     ({"fp16": {"min_loss_scale": 0}}, "fp16.min_loss_scale", "(0, inf]"),
     ({"gradient_clipping": -1.0}, "gradient_clipping", "[0, inf]"),
     ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}},
-     "zero_optimization.stage", "zenflow only"),
+     "zero_optimization.stage", "stages 1-2 only"),
     ({"zero_optimization": {"stage": 4}}, "zero_optimization.stage", "[0, 3]"),
     ({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}},
      "zero_optimization.offload_optimizer.device", "CPU memory only"),

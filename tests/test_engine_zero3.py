@@ -84,7 +84,7 @@ def test_stage3_is_accepted_for_zenflow_only_and_reads_the_prefetch_bucket():
     assert load_config(z3_config("sync")).prefetch_elems == 50_000_000
     other = config("zero-offload")
     other["zero_optimization"]["stage"] = 3
-    with pytest.raises(ConfigError, match="zenflow only"):
+    with pytest.raises(ConfigError, match="stages 1-2 only"):
         load_config(other)
     offload = z3_config("sync")
     offload["zero_optimization"]["zenflow"]["offload"] = True

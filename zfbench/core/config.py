@@ -385,10 +385,10 @@ def _check_stage3(strategy: str, zenflow: ZenFlowConfig | None) -> None:
     if device_adamw(strategy):  # no partitioning: the note below says so
         return
     if not has_windows(strategy):
-        raise ConfigError("zero_optimization.stage", f"got 3 with strategy {strategy!r}; "
-                          "the engine runs ZeRO-3 for zenflow only: set stage 2 (or 1), "
-                          "or simulate ZeRO-3 with python -m zfbench.simulate "
-                          "--strategy zero-infinity")
+        raise ConfigError("zero_optimization.stage", f"got 3 with strategy {strategy!r}, "
+                          "which the engine runs on ZeRO stages 1-2 only (ZeRO-3 is "
+                          "zenflow's): set stage 2, or simulate ZeRO-3 offload with "
+                          "python -m zfbench.simulate --strategy zero-infinity")
     if zenflow is not None and zenflow.offload:
         raise ConfigError(f"{ZENFLOW_PREFIX}.offload", "got true with "
                           "zero_optimization.stage 3; the engine runs zenflow.offload on "
