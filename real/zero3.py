@@ -7,9 +7,8 @@ buffer (the persistent copy: every update writes it, checkpoints carry it). The 
 module's use its elements are released: filled with NaN, so anything that reads a
 released parameter gets NaN (a test checks it). A unit is a module with parameters of its
 own (`_parameters`, tied ones included, and those `register_external_parameter` names);
-hooks gather a unit's elements from every rank's
-shard before its forward and before its backward (one `net` all-gather span each, padded
-pieces) and release them after. The first forward traces the units' order; from then on
+hooks gather a unit's elements from every rank's shard before its forward and before its
+backward (one `net` all-gather span each, padded pieces) and release them after. The first forward traces the units' order; from then on
 the units after the one in use are gathered ahead, asynchronously, while their elements
 stay within `stage3_prefetch_bucket_size` (reversed order in backward). After backward
 the gradients are reduce-scattered (`reduce_scatter` span): this rank's shard of
@@ -40,6 +39,8 @@ def register_external_parameter(module: torch.nn.Module, owner: torch.nn.Module,
 
 
 class Zero3Params:
+    """This rank's shard of the parameters, the units' hooks, gathers and releases."""
+
     def __init__(self, engine) -> None:
         self.e, self.B, self.ctx = engine, engine.backend, engine.dist
         self.lo, self.hi = engine.shard_lo, engine.shard_hi
@@ -62,7 +63,7 @@ class Zero3Params:
         self.traced = False
         self.order: list[int] = []  # the pass being run: units in the order expected
         self.pos = 0
-        self.inflight: dict[int, tuple] = {}  # unit -> (work, out, send, t0) prefetched
+        self.inflight: dict[int, tuple] = {}  # unit -> (work, out, pieces, t0) prefetched
         self.hooks = []
         for i, module in enumerate(self.modules):
             self.hooks += [
