@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import itertools
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_helpers import BiasMLP, batches, config, make_engine, params_of, train_steps  # noqa: E402
+from engine_helpers import (BiasMLP, batches, config, make_engine, params_of,  # noqa: E402
+                            spawn_ranks, train_steps)
 from zenflow_reference import ReferenceZenFlow  # noqa: E402
 from zfbench.core.config import ConfigError, load_config  # noqa: E402
 from zfbench.real.zenflow_zero3 import shard_positions  # noqa: E402
@@ -276,18 +275,7 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
 
 
 def spawn(world: int, tmp_path: Path) -> list[dict]:
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank, args=(r, world, str(tmp_path / "store"),
-                                             str(tmp_path))) for r in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + 400
-    for p in procs:
-        p.join(max(1.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert [p.exitcode for p in procs] == [0] * world
+    assert spawn_ranks(_rank, world, tmp_path, join_timeout_s=400) == [0] * world
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import itertools
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_helpers import BiasMLP, batches, config, make_engine, train_steps  # noqa: E402
+from engine_helpers import (BiasMLP, batches, config, make_engine, spawn_ranks,  # noqa: E402
+                            train_steps)
 from zfbench.real.backend import CpuLanes  # noqa: E402
 from zfbench.real.hazards import HazardChecker  # noqa: E402
 from zfbench.real.recorder import SpanRecorder  # noqa: E402
@@ -219,18 +218,7 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
 
 @pytest.mark.slow
 def test_two_ranks_run_every_strategy_without_hazards(tmp_path):
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank, args=(r, 2, str(tmp_path / "store"), str(tmp_path)))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + 240
-    for p in procs:
-        p.join(max(1.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    assert spawn_ranks(_rank, 2, tmp_path) == [0, 0]
     for rank in range(2):
         reports = torch.load(tmp_path / f"hazards{rank}.pt", weights_only=False)
         for name, report in reports.items():
