@@ -223,10 +223,16 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
     try:
         runs = [(c, 3, "fp32") for c in sorted(CASES)] + [
             ("overlap_warmup_reselect", 2, "fp32"), ("overlap_warmup_reselect", 2, "bf16"),
-            ("overlap_warmup_reselect", 3, "bf16")]
+            ("overlap_warmup_reselect", 3, "bf16"), ("sync", 3, "allgather"),
+            ("sync", 3, "bf16wire")]
         for case, stage, precision in runs:
             model = BiasMLP()
-            engine = make_engine(model, z3_config(case, stage, precision), dist=ctx,
+            cfg = z3_config(case, stage, "bf16" if precision == "bf16" else "fp32")
+            if precision == "allgather":  # the selection from all-gathered gradients
+                cfg["zfbench"]["select_comm"] = "allgather"
+            elif precision == "bf16wire":  # communication_data_type: reduce-scattered in bf16
+                cfg["communication_data_type"] = "bf16"
+            engine = make_engine(model, cfg, dist=ctx,
                                  host_chunk_elems=50, host_timeout_s=60,
                                  hazard_check=True)
             data = list(itertools.islice(batches(batch=4), STEPS))
@@ -238,7 +244,7 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
                     engine.save_checkpoint(Path(out, "ckpt"))
             engine.finish()
             engine.close()
-            results[f"{case}/{stage}" + ("" if precision == "fp32" else "/bf16")] = {
+            results[f"{case}/{stage}" + ("" if precision == "fp32" else f"/{precision}")] = {
                 "params": params_of(model), "selected": dict(engine.strategy.selected),
                 "net": [(s.op, s.bytes) for s in engine.timeline.spans if s.lane == "net"],
                 "owned": None if engine.zero3 is None else engine.zero3.owned.numel(),
@@ -313,6 +319,14 @@ def test_ranks_match_the_reference_and_zero2(world, tmp_path):
         for name, p in bf2.items():  # the same fp32 values, rounded the same way
             diff = (bf3[name].float() - p.float()).abs().max()
             assert diff <= 2 ** -7 * p.float().abs().max(), (r, name, diff)
+        scores, gathered = res["sync/3"], res["sync/3/allgather"]
+        for name, idx in scores["selected"].items():  # the same columns either way
+            assert torch.equal(gathered["selected"][name], idx), (r, name)
+        assert worst(gathered["params"], scores["params"]) < 1e-6, r
+        wire = res["sync/3/bf16wire"]
+        halves = [b for op, b in wire["net"] if op == "reduce_scatter"]
+        assert halves == [b // 2 for op, b in scores["net"] if op == "reduce_scatter"]
+        assert worst(wire["params"], scores["params"]) < 0.02, r
         assert res["nonfinite"]["skipped"] == [False, False, False, True, False], r
         for name, p in res["nonfinite"]["params"].items():
             assert torch.isfinite(p).all(), (r, name)
