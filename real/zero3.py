@@ -64,6 +64,7 @@ class Zero3Params:
         self.order: list[int] = []  # the pass being run: units in the order expected
         self.pos = 0
         self.inflight: dict[int, tuple] = {}  # unit -> (work, out, pieces, t0) prefetched
+        self.ahead = 0  # gathers issued ahead of their unit's use (prefetches)
         self.hooks = []
         for i, module in enumerate(self.modules):
             self.hooks += [
@@ -144,6 +145,7 @@ class Zero3Params:
             budget -= size
             if j not in self.inflight:
                 self.inflight[j] = self._start(j, t, async_op=True)
+                self.ahead += 1
 
     # -- gathering ----------------------------------------------------------------------
     def _pieces(self, slots, rank: int) -> list[tuple[int, int]]:
@@ -189,7 +191,8 @@ class Zero3Params:
         nbytes = sum(s.numel for s in slots) * self.flat.element_size()
         if work is not None:
             run_collective(self.ctx, "allgather", work.wait)
-        if not unpack:
+        if not unpack:  # a prefetch the pass did not use: its bytes moved all the same
+            self.e.recorder.add("net", "allgather", t, t0, self.e.recorder.now(), nbytes)
             return
         views = [self.flat[s.offset:s.offset + s.numel] for s in slots]
         self.B.access("net", "allgather", reads=(self.owned,), writes=views)

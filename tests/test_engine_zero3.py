@@ -248,6 +248,7 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
                 "params": params_of(model), "selected": dict(engine.strategy.selected),
                 "net": [(s.op, s.bytes) for s in engine.timeline.spans if s.lane == "net"],
                 "owned": None if engine.zero3 is None else engine.zero3.owned.numel(),
+                "ahead": None if engine.zero3 is None else engine.zero3.ahead,
                 "hazards": engine.backend.hazards.report()["hazards"]}
         # a NaN in rank 1's local gradient lands in rank 0's shard: both ranks skip
         model = BiasMLP()
@@ -298,6 +299,9 @@ def test_ranks_match_the_reference_and_zero2(world, tmp_path):
             for name, idx in ref.selected.items():
                 assert torch.equal(got["selected"][name], idx), (case, r, name)
             assert got["hazards"] == 0, (case, r)
+            # after the first forward's trace every unit but a pass's first is prefetched
+            units = 5  # BiasMLP: emb, up, down, norm, out
+            assert got["ahead"] == (2 * STEPS - 1) * (units - 1), (case, r)
             assert got["owned"] == min(-(-total // world), total - r * -(-total // world))
             ops = {op for op, _ in got["net"]}
             assert {"allgather", "reduce_scatter"} <= ops and "allreduce" in ops
