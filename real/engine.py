@@ -148,6 +148,7 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         self.strategy: StrategyForEngine = cls(self)
         if self.zero3 is not None:  # the strategy read the weights: now they are released
             self.zero3.release_all()
+            self.flat_params = self.flat_params.new_empty(0)  # its storage freed
         self.buckets = None
         self.sent_down = None  # (host buffer, d2h event) of this step's bucketed d2h
         if self.bucketed:

@@ -25,7 +25,6 @@ import torch
 
 from zfbench.real import kernels
 from zfbench.real.distributed import allreduce_sum_
-from zfbench.real.flat import selected_shape
 from zfbench.real.zenflow import ZenFlowStrategy
 from zfbench.real.zenflow_shard import _positions, exchange_scores, shard_column_scores
 from zfbench.core.schedule import topk_count
@@ -37,6 +36,13 @@ def shard_positions(slots_and_columns, vector_slots, lo: int, hi: int) -> torch.
     lie in [lo, hi); a weight wholly in the shard comes laid out as `selected_shape`."""
     return torch.cat([torch.zeros(0, dtype=torch.long)] + _pieces(
         slots_and_columns, vector_slots, lo, hi))
+
+
+def _selected_shape(slot, k: int) -> tuple[int, int]:
+    """`selected_shape` of the slot's weight, from its layout (the parameter itself may be
+    released): [k, rows] for a column-major matrix, [rows, k] otherwise."""
+    rows, cols = slot.shape
+    return (k, rows) if slot.column_major and rows > 1 and cols > 1 else (rows, k)
 
 
 def _pieces(slots_and_columns, vector_slots, lo: int, hi: int) -> list[torch.Tensor]:
@@ -77,7 +83,8 @@ class ZenFlowZero3Strategy(ZenFlowStrategy):
             p = self.by_name[name]
             whole = count == (p.shape[0] * self.selected[name].numel() if p.dim() == 2
                               else p.numel())
-            shape = (selected_shape(p, self.selected[name].numel()) if p.dim() == 2
+            shape = (_selected_shape(self.e.layout.by_name[name],
+                                     self.selected[name].numel()) if p.dim() == 2
                      else tuple(p.shape)) if whole else (count,)
             self.dm[name] = self.m[at:at + count].view(shape)
             self.dv[name] = self.v[at:at + count].view(shape)

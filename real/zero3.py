@@ -2,10 +2,10 @@
 gather theirs before use and release them after (docs/zenflow.md, "ZenFlow on ZeRO-3").
 
 `Zero3Params(engine)` holds `owned`, this rank's shard [lo, hi) of the flat parameter
-buffer (the persistent copy: every update writes it, checkpoints carry it). The engine's
-`flat_params` stays the working space the parameters' views point into; outside a
-module's use its elements are released: filled with NaN, so anything that reads a
-released parameter gets NaN (a test checks it). A unit is a module with parameters of its
+buffer (the persistent copy: every update writes it, checkpoints carry it); the engine's
+full `flat_params` is dropped. A gathered unit's parameters are views into a buffer of
+its own; released, each is one NaN element seen at its shape (the buffer freed), so
+anything that reads a released parameter gets NaN (a test checks it). A unit is a module with parameters of its
 own (`_parameters`, tied ones included, and those `register_external_parameter` names);
 hooks gather a unit's elements from every rank's shard before its forward and before its
 backward (one `net` all-gather span each, padded pieces) and release them after. The first forward traces the units' order; from then on
@@ -44,10 +44,13 @@ class Zero3Params:
     def __init__(self, engine) -> None:
         self.e, self.B, self.ctx = engine, engine.backend, engine.dist
         self.lo, self.hi = engine.shard_lo, engine.shard_hi
-        self.flat = engine.flat_params
-        self.owned = self.B.name(self.flat[self.lo:self.hi].detach().clone(), "owned_params")
+        flat = engine.flat_params
+        self.owned = self.B.name(flat[self.lo:self.hi].detach().clone(), "owned_params")
+        self.nan = torch.full((1,), float("nan"), dtype=flat.dtype, device=flat.device)
         self.prefetch_elems = engine.config.prefetch_elems
         slot_of = {id(p): s for s, (_, p) in zip(engine.layout.slots, engine.named_params)}
+        self.param_of = {s.offset: p for s, (_, p) in zip(engine.layout.slots,
+                                                          engine.named_params)}
         self.units: list[list] = []  # each unit's slots
         self.modules = []
         for module in engine.model.modules():
@@ -148,17 +151,13 @@ class Zero3Params:
                 self.ahead += 1
 
     # -- gathering ----------------------------------------------------------------------
-    def _pieces(self, slots, rank: int) -> list[tuple[int, int]]:
-        """The elements of `slots` in rank `rank`'s shard, as flat [a, b) ranges."""
-        ctx = self.ctx
-        lo = min(self.flat.numel(), rank * ctx.shard) if ctx.active else 0
-        hi = min(self.flat.numel(), lo + ctx.shard) if ctx.active else self.flat.numel()
-        out = []
-        for s in slots:
-            a, b = max(lo, s.offset), min(hi, s.offset + s.numel)
-            if a < b:
-                out.append((a, b))
-        return out
+    def _pieces(self, slots, rank: int) -> list[tuple]:
+        """The elements of `slots` in rank `rank`'s shard, as (slot, a, b): flat [a, b)."""
+        total, ctx = self.e.layout.total, self.ctx
+        lo = min(total, rank * ctx.shard) if ctx.active else 0
+        hi = min(total, lo + ctx.shard) if ctx.active else total
+        return [(s, max(lo, s.offset), min(hi, s.offset + s.numel)) for s in slots
+                if max(lo, s.offset) < min(hi, s.offset + s.numel)]
 
     def _start(self, i: int, t: int, async_op: bool):
         slots = self.units[i]
@@ -167,13 +166,13 @@ class Zero3Params:
             return None, None, None, t0
         world = self.ctx.world
         pieces = [self._pieces(slots, r) for r in range(world)]
-        width = max(sum(b - a for a, b in p) for p in pieces)
-        send = torch.zeros(width, dtype=self.flat.dtype, device=self.flat.device)
+        width = max(sum(b - a for _, a, b in p) for p in pieces)
+        send = self.owned.new_zeros(width)
         at = 0
-        for a, b in pieces[self.ctx.rank]:
+        for _, a, b in pieces[self.ctx.rank]:
             send[at:at + b - a].copy_(self.owned[a - self.lo:b - self.lo])
             at += b - a
-        out = torch.empty(width * world, dtype=self.flat.dtype, device=self.flat.device)
+        out = self.owned.new_empty(width * world)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         work = run_collective(self.ctx, "allgather", lambda: gather(
             out, send, group=self.ctx.group, async_op=async_op))
@@ -187,43 +186,47 @@ class Zero3Params:
         self._complete(i, t, *self._start(i, t, async_op=False), unpack=True)
 
     def _complete(self, i, t, work, out, pieces, t0, unpack) -> None:
+        """The unit's elements into a fresh buffer of its own, its parameters' storage."""
         slots = self.units[i]
-        nbytes = sum(s.numel for s in slots) * self.flat.element_size()
+        nbytes = sum(s.numel for s in slots) * self.owned.element_size()
         if work is not None:
             run_collective(self.ctx, "allgather", work.wait)
-        if not unpack:  # a prefetch the pass did not use: its bytes moved all the same
+        if out is not None:  # one rank moves nothing: no span
             self.e.recorder.add("net", "allgather", t, t0, self.e.recorder.now(), nbytes)
+        if not unpack:  # a prefetch the pass did not use: its bytes moved all the same
             return
-        views = [self.flat[s.offset:s.offset + s.numel] for s in slots]
-        self.B.access("net", "allgather", reads=(self.owned,), writes=views)
-        if out is None:  # one rank: its shard is the whole buffer
-            for s, view in zip(slots, views):
-                view.copy_(self.owned[s.offset - self.lo:s.offset + s.numel - self.lo])
+        local, at = {}, 0
+        for s in slots:
+            local[s.offset], at = at, at + s.numel
+        buf = self.B.name(self.owned.new_empty(at), f"gathered[{i}]")
+        self.B.access("net", "allgather", reads=(self.owned,), writes=(buf,))
+        if out is None:  # one rank: its shard is the whole model
+            for s in slots:
+                buf[local[s.offset]:local[s.offset] + s.numel].copy_(
+                    self.owned[s.offset - self.lo:s.offset + s.numel - self.lo])
         else:
             width = out.numel() // self.ctx.world
             for r, ranges in enumerate(pieces):
                 at = r * width
-                for a, b in ranges:
-                    self.flat[a:b].copy_(out[at:at + b - a])
+                for s, a, b in ranges:
+                    start = local[s.offset] + a - s.offset
+                    buf[start:start + b - a].copy_(out[at:at + b - a])
                     at += b - a
-        if out is not None:  # one rank moves nothing: no span
-            self.e.recorder.add("net", "allgather", t, t0, self.e.recorder.now(), nbytes)
+        for s in slots:
+            self.param_of[s.offset].data = FlatLayout._view(
+                buf, dataclasses.replace(s, offset=local[s.offset]))
 
     # -- releasing ----------------------------------------------------------------------
     def _release(self, slots) -> None:
-        if not slots:
-            return
-        views = [self.flat[s.offset:s.offset + s.numel] for s in slots]
-        self.B.access("compute", "release", writes=views)
-        with torch.no_grad():
-            for view in views:
-                view.fill_(float("nan"))
+        """The slots' parameters lose their storage: each becomes one NaN element seen
+        at its shape (stride 0), so the gathered buffer is freed and a read gets NaN."""
+        for s in slots:
+            p = self.param_of[s.offset]
+            p.data = self.nan.expand(p.shape)
 
     def release_all(self) -> None:
-        """Every parameter released (NaN in the working space); `owned` keeps them."""
-        self.B.access("compute", "release", writes=(self.flat,))
-        with torch.no_grad():
-            self.flat.fill_(float("nan"))
+        """Every parameter released; `owned` keeps them."""
+        self._release(self.e.layout.slots)
 
     def owned_view(self, name: str) -> torch.Tensor:
         """Parameter `name` as this rank's shard holds it (laid out as the parameter; the
@@ -273,7 +276,7 @@ class Zero3Params:
         if not self.ctx.active:
             return bad
         # on the gradients' device: the main group is NCCL's on CUDA
-        votes = torch.tensor([1.0 if bad else 0.0], device=self.flat.device)
+        votes = torch.tensor([1.0 if bad else 0.0], device=self.owned.device)
         allreduce_sum_(self.ctx, votes)
         if votes.item() > 0 and not bad:
             return [f"a parameter of another rank's shard ({int(votes.item())} rank(s))"]

@@ -119,6 +119,8 @@ def test_released_parameters_are_nan_and_a_read_after_release_shows():
     train_steps(engine, batches(), 3)
     for name, p in model.named_parameters():  # between steps: nothing is gathered
         assert torch.isnan(p).all(), name
+        assert p.untyped_storage().nbytes() == p.element_size(), name  # one element
+    assert engine.flat_params.numel() == 0  # no full-size copy of the parameters
     owned = engine.zero3.owned
     assert torch.isfinite(owned).all() and owned.numel() == engine.layout.total
     with engine.zero3.gathered():  # the whole model, assembled on demand

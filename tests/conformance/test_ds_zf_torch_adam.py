@@ -148,7 +148,7 @@ def test_clear_selected_mv(opt):
         step(engine, [g])
         assert s.dm["w"].abs().sum() > 0
     assert s.selected["w"].tolist() == [0, 2]
-    laid_out = torch.empty_like(model.w)  # the engine's layout (columns contiguous)
+    laid_out = torch.empty_like(values(engine, model)["w"])  # the engine's layout
     laid_out.copy_(g / U)
     g_sel = take_columns(laid_out, s.selected["w"])
     torch.testing.assert_close(s.dm["w"], (1 - BETAS[0]) * g_sel, rtol=1e-6, atol=1e-8)
