@@ -43,7 +43,7 @@ class EngineForStrategy(Protocol):
     backend: Backend  # device work on a lane, its waits and events (real/backend.py)
     named_params: list[tuple[str, torch.Tensor]]  # views into flat_params
     layout: FlatLayout  # where each parameter sits in the flat buffers
-    flat_params: torch.Tensor  # the device's parameters, one flat buffer
+    flat_params: torch.Tensor  # the device's parameters, one flat buffer (empty on ZeRO-3)
     flat_grads: torch.Tensor  # their gradients, the same layout
     shard_lo: int  # this rank's shard [shard_lo, shard_hi) of the flat buffers
     shard_hi: int
