@@ -33,7 +33,7 @@ import torch
 from zfbench.real import kernels
 from zfbench.real.flat import put_columns, selected_shape, take_columns
 from zfbench.real.strategies import HostState, Strategy
-from zfbench.real.zenflow_offload import OffloadedMoments
+from zfbench.real.zenflow_offload import OffloadedMoments, plan_buckets
 from zfbench.real.zenflow_shard import (device_from_master, exchange_scores,
                                         master_from_device)
 from zfbench.core.schedule import (AutoIntervalTracker, is_selection_step, is_update_boundary,
@@ -115,7 +115,8 @@ class ZenFlowStrategy(Strategy):
         entries = [(n, selected_shape(p, topk_count(p.shape[1], self.zf.topk_ratio)),
                     p.numel()) for n, p in self.matrices]
         entries += [(n, tuple(p.shape), p.numel()) for n, p in self.vectors]
-        return OffloadedMoments(self.B, entries, e.config.bucket_elems, e.flat_params.device,
+        return OffloadedMoments(self.B, entries, plan_buckets(entries, e.config.bucket_elems),
+                                e.flat_params.device,
                                 pin=e.config.pin_memory)
 
     # -- schedule ---------------------------------------------------------------------

@@ -3,10 +3,12 @@
 ZenFlow's device AdamW (real/zenflow.py) keeps fp32 m and v for the selected columns of
 every 2-D weight and for every 1-D parameter. With `offload` they live in one host buffer
 instead (pinned when `offload_optimizer.pin_memory` is set) and visit the device around
-each device update, bucket by bucket: h2d into a device staging buffer (`h2d_moments`),
-AdamW on the bucket's parameters (`device_optim`), d2h back (`d2h_moments`). A bucket
-takes parameters in order until their sizes (whole parameters, as DeepSpeed counts them)
-reach `reduce_bucket_size` elements, so the device holds one bucket's moments at a time.
+each device update, bucket by bucket: h2d into a device staging buffer (`h2d_moments`,
+its m and its v), AdamW on the bucket's parameters (`device_optim`), d2h back
+(`d2h_moments`). On ZeRO-2 a bucket takes parameters in order until their sizes (whole
+parameters, as DeepSpeed counts them) reach `reduce_bucket_size` elements; on ZeRO-3 (one
+flat run of the shard's selected elements) it is a SIMD-aligned range of at most that
+many. The device holds one bucket's moments at a time.
 The numbers are those of the moments kept on the device: the same fp32 values travel.
 (DeepSpeed buckets by `allgather_bucket_size`, keeps the moments in the weights' dtype
 and also moves the remembered selected columns to the host: docs/zenflow.md.)
@@ -21,8 +23,9 @@ import torch
 
 @dataclass(frozen=True)
 class MomentBucket:
-    """Consecutive entries (weight names) whose moments travel together: m then v, each
-    `numel` elements, at `offset` in the host buffer (2 x numel from there)."""
+    """A run of moments that travel together: elements [offset, offset + numel) of the
+    entries laid end to end (the entries `names`, shaped `shapes`, when it holds whole
+    ones); its m and v are those ranges of the host buffer's m half and v half."""
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     offset: int
@@ -40,7 +43,7 @@ def plan_buckets(entries: list[tuple[str, tuple[int, ...], int]],
         nonlocal names, shapes, numel, counted, offset
         if names:
             buckets.append(MomentBucket(tuple(names), tuple(shapes), offset, numel))
-            offset += 2 * numel
+            offset += numel
         names, shapes, numel, counted = [], [], 0, 0
 
     for name, shape, param_numel in entries:
@@ -54,66 +57,84 @@ def plan_buckets(entries: list[tuple[str, tuple[int, ...], int]],
     return buckets
 
 
+#: elements a ranged bucket's bounds are multiples of: whole vectors of the CPU's widest
+#: SIMD (64 floats), so an AdamW over a bucket rounds each element as one over the whole
+#: buffer does (torch's vector loop and its remainder loop round differently)
+ALIGN = 64
+
+
+def ranged_buckets(total: int, bucket_elems: int) -> list[MomentBucket]:
+    """Buckets of one flat run of `total` moments: consecutive ranges of at most
+    `bucket_elems` elements (rounded down to ALIGN, at least ALIGN)."""
+    size = max(ALIGN, bucket_elems // ALIGN * ALIGN)
+    return [MomentBucket((), (), a, min(size, total - a)) for a in range(0, total, size)]
+
+
 class OffloadedMoments:
-    """The host buffer of every bucket's moments and the device staging buffer that one
-    bucket's moments use during its AdamW."""
+    """The host buffer of the moments (every m, then every v, entries end to end) and the
+    device staging buffer that one bucket's moments use during its AdamW."""
 
     def __init__(self, backend, entries: list[tuple[str, tuple[int, ...], int]],
-                 bucket_elems: int, device: torch.device, pin: bool) -> None:
+                 buckets: list[MomentBucket], device: torch.device, pin: bool) -> None:
         self.B = backend
-        self.buckets = plan_buckets(entries, bucket_elems)
-        total = 2 * sum(b.numel for b in self.buckets)
-        host = (backend.pinned(total, torch.float32) if pin
-                else torch.zeros(total, dtype=torch.float32))
+        self.buckets = buckets
+        self.total = sum(int(torch.Size(shape).numel()) for _, shape, _ in entries)
+        host = (backend.pinned(2 * self.total, torch.float32) if pin
+                else torch.zeros(2 * self.total, dtype=torch.float32))
         backend.mark_host(host)
         self.host = backend.name(host, "host.zenflow_moments")
+        self.host_m, self.host_v = self.host[:self.total], self.host[self.total:]
         staging = max((2 * b.numel for b in self.buckets), default=0)
         self.staging = backend.name(torch.zeros(staging, dtype=torch.float32, device=device),
                                     "zenflow_moments_staging")
         self.m: dict[str, torch.Tensor] = {}
         self.v: dict[str, torch.Tensor] = {}
-        for bucket in self.buckets:
-            m, v = self._views(self.host[bucket.offset:bucket.offset + 2 * bucket.numel],
-                               bucket)
-            self.m.update(m)
-            self.v.update(v)
-        self.sent_back = None  # the event after the last d2h out of the staging buffer
-
-    @staticmethod
-    def _views(flat: torch.Tensor, bucket: MomentBucket):
-        """{name: m view}, {name: v view} of one bucket's [m..., v...] span `flat`."""
-        m, v, at = {}, {}, 0
-        for name, shape in zip(bucket.names, bucket.shapes):
+        at = 0
+        for name, shape, _ in entries:
             n = int(torch.Size(shape).numel())
-            m[name] = flat[at:at + n].view(shape)
-            v[name] = flat[bucket.numel + at:bucket.numel + at + n].view(shape)
+            self.m[name] = self.host_m[at:at + n].view(shape)
+            self.v[name] = self.host_v[at:at + n].view(shape)
             at += n
-        return m, v
+        self.sent_back = None  # the event after the last d2h out of the staging buffer
 
     @property
     def host_bytes(self) -> int:
         return self.host.numel() * self.host.element_size()
 
+    def staged(self, bucket: MomentBucket) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bucket's m and v in the staging buffer, each flat (after `bring_in`)."""
+        return (self.staging[:bucket.numel], self.staging[bucket.numel:2 * bucket.numel])
+
+    def _pairs(self, bucket: MomentBucket):
+        """(staging span, host span) of the bucket's m, then of its v."""
+        a, b = bucket.offset, bucket.offset + bucket.numel
+        m, v = self.staged(bucket)
+        return ((m, self.host_m[a:b]), (v, self.host_v[a:b]))
+
     def bring_in(self, t: int, bucket: MomentBucket):
-        """h2d: the bucket's moments into the staging buffer (after the last bucket's
-        left it); returns the device views {name: m}, {name: v} the AdamW updates."""
+        """h2d: the bucket's m and v into the staging buffer (after the last bucket's left
+        it); returns the device views {name: m}, {name: v} of its whole entries."""
         B = self.B
-        span = self.staging[:2 * bucket.numel]
         B.wait("h2d", self.sent_back,
                "the moments' h2d waits until the last bucket's moments left the staging buffer")
-        B.copy("h2d", "h2d_moments", t, span,
-               self.host[bucket.offset:bucket.offset + 2 * bucket.numel])
+        for device_span, host_span in self._pairs(bucket):
+            B.copy("h2d", "h2d_moments", t, device_span, host_span)
         B.wait("compute", B.record("h2d"), "the device AdamW waits for its moments")
-        return self._views(span, bucket)
+        m, v = self.staged(bucket)
+        views_m, views_v, at = {}, {}, 0
+        for name, shape in zip(bucket.names, bucket.shapes):
+            n = int(torch.Size(shape).numel())
+            views_m[name], views_v[name] = m[at:at + n].view(shape), v[at:at + n].view(shape)
+            at += n
+        return views_m, views_v
 
     def send_back(self, t: int, bucket: MomentBucket) -> None:
         """d2h: the bucket's updated moments back into the host buffer, once the compute
         lane wrote them."""
         B = self.B
         B.wait("d2h", B.record("compute"), "the moments' d2h waits for the device AdamW")
-        B.copy("d2h", "d2h_moments", t,
-               self.host[bucket.offset:bucket.offset + 2 * bucket.numel],
-               self.staging[:2 * bucket.numel])
+        for device_span, host_span in self._pairs(bucket):
+            B.copy("d2h", "d2h_moments", t, host_span, device_span)
         self.sent_back = B.record("d2h")
 
     def settle(self, why: str) -> None:

@@ -26,6 +26,7 @@ import torch
 from zfbench.real import kernels
 from zfbench.real.distributed import allreduce_sum_
 from zfbench.real.zenflow import ZenFlowStrategy
+from zfbench.real.zenflow_offload import OffloadedMoments, ranged_buckets
 from zfbench.real.zenflow_shard import _positions, exchange_scores, shard_column_scores
 from zfbench.core.schedule import topk_count
 
@@ -59,6 +60,9 @@ def _pieces(slots_and_columns, vector_slots, lo: int, hi: int) -> list[torch.Ten
 class ZenFlowZero3Strategy(ZenFlowStrategy):
     """ZenFlow whose device state is this rank's shard only (the module docstring)."""
 
+    def _offloaded_moments(self):
+        return None  # on ZeRO-3 they follow each selection (`_fresh_state`)
+
     def __init__(self, engine) -> None:
         super().__init__(engine)
         z3 = engine.zero3
@@ -72,13 +76,11 @@ class ZenFlowZero3Strategy(ZenFlowStrategy):
         dev = self.owned.device
         self.values = self.B.name(torch.zeros(n, dtype=torch.float32, device=dev),
                                   "selected_values")
-        self.m = torch.zeros_like(self.values)
-        self.v = torch.zeros_like(self.values)
         self.g = torch.zeros_like(self.values)
         self.scratch = torch.zeros_like(self.values)
         # each weight's moments as views (shaped as its selection when the shard holds
         # the whole weight), as ZeRO-2's strategy names them
-        self.dm, self.dv, at = {}, {}, 0
+        entries = []
         for name, count in zip(self.entry_names, self.counts if n else ()):
             p = self.by_name[name]
             whole = count == (p.shape[0] * self.selected[name].numel() if p.dim() == 2
@@ -86,6 +88,19 @@ class ZenFlowZero3Strategy(ZenFlowStrategy):
             shape = (_selected_shape(self.e.layout.by_name[name],
                                      self.selected[name].numel()) if p.dim() == 2
                      else tuple(p.shape)) if whole else (count,)
+            entries.append((name, shape, count))
+        self.moments = None
+        if self.zf.offload and n:  # zenflow.offload: m and v in host memory, by bucket
+            self.moments = OffloadedMoments(
+                self.B, entries, ranged_buckets(n, self.e.config.bucket_elems), dev,
+                pin=self.e.config.pin_memory)
+            self.m = self.v = None
+            self.dm, self.dv = dict(self.moments.m), dict(self.moments.v)
+            return
+        self.m = torch.zeros_like(self.values)
+        self.v = torch.zeros_like(self.values)
+        self.dm, self.dv, at = {}, {}, 0
+        for name, shape, count in entries:
             self.dm[name] = self.m[at:at + count].view(shape)
             self.dv[name] = self.v[at:at + count].view(shape)
             at += count
@@ -140,7 +155,8 @@ class ZenFlowZero3Strategy(ZenFlowStrategy):
             self.counts = [piece.numel() for piece in pieces]
             self.pos = pos.to(self.owned.device)
             self._fresh_state(self.pos.numel())  # the moments start at zero
-        B.access("compute", "select", writes=(self.pos, self.values, self.m, self.v))
+        B.access("compute", "select", writes=(self.pos, self.values) + (
+            (self.m, self.v) if self.moments is None else ()))
         B.wait("h2d", B.record("compute"), "select's h2d waits for the selection")
         with B.op("h2d", "select", t, reads=(host.master, self.pos), writes=(self.values,),
                   nbytes=self.values.numel() * 4, blocking=True):
@@ -168,19 +184,46 @@ class ZenFlowZero3Strategy(ZenFlowStrategy):
     def device_update(self, t: int) -> None:
         e = self.e
         self.device_count += 1
-        with e.compute("device_optim", t, reads=(e.flat_grads,),
-                       writes=(self.owned, self.values)):
-            shard = e.flat_grads[self.host.lo:self.host.hi]
-            kernels.copy_(self.g, shard.index_select(0, self.pos))
-            self.g.div_(self.grad_divisor)
-            self._device_adam([self.values], [self.g], [self.m], [self.v],
-                              [self.device_count], [self.scratch])
+        if self.moments is None:
+            with e.compute("device_optim", t, reads=(e.flat_grads,),
+                           writes=(self.owned, self.values)):
+                self._gather_grads()
+                self._device_adam([self.values], [self.g], [self.m], [self.v],
+                                  [self.device_count], [self.scratch])
+                self.owned.index_copy_(0, self.pos, self.values.to(self.owned.dtype))
+            return
+        # zenflow.offload: the gradient gathered, then AdamW bucket by bucket around each
+        # bucket's moments brought in and sent back (real/zenflow_offload.py)
+        with e.compute("device_optim", t, reads=(e.flat_grads,), writes=(self.g,)):
+            self._gather_grads()
+        staging, at = self.moments.staging, 0
+        for bucket in self.moments.buckets:
+            self.moments.bring_in(t, bucket)
+            m, v = self.moments.staged(bucket)
+            part = slice(at, at + bucket.numel)
+            with e.compute("device_optim", t, reads=(self.g, staging),
+                           writes=(self.values, staging)):
+                self._device_adam([self.values[part]], [self.g[part]], [m], [v],
+                                  [self.device_count], [self.scratch[part]])
+            self.moments.send_back(t, bucket)
+            at += bucket.numel
+        with e.compute("device_optim", t, reads=(self.values,), writes=(self.owned,)):
             self.owned.index_copy_(0, self.pos, self.values.to(self.owned.dtype))
+
+    def _gather_grads(self) -> None:
+        """The selected elements' gradients of the shard into `g`, divided by U."""
+        shard = self.e.flat_grads[self.host.lo:self.host.hi]
+        kernels.copy_(self.g, shard.index_select(0, self.pos))
+        self.g.div_(self.grad_divisor)
 
     # -- checkpoint -----------------------------------------------------------------------
     def state_dict(self) -> dict:
+        m, v = self.m, self.v
+        if self.moments is not None:
+            self.moments.settle("checkpoint reads the offloaded moments after their last d2h")
+            m, v = self.moments.host_m, self.moments.host_v
         return {**self.schedule_state(), "owned": self.owned, "pos": self.pos,
-                "counts": self.counts, "values": self.values, "m": self.m, "v": self.v}
+                "counts": self.counts, "values": self.values, "m": m, "v": v}
 
     def load_state_dict(self, state: dict) -> None:
         self.load_schedule_state(state)  # (the engine checked the stage and size)
@@ -188,5 +231,10 @@ class ZenFlowZero3Strategy(ZenFlowStrategy):
         self.pos = state["pos"].to(self.owned.device)
         self.counts = list(state["counts"])
         self._fresh_state(self.pos.numel())
-        for name in ("values", "m", "v"):
-            getattr(self, name).copy_(state[name])
+        self.values.copy_(state["values"])
+        if self.moments is not None:
+            self.moments.host_m.copy_(state["m"])
+            self.moments.host_v.copy_(state["v"])
+        else:
+            self.m.copy_(state["m"])
+            self.v.copy_(state["v"])

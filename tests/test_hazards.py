@@ -46,7 +46,8 @@ def scenario(name: str) -> dict:
 SCENARIOS = ["device", "zero-offload", "zero-offload-dpu", "zero-offload-dpu:bf16",
              "zenflow", "zenflow:sync", "zenflow:bf16", "zenflow:sync-bf16-warm",
              "zenflow:offload-bf16",  # zenflow.offload: moments up and back in buckets
-             "zenflow:zero3", "zenflow:sync-bf16-warm-zero3"]  # ZeRO-3 (real/zero3.py)
+             "zenflow:zero3", "zenflow:sync-bf16-warm-zero3",  # ZeRO-3 (real/zero3.py)
+             "zenflow:offload-bf16-zero3"]
 # two ranks with overlap_comm (one rank: tests/test_grad_buckets.py)
 BUCKETED = ["zero-offload:buckets", "zero-offload-dpu:buckets-bf16", "zenflow:buckets-bf16"]
 STEPS = 9  # selections at 0, 4, 8; boundaries every 2 steps
@@ -160,7 +161,8 @@ def test_the_zenflow_overlap_race_is_caught_without_its_wait():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["zero-offload-dpu", "zenflow", "zenflow:bf16",
-                                  "zenflow:offload-bf16", "zenflow:zero3"])
+                                  "zenflow:offload-bf16", "zenflow:zero3",
+                                  "zenflow:offload-bf16-zero3"])
 def test_a_checkpoint_mid_window_and_its_resume_run_without_hazards(name, tmp_path):
     data = list(itertools.islice(batches(), 10))
     engine = make_engine(BiasMLP(), scenario(name), hazard_check=True)

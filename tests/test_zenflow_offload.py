@@ -68,7 +68,7 @@ def test_every_moment_goes_up_and_back_once_per_device_update():
         per_step = moved.groupby("step")["bytes"].agg(["sum", "count"])
         assert list(per_step.index) == list(range(STEPS))  # no warm-up: every step
         assert (per_step["sum"] == moment_bytes).all()
-        assert (per_step["count"] == buckets).all()
+        assert (per_step["count"] == 2 * buckets).all()  # each bucket's m and its v
     plain = trained(offload_config(False)).timeline.spans_frame()
     assert not plain["op"].isin(["h2d_moments", "d2h_moments"]).any()
 
@@ -112,7 +112,7 @@ sizes = st.lists(st.integers(1, 50), min_size=1, max_size=12)
 @given(sizes, st.integers(1, 120))
 def test_buckets_follow_deepspeeds_rule(numels, bucket):
     """In order, a bucket closes as soon as its parameters reach `bucket` elements; the
-    host layout is [m, v] per bucket, back to back."""
+    buckets cover the entries' moments end to end."""
     entries = [(f"w{i}", (n,), 3 * n) for i, n in enumerate(numels)]  # params > moments
     planned = plan_buckets(entries, bucket)
     assert [n for b in planned for n in b.names] == [e[0] for e in entries]
@@ -120,7 +120,7 @@ def test_buckets_follow_deepspeeds_rule(numels, bucket):
     for i, b in enumerate(planned):
         counted = [3 * numels[int(n[1:])] for n in b.names]
         assert b.offset == offset and b.numel == sum(numels[int(n[1:])] for n in b.names)
-        offset += 2 * b.numel
+        offset += b.numel
         assert sum(counted[:-1]) < bucket  # it did not close earlier
         if i < len(planned) - 1:
             assert sum(counted) >= bucket  # only the last may stay below
@@ -203,3 +203,16 @@ def test_the_runs_memory_check_reads_offload_from_the_config():
     assert needs[True].host_bytes - needs[False].host_bytes == pytest.approx(
         2 * moments * HEADROOM)  # each of the two ranks keeps its own
     assert needs[True].device_bytes == pytest.approx(needs[False].device_bytes)  # one bucket
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2000), st.integers(1, 700))
+def test_ranged_buckets_cover_the_run_in_aligned_pieces(total, bucket):
+    """ZeRO-3's buckets: consecutive, covering [0, total), each bound a multiple of ALIGN
+    but the end, none longer than the bucket (or ALIGN)."""
+    from zfbench.real.zenflow_offload import ALIGN, ranged_buckets
+    pieces = ranged_buckets(total, bucket)
+    assert sum(b.numel for b in pieces) == total
+    assert [b.offset for b in pieces] == [sum(p.numel for p in pieces[:i])
+                                          for i in range(len(pieces))]
+    assert all(b.offset % ALIGN == 0 and 0 < b.numel <= max(ALIGN, bucket) for b in pieces)

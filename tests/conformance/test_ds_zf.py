@@ -5,15 +5,14 @@ config and return early on a CPU accelerator; here every config zfbench runs is 
 for real on the CPU (bf16, as DeepSpeed's GPU CI runs it), and the ports also check what
 the smoke tests leave out: finite losses, moved weights, DeepSpeed's select-interval
 resolution, the number of selected columns and (two ranks) replicas that stay equal.
-ZeRO-3 runs (real/zero3.py) but not with `zenflow.offload`: those cases are
-expected-different (refused, documented); `zenflow.offload` runs on stages 1-2.
+Every stage of the grid runs, ZeRO-3 (real/zero3.py) and `zenflow.offload` included.
 """
 import math
 
 import pytest
 import torch
 
-from conformance_ranks import SAMPLES, run_smoke, runs_in_zfbench, smoke_grid, smoke_key
+from conformance_ranks import SAMPLES, run_smoke, smoke_grid, smoke_key
 from conformance_support import ds_zenflow_config, expected_different
 from zfbench.core.config import load_config
 from zfbench.core.schedule import topk_count
@@ -22,10 +21,7 @@ from zfbench.real.distributed import default_thread_split
 
 def smoke_params():
     for stage, offload, sel, si, ui, warm in smoke_grid():
-        marks = ()
-        if stage == 3 and offload:
-            marks = expected_different("stage3_offload")
-        yield pytest.param(stage, offload, sel, si, ui, warm, marks=marks,
+        yield pytest.param(stage, offload, sel, si, ui, warm,
                            id=f"{sel}-{si}-{ui}-offload{offload}-W{warm}-stage{stage}")
 
 
@@ -73,11 +69,10 @@ def test_zenflow_distributed(stage, offload, select_strategy, select_interval,
     columns."""
     cfg = ds_zenflow_config(stage, offload, select_strategy, select_interval,
                             update_interval, full_warm_up_rounds)
-    load_config(cfg, world_size=2)  # the refused cases stop here
+    load_config(cfg, world_size=2)  # a refused config would stop here
     ranks = request.getfixturevalue("two_ranks")
     key = smoke_key(stage, offload, select_strategy, select_interval, update_interval,
                     full_warm_up_rounds)
-    assert runs_in_zfbench(stage, offload)
     runs = [rank["smoke"][key] for rank in ranks]
     for run in runs:
         check_smoke_run(run, 2, select_strategy, select_interval, full_warm_up_rounds)

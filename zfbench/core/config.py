@@ -296,7 +296,9 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
     device = _choice(off.get("device", "none"), dev_key, ("none", "cpu"))
     pin = _bool(off.get("pin_memory", False),
                 "zero_optimization.offload_optimizer.pin_memory")
-    overlap_comm = _bool(zero.get("overlap_comm", False), "zero_optimization.overlap_comm")
+    # DeepSpeed's default: on for ZeRO-3, off below (its zero config's `overlap_comm_valid`)
+    overlap_comm = _bool(zero.get("overlap_comm", stage == 3),
+                         "zero_optimization.overlap_comm")
     bucket = zero.get("reduce_bucket_size", "auto")
     if bucket == "auto":  # DeepSpeed's default (the HF Trainer would use hidden^2)
         bucket = 500_000_000
@@ -337,7 +339,7 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
         raise ConfigError("zfbench.strategy", f"got {strategy!r} with {dev_key} = "
                           f"{device!r}; that strategy needs {dev_key} = {want}")
     if stage == 3:
-        _check_stage3(strategy, zenflow)
+        _check_stage3(strategy)
     if device == "cpu" and stage == 0:
         raise ConfigError("zero_optimization.stage", f"got 0 with {dev_key} = 'cpu'; "
                           "optimizer offload needs ZeRO stage 1 or 2 (as in DeepSpeed)")
@@ -379,8 +381,8 @@ def _prefetch_elems(zero: dict) -> int:
     return _int(value, f"zero_optimization.{key}", lo=0)
 
 
-def _check_stage3(strategy: str, zenflow: ZenFlowConfig | None) -> None:
-    """ZeRO-3 runs in the engine for zenflow (real/zero3.py), without its offload; the
+def _check_stage3(strategy: str) -> None:
+    """ZeRO-3 runs in the engine for zenflow (real/zero3.py, zenflow.offload included); the
     device strategy takes the stage and keeps stage 0's layout, as it does at 1 and 2."""
     if device_adamw(strategy):  # no partitioning: the note below says so
         return
@@ -389,7 +391,4 @@ def _check_stage3(strategy: str, zenflow: ZenFlowConfig | None) -> None:
                           "which the engine runs on ZeRO stages 1-2 only (ZeRO-3 is "
                           "zenflow's): set stage 2, or simulate ZeRO-3 offload with "
                           "python -m zfbench.simulate --strategy zero-infinity")
-    if zenflow is not None and zenflow.offload:
-        raise ConfigError(f"{ZENFLOW_PREFIX}.offload", "got true with "
-                          "zero_optimization.stage 3; the engine runs zenflow.offload on "
-                          "ZeRO stages 1-2 only: set stage 2 or offload false")
+

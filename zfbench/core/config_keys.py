@@ -135,7 +135,7 @@ KEY_RULES: dict[str, KeyRule] = {
     "zero_optimization": _applied("stage, offload and ZenFlow", section=True),
     "zero_optimization.stage": _applied(
         "0 (device strategy only), 1 or 2: the optimizer state is sharded over ranks; "
-        "gradients are all-reduced in both; 3 (zenflow, without zenflow.offload): the 16-bit "
+        "gradients are all-reduced in both; 3 (zenflow): the 16-bit "
         "parameters are sharded too, gathered per module and released, and the gradients "
         "reduce-scattered (docs/zenflow.md); the device strategy keeps stage 0's layout at "
         "every stage; 3 with zero-offload or zero-offload-dpu is refused"),
