@@ -13,7 +13,7 @@ from zfbench.real.profile import build_profile, mean_profile, measure_profile, w
 from zfbench.real.rate_probe import Clock, RateProbe, device_sync, median_time
 from zfbench.real.runner import RunSpec
 
-TINY = dict(model="tiny", layers=None, batch=2, seq=16, device_threads=1, host_threads=1,
+TINY = dict(model="tiny", layers=None, micro_batch=2, seq=16, device_threads=1, host_threads=1,
             precision="fp32")
 
 

@@ -29,7 +29,7 @@ def test_the_runs_defaults_are_the_cpu_lanes_scenario_field_by_field():
     assert (d.model, d.layers, d.seq, d.precision) == (
         CPU_LANES.model, CPU_LANES.layers, CPU_LANES.seq, CPU_LANES.precision)
     # batch and accumulation: the built config's, which are the scenario's
-    assert (d.batch, d.grad_accum) == (CPU_LANES.micro_batch, CPU_LANES.grad_accum)
+    assert (d.micro_batch, d.grad_accum) == (CPU_LANES.micro_batch, CPU_LANES.grad_accum)
     assert d.scenario == CPU_LANES
     assert RunSpec.model == CPU_LANES.model and RunSpec.seq == CPU_LANES.seq
 

@@ -430,7 +430,7 @@ def test_sized_shapes_fit_a_line_and_scale_unreachable_targets(intercept_s, want
     high = _sizing_profile(64, intercept_s + 0.05 * 64, params / 1.0)
     shapes = sized_shapes(RunSpec(model="tiny", layers=2), low, high, max_seq=512)
     assert {name: spec.seq for name, spec in shapes.items()} == want
-    assert all(spec.batch == 1 for spec in shapes.values())
+    assert all(spec.micro_batch == 1 for spec in shapes.values())
 
 
 def test_order_check_counts_only_pairs_beyond_noise():
@@ -455,14 +455,14 @@ def test_sized_shapes_grow_the_batch_beyond_the_models_positions():
     shapes = sized_shapes(RunSpec(model="tiny", layers=2), low, high, max_seq=512)
     # ratio 2 needs 499000 tokens, 1: 999000, 0.5: 1999000; at most 64 x 512 = 32768
     for spec in shapes.values():
-        assert spec.seq <= 512 and spec.batch == MAX_BATCH
-        assert spec.batch * spec.seq == MAX_BATCH * 512
+        assert spec.seq <= 512 and spec.micro_batch == MAX_BATCH
+        assert spec.micro_batch * spec.seq == MAX_BATCH * 512
     low = _sizing_profile(4, 0.5 + 1e-4 * 4, params / 1.0)
     high = _sizing_profile(64, 0.5 + 1e-4 * 64, params / 1.0)
     sized = sized_shapes(RunSpec(model="tiny", layers=2), low, high, max_seq=512)
     # r_max = 1 / 0.5004 = 1.998: targets 1.998, 1, 0.5 need 4, 5000 and 15000 tokens:
     # one row; 10 rows of 500; 30 rows of 500
-    got = {name: (spec.batch, spec.seq) for name, spec in sized.items()}
+    got = {name: (spec.micro_batch, spec.seq) for name, spec in sized.items()}
     assert got == {"ratio2": (1, 4), "ratio1": (10, 500), "ratio0.5": (30, 500)}
 
 
@@ -479,10 +479,10 @@ def test_a_noisy_sizing_pair_is_capped_for_quick(capsys):
     high = _sizing_profile(64, 0.003, params / 0.01)
     base = RunSpec(model="tiny", layers=2)
     uncapped = sized_shapes(base, low, high, max_seq=4096)
-    assert all(s.batch * s.seq == MAX_BATCH * 4096 for s in uncapped.values())
+    assert all(s.micro_batch * s.seq == MAX_BATCH * 4096 for s in uncapped.values())
     assert "no slower at 64 tokens" in capsys.readouterr().err
     capped = sized_shapes(base, low, high, max_seq=4096, max_tokens=QUICK_MAX_TOKENS)
-    assert all(s.batch * s.seq <= QUICK_MAX_TOKENS for s in capped.values())
+    assert all(s.micro_batch * s.seq <= QUICK_MAX_TOKENS for s in capped.values())
 
 
 def test_a_noisy_sizing_pair_is_measured_again_then_refused(capsys):
@@ -508,7 +508,7 @@ def test_a_noisy_sizing_pair_is_measured_again_then_refused(capsys):
         queue = [p for pair in pairs for p in pair]
 
         def measure(spec):
-            asked.append((spec.batch, spec.seq))
+            asked.append((spec.micro_batch, spec.seq))
             return queue.pop(0)
         return measure
 
@@ -548,7 +548,7 @@ def test_fitting_halves_the_batch_until_every_strategy_fits(monkeypatch):
     from zfbench.validate.shapes import fitting
     # one memory size for every check (MemAvailable moves with whatever else runs)
     monkeypatch.setattr("zfbench.real.memory.available_host_bytes", lambda: 20e9)
-    spec = RunSpec(model="tinyllama-1.1b", layers=1, batch=64, seq=2048, device="cpu",
+    spec = RunSpec(model="tinyllama-1.1b", layers=1, micro_batch=64, seq=2048, device="cpu",
                    precision="bf16")
 
     def fits(batch: int) -> bool:
@@ -559,6 +559,6 @@ def test_fitting_halves_the_batch_until_every_strategy_fits(monkeypatch):
         except InsufficientMemoryError:
             return False
     got = fitting(spec)
-    assert got.seq == 2048 and 64 % got.batch == 0 and fits(got.batch)
-    assert got.batch == 64 or not fits(got.batch * 2)
-    assert fits(64) or got.batch < 64
+    assert got.seq == 2048 and 64 % got.micro_batch == 0 and fits(got.micro_batch)
+    assert got.micro_batch == 64 or not fits(got.micro_batch * 2)
+    assert fits(64) or got.micro_batch < 64

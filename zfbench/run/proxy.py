@@ -228,7 +228,7 @@ def proxy_spec(spec, configs: dict, use_cuda: bool, err, steps_given: bool):
         (os.cpu_count() or 1)
     record = proxy_record(named, proxy, bound, {"budget_adam_params_per_s": rate,
                           "threads": threads}, budget, why, world, cores, steps,
-                          spec.batch * spec.grad_accum, spec.seq)
+                          spec.micro_batch * spec.grad_accum, spec.seq)
     return replace(spec, model=proxy.name, layers=None, steps=steps), record
 
 

@@ -238,7 +238,7 @@ def project(spec, shape, strategies: list[str], profile_path: Path,
 
     full = shape.name.split("[")[0]
     settings = for_engine_run(config or spec.engine_config("zenflow"), model=full, layers=None,
-                              gpus=1, micro_batch=spec.batch, seq=spec.seq,
+                              gpus=1, micro_batch=spec.micro_batch, seq=spec.seq,
                               profile=str(profile_path), steps=max(spec.steps, 24))
     need = steps_needed(settings)
     rows = [{**simulated_row(simulate(settings, strategy)), "model": full,
