@@ -86,7 +86,7 @@ class RunSpec:
         """The RunSpec that trains `scenario` (its ZenFlow knobs over the config's section,
         the select interval in steps); `rest` gives the other fields (steps, device,
         config, ...; `zenflow` keys further knobs)."""
-        zenflow = {**dataclasses.asdict(scenario.zenflow), "select_strategy": "step",
+        zenflow = {**scenario.zenflow.config_keys(), "select_strategy": "step",
                    **rest.pop("zenflow", {})}
         return cls(model=scenario.model, layers=scenario.layers,
                    micro_batch=scenario.micro_batch,

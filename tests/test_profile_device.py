@@ -199,7 +199,7 @@ def test_the_simulator_takes_a_strategys_own_host_lane(tmp_path):
     cal["host_lanes"] = {"zero-offload": lane}
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(prof))
-    settings = SimSettings(model="tiny", profile=str(path), micro_batch=1, seq=32, steps=4)
+    settings = SimSettings.from_knobs(model="tiny", profile=str(path), micro_batch=1, seq=32, steps=4)
     own = CostModel(settings, "zero-offload")
     assert own.node.host.cores == 4
     assert own.node.host.adam_params_per_s(4) == pytest.approx(3e9)

@@ -50,8 +50,8 @@ def test_simulate_with_profile_uses_measured_costs(profile_path, capsys):
     assert simulate_main(["--profile", str(profile_path), "--steps", "8", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "tiny on the machine measured in" in out
-    s = SimSettings(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
-                    transfers="full", profile=str(profile_path), steps=8)
+    s = SimSettings.from_knobs(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
+                               transfers="full", profile=str(profile_path), steps=8)
     result = simulate(s, "zero-offload")
     cal = json.loads(profile_path.read_text())["calibration"]
     fwd = result.timeline.spans_frame().query("op == 'forward'")["duration_s"].iloc[0]
@@ -64,14 +64,13 @@ def test_simulate_with_profile_uses_measured_costs(profile_path, capsys):
     # applying a one-step-late update is the measured device copy (plus the engine's
     # per-step gradient check and zeroing, which every offload step has), when the lanes
     # do not slow each other
-    from dataclasses import replace
 
     from zfbench.real.profile import with_rates
     apart = profile_path.with_name("apart.json")
     apart.write_text(json.dumps(with_rates(json.loads(profile_path.read_text()), {
         "compute_factor_when_host_busy": 1.0, "host_factor_when_compute_busy": 1.0})))
     c = result.costs
-    dpu = simulate(replace(s, profile=str(apart)), "zero-offload-dpu").timeline.spans_frame(
+    dpu = simulate(s.with_(profile=str(apart)), "zero-offload-dpu").timeline.spans_frame(
     ).query("op == 'device_optim' and step == 4")["duration_s"].sum()
     assert dpu == pytest.approx(c.params * (cal["device_copy_s_per_elem"] +
                                             cal["grad_check_s_per_elem"] +
@@ -84,7 +83,6 @@ def test_zenflow_window_update_clears_the_window_at_the_measured_rate(profile_pa
     `host_zero_elems_per_s` Z, a window's host update lasts params / Z longer (lanes that
     do not slow each other); a profile without the rate (older ones) simulates none, and
     ZeRO-Offload's host step, which clears nothing, is unchanged."""
-    from dataclasses import replace
 
     from zfbench.real.profile import with_rates
     raw = json.loads(profile_path.read_text())
@@ -97,17 +95,17 @@ def test_zenflow_window_update_clears_the_window_at_the_measured_rate(profile_pa
             **apart, **({} if zero_rate is None else {"host_zero_elems_per_s": zero_rate})})
         paths[name] = profile_path.with_name(f"zero_{name}.json")
         paths[name].write_text(json.dumps(profile))
-    s = SimSettings(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
-                    profile=str(paths["none"]), steps=12)
+    s = SimSettings.from_knobs(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
+                               profile=str(paths["none"]), steps=12)
 
     def host_optim_s(strategy: str, which: str) -> float:
-        result = simulate(replace(s, profile=str(paths[which])), strategy)
+        result = simulate(s.with_(profile=str(paths[which])), strategy)
         spans = result.timeline.spans_frame()
         return spans.query("op == 'host_optim'")["duration_s"].sum(), result.costs
 
     none, costs = host_optim_s("zenflow", "none")
     slow, _ = host_optim_s("zenflow", "slow")
-    windows = sum(costs.is_boundary(t) and t >= costs.settings.full_warm_up_rounds
+    windows = sum(costs.is_boundary(t) and t >= costs.settings.zenflow.full_warm_up_rounds
                   for t in range(12))
     assert windows >= 2
     assert slow - none == pytest.approx(windows * costs.params / 2e6, rel=1e-6)
@@ -200,9 +198,9 @@ def test_lane_contention_lengthens_overlapped_strategies_only(profile_path):
             "compute_factor_when_host_busy": f, "host_factor_when_compute_busy": f})))
 
     def step_s(label, strategy):
-        s = SimSettings(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16,
-                        precision="fp32", transfers="full", profile=str(paths[label]),
-                        steps=12)
+        s = SimSettings.from_knobs(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16,
+                                   precision="fp32", transfers="full", profile=str(paths[label]),
+                                   steps=12)
         steps = simulate(s, strategy).timeline.steps_frame().iloc[4:]
         return (steps["t_end_s"] - steps["t_start_s"]).mean()
     for strategy in ("zero-offload", "device"):
@@ -214,7 +212,7 @@ def test_lane_contention_lengthens_overlapped_strategies_only(profile_path):
 @pytest.mark.slow
 def test_profile_of_another_model_is_refused(profile_path):
     with pytest.raises(SimSettingsError, match="measured on tiny"):
-        SimSettings(model="opt-350m", precision="fp32", profile=str(profile_path))
+        SimSettings.from_knobs(model="opt-350m", precision="fp32", profile=str(profile_path))
 
 
 @pytest.mark.slow

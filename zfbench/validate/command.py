@@ -229,6 +229,10 @@ def write_results(out: Path, rows: list[dict], failures: list[str], shapes_done:
 
 
 PROG = "python -m zfbench.validate"
+# `skip`: the --skip default, steps left out of both sides' averages of one shape. Not
+# zfbench.core.schedule.measurement_window: validate runs every strategy of a shape over
+# one fixed window, chosen to cover ZenFlow's warm-up and first windows at these shapes
+# (a CLI default, which --skip changes)
 FULL = {"steps": 24, "skip": 8}  # with the RunSpec default model and layers
 QUICK = {"model": "tiny", "layers": 2, "steps": 14, "skip": 6}
 QUICK_MAX_TOKENS = 256  # --quick's shapes stay seconds long, however noisy their sizing
