@@ -124,7 +124,9 @@ class EngineCheckpoint:
         groups = [{k: v for k, v in g.items() if k != "params"}
                   for g in self.optimizer.param_groups]
         state = {"t": self.t, "strategy_name": self.config.strategy,
-                 "flat_params": self.flat_params.detach().cpu(),
+                 # ZeRO-3: the rank's shard is in the strategy's state ("owned")
+                 "flat_params": (self.flat_params if self.zero3 is None
+                                 else self.flat_params[:0]).detach().cpu(),
                  "strategy": strategy_state, "config": self.config.raw,
                  "loss_scaler": self.loss_scaler.state_dict() if self.loss_scaler
                  else None,
@@ -170,11 +172,19 @@ class EngineCheckpoint:
             raise ValueError(f"checkpoint {path} was written by strategy "
                              f"{state['strategy_name']!r}, this engine runs "
                              f"{self.config.strategy!r}")
-        if state["flat_params"].numel() != self.flat_params.numel():
-            raise ValueError(f"checkpoint {path} holds {state['flat_params'].numel()} "
-                             f"parameters, the model has {self.flat_params.numel()}")
+        saved3 = "owned" in state["strategy"]
+        if saved3 != (self.zero3 is not None):
+            raise ValueError(f"checkpoint {path} was saved on ZeRO stage "
+                             f"{'3' if saved3 else '1 or 2'}; resume it with "
+                             f"zero_optimization.stage {'3' if saved3 else '2'}")
+        numel = (state["strategy"]["owned"] if saved3 else state["flat_params"]).numel()
+        mine = self.flat_params if self.zero3 is None else self.zero3.owned
+        if numel != mine.numel():
+            raise ValueError(f"checkpoint {path} holds {numel} parameters, the model has "
+                             f"{mine.numel()}" + (" in this rank's shard" if saved3 else ""))
         with torch.no_grad():
-            self.flat_params.copy_(state["flat_params"])
+            if self.zero3 is None:
+                self.flat_params.copy_(state["flat_params"])
             self.strategy.load_state_dict(state["strategy"])
         self.backend.declare_state(self.strategy.state_dict(), self.flat_params,
                                    write=True)

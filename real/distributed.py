@@ -193,6 +193,11 @@ def _run(ctx: DistContext, op: str, fn):
                                f" ({first_line})") from err
 
 
+def run_collective(ctx: DistContext, op: str, fn):
+    """`fn()` (a collective named `op`), a failure reported as a `DistributedError`."""
+    return _run(ctx, op, fn)
+
+
 def allreduce_mean_(ctx: DistContext, tensor: torch.Tensor) -> None:
     _run(ctx, "allreduce", lambda: dist.all_reduce(tensor, group=ctx.group))
     tensor.div_(ctx.world)

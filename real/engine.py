@@ -21,7 +21,7 @@ real/deepspeed_api.py's). The engine owns what all strategies share:
 - data parallelism (`dist`, a `zfbench.real.distributed.DistContext`): the flat gradients
   all-reduced before the step, the host state covering only this rank's shard
   `[shard_lo, shard_hi)` (ZeRO-2), updated shards all-gathered back (`gather_params`), both
-  collectives `net` spans with their bytes.
+  collectives `net` spans with their bytes; ZeRO-3 (zenflow): `zero3`, real/zero3.py.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from zfbench.real.checkpoint import EngineCheckpoint
 from zfbench.real.engine_surface import DeepSpeedSurface
 from zfbench.real.engine_protocol import StrategyForEngine
 from zfbench.real.flat import LOW_PRECISION, FlatLayout
-from zfbench.core.strategies import ENGINE_HOST_CHUNK_ELEMS, gradient_buckets_apply
+from zfbench.core.strategies import (ENGINE_HOST_CHUNK_ELEMS, gradient_buckets_apply,
+                                     has_windows)
 from zfbench.real.grad_buckets import GradBuckets
 from zfbench.real.hazards import HazardChecker
 from zfbench.real.distributed import (DistContext, allgather_flat, allreduce_mean_,
@@ -51,6 +52,8 @@ from zfbench.real.lr_schedule import EngineOptimizer, scheduler_from_config
 from zfbench.real.recorder import SpanRecorder
 from zfbench.real.strategies import DelayedOffloadStrategy, DeviceStrategy, OffloadStrategy
 from zfbench.real.zenflow import ZenFlowStrategy
+from zfbench.real.zenflow_zero3 import ZenFlowZero3Strategy
+from zfbench.real.zero3 import Zero3Params
 from zfbench.core.config import ConfigError, EngineConfig, load_config
 
 # The engine's registry: each class under the zfbench.core.strategies record's name it
@@ -112,6 +115,9 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         self.backend = (CudaBackend(self.recorder, self.device, hazards, waits_dropped)
                         if self.use_cuda else CpuLanes(self.recorder, hazards, waits_dropped))
         self._flatten_parameters()
+        # ZeRO-3: the rank owns a shard of the parameters, modules gather them (real/zero3.py)
+        self.zero3 = (Zero3Params(self) if config.zero_stage == 3 and has_windows(config.strategy)
+                      else None)
         # the lr: the optimizer's group holds it, a schedule moves it (real/lr_schedule.py)
         self.optimizer = EngineOptimizer([p for _, p in self.named_params],
                                          config.optimizer, self._zero_grads)
@@ -135,9 +141,14 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         # overlap_comm: gradient buckets are all-reduced (several ranks) and go down
         # during backward (real/grad_buckets.py); not with fp16 (its gradients are still
         # scaled)
+        # ZeRO-3 (zenflow): reduce-scattered once after backward, not in buckets
         self.bucketed = gradient_buckets_apply(config.strategy, config.precision,
-                                               config.overlap_comm)
-        self.strategy: StrategyForEngine = STRATEGY_CLASSES[config.strategy](self)
+                                               config.overlap_comm) and self.zero3 is None
+        cls = STRATEGY_CLASSES[config.strategy] if self.zero3 is None else ZenFlowZero3Strategy
+        self.strategy: StrategyForEngine = cls(self)
+        if self.zero3 is not None:  # the strategy read the weights: now they are released
+            self.zero3.release_all()
+            self.flat_params = self.flat_params.new_empty(0)  # its storage freed
         self.buckets = None
         self.sent_down = None  # (host buffer, d2h event) of this step's bucketed d2h
         if self.bucketed:
@@ -203,6 +214,9 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         """All-reduce (average) the flat gradient buffer, or its elements [lo, hi) (one
         gradient bucket, real/grad_buckets.py), across ranks."""
         dtype = COMM_DTYPES.get(self.config.comm_dtype, self.flat_grads.dtype)
+        if self.zero3 is not None:  # ZeRO-3: each rank keeps the mean of its shard
+            self.zero3.reduce_scatter(t, self.flat_grads, dtype)
+            return
         part = self.flat_grads[lo:hi]
         grads = (part,)
         if dtype == part.dtype:
@@ -220,8 +234,9 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
             part.copy_(wire)
 
     def gather_params(self, target: torch.Tensor, t: int) -> None:
-        """All-gather every rank's updated shard of `target` (a no-op with one rank)."""
-        if not self.dist.active:
+        """All-gather every rank's updated shard of `target` (a no-op with one rank, and
+        on ZeRO-3: each rank keeps its shard, the next use gathers it)."""
+        if not self.dist.active or self.zero3 is not None:
             return
         nbytes = self.dist.shard * self.dist.world * target.element_size()
         with self.backend.op("net", "allgather", t, reads=(target,), writes=(target,),
@@ -233,11 +248,12 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         if self._step_start is None:
             self._step_start = self.recorder.now()
         with self.compute("forward", self.t, reads=(self.flat_params,)):
-            if self.inplace_grads is None:
-                return self.model(*args, **kwargs)
-            self.inplace_grads.reset()
-            with self.inplace_grads:
-                return self.model(*args, **kwargs)
+            with Zero3Params.around(self.zero3, "forward"):
+                if self.inplace_grads is None:
+                    return self.model(*args, **kwargs)
+                self.inplace_grads.reset()
+                with self.inplace_grads:
+                    return self.model(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False,
                  scale_wrt_gas: bool = True) -> None:
@@ -256,7 +272,8 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
                 self.buckets.arm(self.t, landing, self.buckets.expected(self.inplace_grads))
         with self.compute("backward", self.t, reads=(self.flat_params,),
                           writes=(self.flat_grads,)):
-            (loss * factor if factor != 1.0 else loss).backward(retain_graph=retain_graph)
+            with Zero3Params.around(self.zero3, "backward"):
+                (loss * factor if factor != 1.0 else loss).backward(retain_graph=retain_graph)
         if landing is not None:  # what backward did not complete goes down now
             self.sent_down = (landing, self.buckets.finish())
 
@@ -287,6 +304,8 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
             # for the device, and a launch-bound step pays every wait
             *losses, finite = read_scalars(self._micro_losses + [finite])
             bad = [] if finite else self._nonfinite_params()
+            if self.zero3 is not None:  # each rank holds only its shard's mean: a vote
+                bad = self.zero3.agree_bad(bad)
         self._loss = sum(losses) / len(losses) if losses else None
         self._micro_losses = []
         record = {"step": self.t, "loss": self._loss, "skipped": False, "lr": self.lr}
@@ -353,8 +372,12 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         self.host_lane.check()
         with torch.no_grad():
             self.strategy.finish(flush_partial=flush_partial)
+            if self.zero3 is not None:  # the trained model, assembled for its reader
+                self.zero3.gather_all(self.t)
 
     def close(self) -> None:
+        if self.zero3 is not None:
+            self.zero3.close()
         if self.buckets is not None:
             self.buckets.close()
         self.host_lane.close()

@@ -43,7 +43,7 @@ class EngineForStrategy(Protocol):
     backend: Backend  # device work on a lane, its waits and events (real/backend.py)
     named_params: list[tuple[str, torch.Tensor]]  # views into flat_params
     layout: FlatLayout  # where each parameter sits in the flat buffers
-    flat_params: torch.Tensor  # the device's parameters, one flat buffer
+    flat_params: torch.Tensor  # the device's parameters, one flat buffer (empty on ZeRO-3)
     flat_grads: torch.Tensor  # their gradients, the same layout
     shard_lo: int  # this rank's shard [shard_lo, shard_hi) of the flat buffers
     shard_hi: int
@@ -53,6 +53,7 @@ class EngineForStrategy(Protocol):
     host_timeout_s: float  # how long a wait on the host lane may take before an error
     host_chunk_elems: int  # elements per host optimizer job (each chunk then goes up)
     bucketed: bool  # the gradients go down bucket by bucket during backward
+    zero3: Any  # ZeRO-3: the rank's shard of the parameters and its gathers (real/zero3.py)
     steps_per_epoch: int | None  # for ZenFlow's epoch-based reselection (None: unsized)
     t: int  # the optimizer step being run
     lr: float  # its learning rate (the optimizer's, which a schedule moves)

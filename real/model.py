@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zfbench.core.models import ModelShape
+from zfbench.real.zero3 import register_external_parameter
 
 __all__ = ["DecoderLM", "build_model", "norm_eps", "rope_theta", "apply_rotary", "rotary_cos_sin", "INIT_STD",
            "count_parameters"]
@@ -228,6 +229,8 @@ class DecoderLM(nn.Module):
         self.embed = Embed(shape)
         self.layers = nn.ModuleList(DecoderLayer(shape, self.eps) for _ in range(shape.layers))
         self.head = Head(shape, self.eps)
+        if shape.tied_embeddings:  # the head reads the embedding's weight (ZeRO-3 gathers it)
+            register_external_parameter(self.head, self.embed.embed_tokens, "weight")
         self._rope_cache: dict = {}
 
     @property

@@ -167,12 +167,17 @@ class ZenFlowStrategy(Strategy):
         e, host = self.e, self.host
         grad = host.grads[2]
         landed, done = self.grads_down(t, grad)
+        target = self.params_target()
         job = e.host_lane.submit("host_optim", t, self.update_chunks(
-            t, grad, e.flat_params, scale=1.0, landed=landed, divisor=self.grad_divisor),
+            t, grad, target, scale=1.0, landed=landed, divisor=self.grad_divisor),
             after=[(done, "host waits for the d2h of the gradients")])
         e.host_lane.wait(job, e.host_timeout_s)
         self.B.wait("compute", self.uploaded, "compute waits for the uploads")
-        e.gather_params(e.flat_params, t)
+        e.gather_params(target, t)
+
+    def params_target(self) -> torch.Tensor:
+        """The device buffer a warm-up step's parameters go up into."""
+        return self.e.flat_params
 
     def select(self, t: int) -> None:
         e = self.e
@@ -381,32 +386,48 @@ class ZenFlowStrategy(Strategy):
         self.apply_pending(self.e.t)
 
     # -- checkpoint -------------------------------------------------------------------
-    def state_dict(self) -> dict:
+    def schedule_state(self) -> dict:
+        """What a checkpoint keeps of the schedule (windows, counts, pending work), once
+        the host's jobs are done."""
         e = self.e
         e.host_lane.wait(self.accum_job, e.host_timeout_s)
         if self.pending is not None:
             e.host_lane.wait(self.pending, e.host_timeout_s)
             self.B.wait("compute", self.uploaded, "checkpoint waits for the uploads")
-        if self.moments is not None:
-            self.moments.settle("checkpoint reads the offloaded moments after their last d2h")
         return {"host": self.host.state_dict(), "upload": self.upload,
-                "selected": self.selected, "dm": self.dm, "dv": self.dv,
-                "device_count": self.device_count, "parity": self.parity,
-                "window_len": self.window_len,
+                "selected": self.selected, "device_count": self.device_count,
+                "parity": self.parity, "window_len": self.window_len,
                 "pending": self.pending is not None or self.pending_ready,
                 "tracker": None if self.tracker is None else self.tracker.__dict__,
                 "auto_boundary_next": self.auto_boundary_next,
-                "chosen_windows": self.chosen_windows,
+                "chosen_windows": self.chosen_windows}
+
+    def load_schedule_state(self, state: dict) -> None:
+        self.host.load_state_dict(state["host"])
+        self.upload.copy_(state["upload"])
+        device = self.e.flat_params.device  # saved with map_location="cpu"
+        self.selected = {n: idx.to(device) for n, idx in state["selected"].items()}
+        self.device_count, self.parity = state["device_count"], state["parity"]
+        self.window_len = state["window_len"]
+        self.pending, self.pending_ready = None, bool(state["pending"])
+        if self.tracker is not None and state["tracker"] is not None:
+            self.tracker.__dict__.update(state["tracker"])
+        self.auto_boundary_next = state["auto_boundary_next"]
+        self.chosen_windows = list(state["chosen_windows"])
+
+    def state_dict(self) -> dict:
+        state = self.schedule_state()
+        if self.moments is not None:
+            self.moments.settle("checkpoint reads the offloaded moments after their last d2h")
+        return {**state, "dm": self.dm, "dv": self.dv,
                 # bf16/fp16 weights: the device's fp32 values (the weights are rounded)
                 "fp32_selected": ({n: w.values for n, w in self.selected_values.items()}
                                   if self.low else None),
                 "fp32_vectors": self.vector_values if self.low else None}
 
     def load_state_dict(self, state: dict) -> None:
-        self.host.load_state_dict(state["host"])
-        self.upload.copy_(state["upload"])
+        self.load_schedule_state(state)
         device = self.e.flat_params.device  # saved with map_location="cpu"
-        self.selected = {n: idx.to(device) for n, idx in state["selected"].items()}
         self.selected_values = {}
         for name, values in (state.get("fp32_selected") or {}).items():
             p = dict(self.matrices)[name]
@@ -421,10 +442,3 @@ class ZenFlowStrategy(Strategy):
         else:
             self.dm = {n: m.to(device) for n, m in state["dm"].items()}
             self.dv = {n: v.to(device) for n, v in state["dv"].items()}
-        self.device_count, self.parity = state["device_count"], state["parity"]
-        self.window_len = state["window_len"]
-        self.pending, self.pending_ready = None, bool(state["pending"])
-        if self.tracker is not None and state["tracker"] is not None:
-            self.tracker.__dict__.update(state["tracker"])
-        self.auto_boundary_next = state["auto_boundary_next"]
-        self.chosen_windows = list(state["chosen_windows"])

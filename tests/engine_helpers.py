@@ -67,3 +67,23 @@ def train_steps(engine, data, steps: int, on_grads=None) -> list[float]:
 
 def params_of(module: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+def spawn_ranks(target, world: int, tmp_path, join_timeout_s: float = 240) -> list:
+    """`target(rank, world, store, out)` in `world` spawned processes (a file store and the
+    output folder under `tmp_path`); their exit codes, any still running killed."""
+    import time
+
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=target, args=(r, world, str(tmp_path / "store"),
+                                              str(tmp_path))) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + join_timeout_s
+    for p in procs:
+        p.join(max(1.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    return [p.exitcode for p in procs]

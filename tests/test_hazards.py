@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import itertools
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_helpers import BiasMLP, batches, config, make_engine, train_steps  # noqa: E402
+from engine_helpers import (BiasMLP, batches, config, make_engine, spawn_ranks,  # noqa: E402
+                            train_steps)
 from zfbench.real.backend import CpuLanes  # noqa: E402
 from zfbench.real.hazards import HazardChecker  # noqa: E402
 from zfbench.real.recorder import SpanRecorder  # noqa: E402
@@ -39,12 +38,15 @@ def scenario(name: str) -> dict:
         cfg["bf16"] = {"enabled": True}
     if "buckets" in variant or "offload" in variant:  # overlap_comm: bucket by bucket
         cfg["zero_optimization"].update(overlap_comm=True, reduce_bucket_size=150)
+    if "zero3" in variant:  # ZeRO-3: modules gather and release the parameters
+        cfg["zero_optimization"]["stage"] = 3
     return cfg
 
 
 SCENARIOS = ["device", "zero-offload", "zero-offload-dpu", "zero-offload-dpu:bf16",
              "zenflow", "zenflow:sync", "zenflow:bf16", "zenflow:sync-bf16-warm",
-             "zenflow:offload-bf16"]  # zenflow.offload: moments up and back in buckets
+             "zenflow:offload-bf16",  # zenflow.offload: moments up and back in buckets
+             "zenflow:zero3", "zenflow:sync-bf16-warm-zero3"]  # ZeRO-3 (real/zero3.py)
 # two ranks with overlap_comm (one rank: tests/test_grad_buckets.py)
 BUCKETED = ["zero-offload:buckets", "zero-offload-dpu:buckets-bf16", "zenflow:buckets-bf16"]
 STEPS = 9  # selections at 0, 4, 8; boundaries every 2 steps
@@ -158,7 +160,7 @@ def test_the_zenflow_overlap_race_is_caught_without_its_wait():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["zero-offload-dpu", "zenflow", "zenflow:bf16",
-                                  "zenflow:offload-bf16"])
+                                  "zenflow:offload-bf16", "zenflow:zero3"])
 def test_a_checkpoint_mid_window_and_its_resume_run_without_hazards(name, tmp_path):
     data = list(itertools.islice(batches(), 10))
     engine = make_engine(BiasMLP(), scenario(name), hazard_check=True)
@@ -204,7 +206,10 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
                 engine.step()
             engine.finish()
             engine.close()
-            assert ("buckets" in name) == (engine.buckets is not None), name
+            # overlap_comm (buckets) is on for "buckets" and "offload" (scenario())
+            variant = name.partition(":")[2]
+            assert ("buckets" in variant or "offload" in variant) == \
+                (engine.buckets is not None), name
             reports[name] = engine.backend.hazards.report()
         torch.save(reports, Path(out, f"hazards{rank}.pt"))
     finally:
@@ -213,18 +218,7 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
 
 @pytest.mark.slow
 def test_two_ranks_run_every_strategy_without_hazards(tmp_path):
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank, args=(r, 2, str(tmp_path / "store"), str(tmp_path)))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + 240
-    for p in procs:
-        p.join(max(1.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    assert spawn_ranks(_rank, 2, tmp_path) == [0, 0]
     for rank in range(2):
         reports = torch.load(tmp_path / f"hazards{rank}.pt", weights_only=False)
         for name, report in reports.items():

@@ -14,6 +14,7 @@ COMMANDS = {
     "run": "measure the strategies on the real engine",
     "simulate": "simulate the strategies on a named node",
     "predict": "predict ZenFlow from a measured ZeRO-Offload step",
+    "advise": "the best offloading setup for a model on a node, as a DeepSpeed config",
     "validate": "measured engine against the simulator",
     "figures": "rebuild the paper's figures",
     "gradients": "gradient statistics of a real model",

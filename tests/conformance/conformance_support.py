@@ -57,10 +57,15 @@ class Difference:
 
 DIFFERENCES: dict[str, Difference] = {
     "stage3": Difference(
-        "config_keys.md", ("| `zero_optimization.stage` |", "3 is refused"),
-        "zfbench implements ZeRO stages 0-2: ZeRO-3 (and DeepSpeed's stage-3 ZenFlow "
-        "optimizer, ZenFlowSelectiveAdamW_stage3) is refused with a ConfigError",
+        "config_keys.md", ("| `zero_optimization.stage` |",
+                           "3 with zero-offload or zero-offload-dpu is refused"),
+        "zfbench's engine runs ZeRO-3 for ZenFlow (and the device strategy, unpartitioned): "
+        "stage 3 with zero-offload or zero-offload-dpu is refused with a ConfigError",
         raises=ConfigError),
+    "stage3_offload": Difference(
+        "config_keys.md", ("`zero_optimization.stage: 3` runs for the `zenflow` strategy only",),
+        "zenflow.offload on ZeRO-3 is refused with a ConfigError (the engine runs it on "
+        "stages 1-2)", raises=ConfigError),
     "nvme": Difference(
         "config_keys.md", ("`zero_optimization.offload_optimizer.device`", "'nvme' is refused"),
         "zfbench offloads to CPU memory only: NVMe offload is refused with a ConfigError",

@@ -315,11 +315,20 @@ _ZF_CPU = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
 DIFFERENCES = (
     # ---- zfbench refuses what DeepSpeed accepts
     Difference(
-        "stage 3 refused", "zfbench refuses",
-        "gradients are all-reduced in both; 3 is refused",
+        "stage 3 refused for zero-offload", "zfbench refuses",
+        "3 with zero-offload or zero-offload-dpu is refused",
         explains=lambda c: c.zf_key() == "zero_optimization.stage" and c.ds_stage() == 3
         and _is_int(c.zf_raw()),
-        example=({"train_batch_size": 1, "zero_optimization": {"stage": 3}}, 1)),
+        example=({"train_batch_size": 1, "zero_optimization": {
+            "stage": 3, "offload_optimizer": {"device": "cpu"}}}, 1)),
+    Difference(
+        "zenflow.offload refused at stage 3", "zfbench refuses",
+        "`zero_optimization.stage: 3` runs for the `zenflow` strategy only",
+        explains=lambda c: c.zf_key() == "zero_optimization.zenflow.offload"
+        and c.ds_stage() == 3 and "stage 3" in str(c.zf.error),
+        example=({"train_batch_size": 1, "zero_optimization": {
+            "stage": 3, "offload_optimizer": {"device": "cpu"}, "overlap_comm": True,
+            "zenflow": {"offload": True}}}, 1)),
     Difference(
         "nvme refused", "zfbench refuses", "'cpu' or 'none'; 'nvme' is refused",
         explains=lambda c: c.zf_key() == "zero_optimization.offload_optimizer.device"

@@ -82,7 +82,8 @@ def test_deepspeed_accepts_what_the_ports_mark_expected_different():
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
     whole = [  # (zfbench side, DeepSpeed side)
-        {"train_batch_size": 1, "zero_optimization": {"stage": 3}},  # stage3
+        {"train_batch_size": 1,  # stage3: ZeRO-3 for zero-offload
+         "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}},
         {"train_batch_size": 1,  # offload_at_stage0
          "zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": True}}},
     ]

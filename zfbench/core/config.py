@@ -45,6 +45,10 @@ from zfbench.core.strategies import OFFLOAD_STRATEGIES as _OFFLOAD_STRATEGIES
 from zfbench.core.strategies import device_adamw, has_windows, offloads
 
 
+# DeepSpeed's default stage3_prefetch_bucket_size (zero/config.py, 5e7 elements)
+DEFAULT_PREFETCH_ELEMS = 50_000_000
+
+
 # ---------------------------------------------------------------- the other sections
 @dataclass(frozen=True)
 class OptimizerConfig:
@@ -141,6 +145,8 @@ class EngineConfig:
     # the lr schedule (zfbench.core.config_scheduler); None: the lr stays optimizer.params.lr
     scheduler: SchedulerConfig | None = None
     dataloader_drop_last: bool = False  # of the loader `initialize` builds (training_data)
+    # ZeRO-3: elements gathered ahead of the module in use (stage3_prefetch_bucket_size)
+    prefetch_elems: int = DEFAULT_PREFETCH_ELEMS
     # one line per ignored key (zfbench.core.config_keys), printed by the commands
     notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -280,11 +286,8 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
                              ("fp32", "fp16", "bf16"))
 
     zero = d.get("zero_optimization", {})
-    stage = zero.get("stage", 0)
-    if stage == 3 and not isinstance(stage, bool):
-        raise ConfigError("zero_optimization.stage", "got 3; zfbench implements ZeRO "
-                          "stages up to 2 (expected 0, 1 or 2)")
-    stage = _int(stage, "zero_optimization.stage", 0, 2)
+    stage = _int(zero.get("stage", 0), "zero_optimization.stage", 0, 3)
+    prefetch = _prefetch_elems(zero)
     off = zero.get("offload_optimizer", {})
     dev_key = "zero_optimization.offload_optimizer.device"
     if off.get("device") == "nvme":
@@ -339,14 +342,16 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
         want = "'cpu'" if strategy in _OFFLOAD_STRATEGIES else "'none'"
         raise ConfigError("zfbench.strategy", f"got {strategy!r} with {dev_key} = "
                           f"{device!r}; that strategy needs {dev_key} = {want}")
+    if stage == 3:
+        _check_stage3(strategy, zenflow)
     if device == "cpu" and stage == 0:
         raise ConfigError("zero_optimization.stage", f"got 0 with {dev_key} = 'cpu'; "
                           "optimizer offload needs ZeRO stage 1 or 2 (as in DeepSpeed)")
 
-    if world > 1 and stage >= 1:  # what zfbench's ranks do differently from DeepSpeed's
+    if world > 1 and (stage in (1, 2) or device_adamw(strategy)):  # what zfbench's ranks do differently from DeepSpeed's
         notes.append(
             f"zero_optimization.stage {stage}: the device strategy keeps the whole "
-            f"optimizer state on every rank (stage 0's layout)" if device_adamw(strategy) else
+            f"parameters and optimizer state on every rank (stage 0's layout)" if device_adamw(strategy) else
             f"zero_optimization.stage {stage}: gradients are all-reduced whole, then each "
             f"rank's host updates its shard (stage 2 would reduce-scatter: half the bytes)")
     return EngineConfig(micro_batch=micro, grad_accum=accum, optimizer=optimizer,
@@ -358,4 +363,33 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
                         inplace_grads=inplace_grads, column_major=column_major,
                         overlap_comm=overlap_comm, bucket_elems=bucket_elems,
                         scheduler=scheduler, dataloader_drop_last=drop_last,
-                        notes=tuple(notes))
+                        prefetch_elems=prefetch, notes=tuple(notes))
+
+
+def _prefetch_elems(zero: dict) -> int:
+    """stage3_prefetch_bucket_size (or its unprefixed spelling): elements of the modules
+    gathered ahead of the one in use (ZeRO-3); "auto" and absent are DeepSpeed's 5e7."""
+    key = ("stage3_prefetch_bucket_size" if "stage3_prefetch_bucket_size" in zero
+           else "prefetch_bucket_size")
+    value = zero.get(key, "auto")
+    if value == "auto":
+        return DEFAULT_PREFETCH_ELEMS
+    if isinstance(value, float) and value.is_integer():  # configs write 5e7
+        value = int(value)
+    return _int(value, f"zero_optimization.{key}", lo=0)
+
+
+def _check_stage3(strategy: str, zenflow: ZenFlowConfig | None) -> None:
+    """ZeRO-3 runs in the engine for zenflow (real/zero3.py), without its offload; the
+    device strategy takes the stage and keeps stage 0's layout, as it does at 1 and 2."""
+    if device_adamw(strategy):  # no partitioning: the note below says so
+        return
+    if not has_windows(strategy):
+        raise ConfigError("zero_optimization.stage", f"got 3 with strategy {strategy!r}, "
+                          "which the engine runs on ZeRO stages 1-2 only (ZeRO-3 is "
+                          "zenflow's): set stage 2, or simulate ZeRO-3 offload with "
+                          "python -m zfbench.simulate --strategy zero-infinity")
+    if zenflow is not None and zenflow.offload:
+        raise ConfigError(f"{ZENFLOW_PREFIX}.offload", "got true with "
+                          "zero_optimization.stage 3; the engine runs zenflow.offload on "
+                          "ZeRO stages 1-2 only: set stage 2 or offload false")

@@ -47,7 +47,10 @@ def _refused(reason: str, harmless: Callable[[object], bool] | None = None) -> K
 
 _LOGGING = "logging or monitoring only: it cannot change a measured number"
 _NVME = "only read with offload_optimizer.device 'nvme'; zfbench offloads to CPU memory"
-_STAGE3 = "only read at ZeRO stage 3; zfbench implements stages 0-2"
+_STAGE3 = ("a ZeRO-3 memory or communication knob of DeepSpeed's partitioner; zfbench's "
+           "ZeRO-3 (zenflow only, real/zero3.py) gathers each module's parameters whole "
+           "before its forward and backward and releases them after, with no persistence, "
+           "reuse or live-parameter limit")
 _COMM = ("zfbench all-reduces the flat gradient (averaged), whole after backward or, with "
          "overlap_comm, bucket by bucket during backward; the all-gather and scatter "
          "variants are not modelled; with one rank there is no collective at all")
@@ -130,9 +133,12 @@ KEY_RULES: dict[str, KeyRule] = {
     "data_types": _ignored("zfbench accumulates gradients in the model's dtype"),
     # ---- ZeRO
     "zero_optimization": _applied("stage, offload and ZenFlow", section=True),
-    "zero_optimization.stage": _applied("0 (device strategy only), 1 or 2: the optimizer "
-                                        "state is sharded over ranks; gradients are "
-                                        "all-reduced in both; 3 is refused"),
+    "zero_optimization.stage": _applied(
+        "0 (device strategy only), 1 or 2: the optimizer state is sharded over ranks; "
+        "gradients are all-reduced in both; 3 (zenflow, without zenflow.offload): the 16-bit "
+        "parameters are sharded too, gathered per module and released, and the gradients "
+        "reduce-scattered (docs/zenflow.md); the device strategy keeps stage 0's layout at "
+        "every stage; 3 with zero-offload or zero-offload-dpu is refused"),
     "zero_optimization.offload_optimizer": _applied("device 'cpu' selects an offloading "
                                                     "strategy", section=True),
     "zero_optimization.offload_optimizer.device": _applied("'cpu' or 'none'; 'nvme' is "
@@ -155,8 +161,10 @@ KEY_RULES: dict[str, KeyRule] = {
         "the share of cores DeepSpeed's SuperOffload CPU Adam binds; zfbench gives the "
         "host step all of a rank's cores on a GPU (half on the CPU lanes), ZenFlow's "
         "by zenflow.pt_reserved_cores_perc"),
-    "zero_optimization.offload_param": _refused("parameter offload is ZeRO-3; zfbench "
-                                                "implements stages 0-2: remove it"),
+    "zero_optimization.offload_param": _refused(
+        "parameter offload (ZeRO-3 with offload_param: ZeRO-Infinity) is not in the engine (python -m zfbench.simulate "
+        "--strategy zero-infinity simulates it): remove it or set its device to 'none'",
+        lambda v: isinstance(v, dict) and v.get("device", "none") == "none"),
     "zero_optimization.zenflow": _applied("ZenFlow's knobs (docs/config_keys.md)",
                                           section=True),
     "zero_optimization.overlap_comm": _applied(
@@ -181,7 +189,11 @@ KEY_RULES: dict[str, KeyRule] = {
     "zero_optimization.sub_group_size": _ignored(_STAGE3),
     "zero_optimization.stage3_max_live_parameters": _ignored(_STAGE3),
     "zero_optimization.stage3_max_reuse_distance": _ignored(_STAGE3),
-    "zero_optimization.stage3_prefetch_bucket_size": _ignored(_STAGE3),
+    "zero_optimization.stage3_prefetch_bucket_size": _applied(
+        "ZeRO-3: the modules after the one in use are gathered ahead (in the order the "
+        "first forward traced) while their elements stay within it; 0 gathers on demand"),
+    "zero_optimization.prefetch_bucket_size": _applied(
+        "the spelling of stage3_prefetch_bucket_size without the prefix"),
     "zero_optimization.stage3_param_persistence_threshold": _ignored(_STAGE3),
     "zero_optimization.stage3_gather_16bit_weights_on_model_save": _ignored(_STAGE3),
     "zero_optimization.stage3_gather_fp16_weights_on_model_save": _ignored(_STAGE3),
@@ -191,7 +203,7 @@ KEY_RULES: dict[str, KeyRule] = {
         "stage3_use_all_reduce_for_fetch_params", "stage3_allgather_sequential",
         "override_module_apply", "leaf_module",
         # the spellings without the stage3_ prefix DeepSpeed also accepts
-        "prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters",
+        "param_persistence_threshold", "max_live_parameters",
         "max_reuse_distance", "gather_16bit_weights_on_model_save",
         "model_persistence_threshold", "module_granularity_threshold",
         "use_all_reduce_for_fetch_params", "allgather_sequential")},
