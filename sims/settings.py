@@ -16,7 +16,7 @@ both need.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 from zfbench.sims.sections import (DEFAULT_GPUS, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS,  # noqa: F401
                                    TRANSFER_MODES, Machine, Measurement, Runtime,
@@ -53,7 +53,8 @@ def _knob_sections() -> dict:
              "pt_reserved_cores_perc", "steps", "transfers", "bandwidth_scale",
              "offload_params", "zero_stage", "offload_optimizer", "prefetch_buckets",
              "offload_activations", "tiling", "nvme", "nvme_drives", "profile", "hardware")
-    assert sorted(order) == sorted(where), "a knob's flat place is missing"
+    if sorted(order) != sorted(where):  # a section's new field needs its flat place here
+        raise RuntimeError(f"knobs without a flat place: {sorted(set(where) ^ set(order))}")
     return {name: where[name] for name in order}
 
 
