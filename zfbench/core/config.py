@@ -332,12 +332,6 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
                           f"{ZENFLOW_PREFIX} is present; expected 'zenflow' or 'auto'")
     if has_windows(strategy) and zenflow is None:
         zenflow = default_zenflow_config()
-    if zenflow is not None and zenflow.offload and not overlap_comm:
-        # DeepSpeed asserts the same when it builds its ZeRO-1/2 ZenFlow optimizer
-        raise ConfigError(f"{ZENFLOW_PREFIX}.offload", "got true with "
-                          "zero_optimization.overlap_comm false; it requires overlap_comm "
-                          "(as DeepSpeed asserts): set zero_optimization.overlap_comm "
-                          "to true")
     if (strategy in _OFFLOAD_STRATEGIES) != (device == "cpu"):
         want = "'cpu'" if strategy in _OFFLOAD_STRATEGIES else "'none'"
         raise ConfigError("zfbench.strategy", f"got {strategy!r} with {dev_key} = "
@@ -347,6 +341,12 @@ def load_config(source: dict | str | os.PathLike | None = None, *,
     if device == "cpu" and stage == 0:
         raise ConfigError("zero_optimization.stage", f"got 0 with {dev_key} = 'cpu'; "
                           "optimizer offload needs ZeRO stage 1 or 2 (as in DeepSpeed)")
+    if zenflow is not None and zenflow.offload and not overlap_comm:
+        # DeepSpeed asserts the same when it builds its ZeRO-1/2 ZenFlow optimizer
+        raise ConfigError(f"{ZENFLOW_PREFIX}.offload", "got true with "
+                          "zero_optimization.overlap_comm false; it requires overlap_comm "
+                          "(as DeepSpeed asserts): set zero_optimization.overlap_comm "
+                          "to true")
 
     if world > 1 and (stage in (1, 2) or device_adamw(strategy)):  # what zfbench's ranks do differently from DeepSpeed's
         notes.append(
