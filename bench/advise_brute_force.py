@@ -55,8 +55,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     load_before = os.getloadavg()
     started = time.perf_counter()
-    base = SimSettings(**on_node(args.node, {"model": args.model}))
-    per_gpu = per_gpu_batch(args.global_batch, base.ranks)
+    base = SimSettings.from_knobs(**on_node(args.node, {"model": args.model}))
+    per_gpu = per_gpu_batch(args.global_batch, base.machine.ranks)
     space, quality, errors = Space(), QualityModel.load(), regime_errors()
     default = default_zenflow(space.strategies, per_gpu)
     evaluator = Evaluator(base, args.jobs)
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
         evaluator.close()
     brute_s = time.perf_counter() - started
     out = {"model": args.model, "node": args.node, "per_gpu_batch": per_gpu,
-           "global_batch": per_gpu * base.ranks, "per_gpu_default": PER_GPU_DEFAULT,
+           "global_batch": per_gpu * base.machine.ranks, "per_gpu_default": PER_GPU_DEFAULT,
            "setups": len(every), "fit": sum(r["simulated"] for r in every.values()),
            "brute_force_wall_s": brute_s, "jobs": args.jobs, "objectives": {}}
     offloading = tuple(s for s in space.strategies if not device_adamw(s))

@@ -54,10 +54,10 @@ SIM_STEPS = 12  # enough for the device strategy's measurement window
 
 
 def settings_for(row, gpu: str, host: str, floor: bool) -> SimSettings:
-    return SimSettings(model=row.model, gpus=1, gpu=gpu, host=host,
-                       micro_batch=int(row.micro_batch), seq=int(row.seq),
-                       precision=PRECISION[row.dtype], activation_checkpointing=False,
-                       steps=SIM_STEPS, dispatch_s_per_kernel=None if floor else 0.0)
+    return SimSettings.from_knobs(model=row.model, gpus=1, gpu=gpu, host=host,
+                                  micro_batch=int(row.micro_batch), seq=int(row.seq),
+                                  precision=PRECISION[row.dtype], activation_checkpointing=False,
+                                  steps=SIM_STEPS, dispatch_s_per_kernel=None if floor else 0.0)
 
 
 def simulated_s(row, gpu: str, host: str, floor: bool) -> float:
@@ -115,9 +115,9 @@ def paper_bars(path: Path) -> pd.DataFrame:
     rows = []
     for bar in data["bars"]:
         node = data["nodes"][bar["gpu"]]["node"]
-        base = SimSettings(**node_knobs(node, data["gpus"]), model=bar["model"],
-                           micro_batch=GPU_NODE.micro_batch, seq=GPU_NODE.seq,
-                           precision=GPU_NODE.precision, steps=SIM_STEPS)
+        base = SimSettings.from_knobs(**node_knobs(node, data["gpus"]), model=bar["model"],
+                                      micro_batch=GPU_NODE.micro_batch, seq=GPU_NODE.seq,
+                                      precision=GPU_NODE.precision, steps=SIM_STEPS)
         sims = {floor: summary_row(simulate(base.with_(
             dispatch_s_per_kernel=None if floor else 0.0), "zero-offload"))["compute_s"]
             for floor in (True, False)}

@@ -45,11 +45,11 @@ def measure(args) -> list[dict]:
     from zfbench.real.memory import check_fits
     from zfbench.real.runner import RunSpec, train
 
-    base = dict(model=args.model, layers=args.layers, batch=args.batch, seq=args.seq,
+    base = dict(model=args.model, layers=args.layers, micro_batch=args.batch, seq=args.seq,
                 steps=args.steps, device="cpu", precision=args.precision)
     spec = RunSpec(**base)
     # refuse, as `zfbench.run` does, a shape that cannot fit (instead of the OOM killer)
-    check_fits(spec.shape(), [r[1] for r in RUNS], spec.batch, spec.seq,
+    check_fits(spec.shape(), [r[1] for r in RUNS], spec.micro_batch, spec.seq,
                element_bytes(args.precision), use_cuda=False)
     rows = []
     for repeat in range(args.repeats):
@@ -131,7 +131,7 @@ def main() -> int:
     d = RunSpec()
     p.add_argument("--model", default=d.model)
     p.add_argument("--layers", type=int, default=d.layers)
-    p.add_argument("--batch", type=int, default=d.batch)
+    p.add_argument("--batch", type=int, default=d.micro_batch)
     p.add_argument("--seq", type=int, default=DEFAULT_SEQ)
     p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
                    help="default: measured, as python -m zfbench.run measures it")
@@ -147,8 +147,8 @@ def main() -> int:
         from zfbench.real.engine import default_thread_split
         from zfbench.real.precision_probe import choose_precision
 
-        spec = RunSpec(model=args.model, layers=args.layers, batch=args.batch, seq=args.seq)
-        probe = choose_precision(spec.shape(), spec.batch, spec.seq,
+        spec = RunSpec(model=args.model, layers=args.layers, micro_batch=args.batch, seq=args.seq)
+        probe = choose_precision(spec.shape(), spec.micro_batch, spec.seq,
                                  default_thread_split()[0])
         args.precision = probe["precision"]
     if args.setting is not None:  # child: measure one setting, print JSON rows

@@ -65,7 +65,7 @@ def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_sc
     measured = read_deepspeed_log(logs / zo["log"], skip=int(zo["warmup_steps"]))
     knobs = shape_knobs(next(iter(zenflow_runs.values()), zo))
     knobs = on_hardware_file(knobs, work / "presets.json")
-    base = SimSettings(**knobs, steps=steps)
+    base = SimSettings.from_knobs(**knobs, steps=steps)
     fits = [f for f in infer(base.with_(steps=min(steps, 16)), measured, work) if f.reached]
     rows = []
     for engine, overlap in MODES.items():
@@ -76,7 +76,7 @@ def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_sc
         for f in fits:
             s = f.settings.with_(steps=steps, overlap_step=overlap)
             if overlap:
-                host = s.parts()[2]
+                host = s.machine.parts()[2]
                 s = s.with_(mfu=f.scales.mfu / overlap_scale,
                             host_cores=max(1, host.cores // 2))
                 if compute_only is None:  # the first assumption tried: transfers unslowed

@@ -83,7 +83,7 @@ def step_and_params(row: dict, shift: float = 0.0) -> tuple[float, float, float]
     value = published_value(row) + shift
     step = implied_step_s(settings, costs, row["metric"], value)
     floor = counted_flops(settings, costs) / costs.flops_per_s * costs.mfu
-    return step, costs.params / settings.ranks, floor
+    return step, costs.params / settings.machine.ranks, floor
 
 
 def pairs(rows: list[dict]) -> pd.DataFrame:

@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for nodes in (int(n) for n in args.nodes.split(",")):
         knobs = node_knobs("dgx2-v100", 16 * nodes)
-        settings = SimSettings(**knobs, model=args.model, micro_batch=5, seq=1024,
-                               precision="fp16", offload_params="nvme",
-                               offload_optimizer="nvme", steps=4)
+        settings = SimSettings.from_knobs(**knobs, model=args.model, micro_batch=5, seq=1024,
+                                          precision="fp16", offload_params="nvme",
+                                          offload_optimizer="nvme", steps=4)
         alone_s, alone_step = timed(settings, False, args.repeats)
         every_s, every_step = timed(settings, True, args.repeats)
         rows.append({"nodes": nodes, "gpus": 16 * nodes, "node0_alone_wall_s": alone_s,

@@ -84,7 +84,7 @@ def measure(settings: SimSettings, strategy: str) -> dict:
     wall, cpu = time.perf_counter() - wall0, cpu_now() - cpu0
     spans = len(result.timeline)
     return {"measurement": "simulate", "strategy": strategy, "wall_s": wall, "cpu_s": cpu,
-            "sim_steps_per_s": settings.steps / wall, "sim_events": result.sim_events,
+            "sim_steps_per_s": settings.measurement.steps / wall, "sim_events": result.sim_events,
             "sim_events_per_s": result.sim_events / wall, "spans": spans,
             "spans_per_s": spans / wall, "events_per_span": result.sim_events / max(spans, 1)}
 
@@ -156,7 +156,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
 
-    settings = SimSettings(model=args.model, gpus=args.gpus, steps=args.steps, pcie=args.pcie)
+    settings = SimSettings.from_knobs(model=args.model, gpus=args.gpus, steps=args.steps,
+                                      pcie=args.pcie)
     machine = machine_info()
     load_before = load_average()
     sims = []

@@ -61,12 +61,12 @@ def replay(run_dir: Path, extra: dict) -> pd.DataFrame:
             path = Path(tmp) / f"{cell}.json"
             write_json_atomic(path, profile)
             pair = (float(row["topk_ratio"]), int(row["update_interval"]))
-            spec = replace(base, batch=int(row["batch"]), seq=int(row["seq"]))
+            spec = replace(base, micro_batch=int(row["batch"]), seq=int(row["seq"]))
             config = replace(spec, overrides=zenflow_overrides(*pair)).engine_config(
                 "zenflow")
             sim_settings = for_engine_run(
                 config, model=spec.model, layers=spec.layers, gpus=1,
-                micro_batch=spec.batch, seq=spec.seq, profile=str(path), steps=spec.steps,
+                micro_batch=spec.micro_batch, seq=spec.seq, profile=str(path), steps=spec.steps,
                 precision=spec.engine_config(row["strategy"]).precision)
             tl = simulate(sim_settings, row["strategy"]).timeline
             now = summarize(tl.spans_frame(), tl.steps_frame(), skip)["step_time_s"]

@@ -188,10 +188,10 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
         data = ({k: v.to(device) for k, v in batch.items()} for batch in data)
     block_times(model, data, 2, inplace, flat_grads, device)  # warm-up
     blocks = block_times(model, data, repeats, inplace, flat_grads, device)
-    tokens = spec.batch * spec.seq
+    tokens = spec.micro_batch * spec.seq
     for kind, block in zip(("embedding", "decoder", "head"),
                            (shape.blocks()[0], shape.blocks()[1], shape.blocks()[-1])):
-        blocks[kind]["forward_flops"] = block.forward_flops(spec.seq, spec.batch)
+        blocks[kind]["forward_flops"] = block.forward_flops(spec.seq, spec.micro_batch)
         blocks[kind]["tokens"] = tokens
 
     # device optimizer on the selected columns, selection cost (device thread)
@@ -330,7 +330,7 @@ def build_profile(spec: RunSpec, shape, blocks: dict, dev_threads: int, host_thr
     `device_info` (`describe_device`, default the CPU lanes') goes into the calibration."""
     info = describe_device(torch.device("cpu")) if device_info is None else device_info
     when = datetime.datetime.now().isoformat(timespec="seconds")
-    src = f"measured by python -m zfbench.run --profile ({shape.name}, batch {spec.batch}, " \
+    src = f"measured by python -m zfbench.run --profile ({shape.name}, batch {spec.micro_batch}, " \
           f"seq {spec.seq}, {dev_threads}+{host_threads} threads, {when})"
 
     def m(value: float) -> dict:
@@ -375,7 +375,7 @@ def build_profile(spec: RunSpec, shape, blocks: dict, dev_threads: int, host_thr
             "machine": machine(),  # CPU model, ISA flags, cores, memory, torch version
             # the host kernels' path the probe timed: 'cpp' (one pass) or 'torch'
             "host_kernels": host_kernels_status(load=False)["path"],
-            "model": shape.name, "batch": spec.batch, "seq": spec.seq,
+            "model": shape.name, "batch": spec.micro_batch, "seq": spec.seq,
             "device_threads": dev_threads, "host_threads": host_threads,
             "blocks": blocks, **rates, "source": src, **info},
     }
@@ -391,7 +391,7 @@ def with_rates(profile: dict, rates: dict) -> dict:
     cal = profile["calibration"]
     measured = {k: v for k, v in cal.items() if k not in _CAL_META}
     measured.update(rates)
-    spec = SimpleNamespace(batch=cal["batch"], seq=cal["seq"])
+    spec = SimpleNamespace(micro_batch=cal["batch"], seq=cal["seq"])
     return build_profile(spec, get_model(cal["model"]), cal["blocks"], cal["device_threads"],
                          cal["host_threads"], measured,
                          {k: cal[k] for k in DEVICE_KEYS if k in cal})

@@ -12,9 +12,9 @@ micro-batches (forward, backward, `step()`), and the loss logged for it is their
 the file's unless given here, as CLI flags are.
 
 With a `DistContext` of several ranks (`dist=`), every rank draws the same global batch of
-`batch * world` rows from the seeded stream and trains on its own `batch` rows, so N ranks
-see exactly the data one rank would see with the whole global batch; the result then also
-holds every rank's spans (`timeline`), gathered at the end.
+`micro_batch * world` rows from the seeded stream and trains on its own `micro_batch`
+rows, so N ranks see exactly the data one rank would see with the whole global batch; the
+result then also holds every rank's spans (`timeline`), gathered at the end.
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ DEFAULT_WEIGHT_DECAY = 0.01
 
 @dataclass
 class RunSpec:
-    """What one measured run trains. `batch` and `grad_accum` None: the config's (1 when
+    """What one measured run trains. `micro_batch` and `grad_accum` None: the config's (1 when
     there is no config); a value given here overrides the config's, as a CLI flag does.
     Its model, batch, precision and ZenFlow knobs are a `zfbench.core.scenario.Scenario`
     (`scenario`, `from_scenario`), by default the CPU lanes' (`CPU_LANES`)."""
     model: str = CPU_LANES.model
     layers: int | None = CPU_LANES.layers
-    batch: int | None = None
+    micro_batch: int | None = None  # rows per rank and micro-step
     seq: int = CPU_LANES.seq
     steps: int = 30  # optimizer steps (each of grad_accum micro-steps)
     seed: int = 0
@@ -74,9 +74,10 @@ class RunSpec:
     world: int = 1  # ranks: the batch rule train = micro x accum x world needs it
 
     def __post_init__(self) -> None:
-        if self.batch is None or self.grad_accum is None:
+        if self.micro_batch is None or self.grad_accum is None:
             cfg = self._load(None, world=self.world, flags=False)
-            self.batch = cfg.micro_batch if self.batch is None else self.batch
+            self.micro_batch = cfg.micro_batch if self.micro_batch is None else \
+                self.micro_batch
             self.grad_accum = cfg.grad_accum if self.grad_accum is None else \
                 self.grad_accum
 
@@ -85,9 +86,10 @@ class RunSpec:
         """The RunSpec that trains `scenario` (its ZenFlow knobs over the config's section,
         the select interval in steps); `rest` gives the other fields (steps, device,
         config, ...; `zenflow` keys further knobs)."""
-        zenflow = {**dataclasses.asdict(scenario.zenflow), "select_strategy": "step",
+        zenflow = {**scenario.zenflow.config_keys(), "select_strategy": "step",
                    **rest.pop("zenflow", {})}
-        return cls(model=scenario.model, layers=scenario.layers, batch=scenario.micro_batch,
+        return cls(model=scenario.model, layers=scenario.layers,
+                   micro_batch=scenario.micro_batch,
                    seq=scenario.seq, grad_accum=scenario.grad_accum,
                    precision=scenario.precision, zenflow=zenflow, **rest)
 
@@ -97,7 +99,7 @@ class RunSpec:
         where not given), the precision as given (None: the config's, or measured by the
         run), and the ZenFlow knobs the zenflow strategy runs (`engine_config`)."""
         zf = zenflow_scenario(self.engine_config("zenflow").zenflow)
-        return Scenario(model=self.model, layers=self.layers, micro_batch=self.batch,
+        return Scenario(model=self.model, layers=self.layers, micro_batch=self.micro_batch,
                         seq=self.seq, grad_accum=self.grad_accum, precision=self.precision,
                         zenflow=zf)
 
@@ -111,7 +113,7 @@ class RunSpec:
         raw = read_config(base)
         over = dict(self.overrides)
         if flags:
-            over.setdefault("micro_batch", self.batch)
+            over.setdefault("micro_batch", self.micro_batch)
             over.setdefault("grad_accum", self.grad_accum)
         if self.precision is not None:
             over.setdefault("precision", self.precision)
@@ -123,7 +125,7 @@ class RunSpec:
             over.update(SCENARIO_ZENFLOW)
         if has_windows(strategy):
             over.update(self.zenflow)
-        auto = AutoValues(micro_batch=self.batch or 1, grad_accum=self.grad_accum or 1,
+        auto = AutoValues(micro_batch=self.micro_batch or 1, grad_accum=self.grad_accum or 1,
                           precision=self.precision or "fp32", steps=self.steps)
         cfg = load_config(raw, world_size=world, auto=auto, **over)
         if self.config is None and self._on_cuda():
@@ -171,7 +173,7 @@ class RunResult:
 
 
 def batches(spec: RunSpec, vocab: int, rank: int = 0, world: int = 1):
-    rows = spec.batch * world
+    rows = spec.micro_batch * world
     if spec.text is None:
         stream = synthetic_batches(vocab, rows, spec.seq, seed=spec.seed)
     else:
@@ -181,7 +183,7 @@ def batches(spec: RunSpec, vocab: int, rank: int = 0, world: int = 1):
         stream = text_batches(source, rows, spec.seq, seed=spec.seed, vocab=vocab)
     if world == 1:
         return stream
-    mine = slice(rank * spec.batch, (rank + 1) * spec.batch)
+    mine = slice(rank * spec.micro_batch, (rank + 1) * spec.micro_batch)
     return ({k: v[mine] for k, v in batch.items()} for batch in stream)
 
 

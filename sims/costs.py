@@ -73,56 +73,57 @@ class CostModel:
 
     def __post_init__(self) -> None:
         s = self.settings
-        shape = models.get_model(s.model)
-        self.shape = shape.with_layers(s.layers) if s.layers is not None else shape
+        sc = s.scenario
+        shape = models.get_model(sc.model)
+        self.shape = shape.with_layers(sc.layers) if sc.layers is not None else shape
         self.calibration = None
-        if s.profile is not None:
-            measured, self.calibration = load_calibration(s.profile, self.shape)
+        if s.machine.profile is not None:
+            measured, self.calibration = load_calibration(s.machine.profile, self.shape)
             gpu, link, host, net = measured.gpu, measured.link, measured.host, measured.net
-            if s.host_cores is None:
+            if s.machine.host_cores is None:
                 host, self.calibration = strategy_host_lane(host, self.calibration,
                                                             self.strategy)
         else:
-            gpu, link, host, net = s.parts()
-        if s.bandwidth_scale != 1.0:
-            link = link.scaled(s.bandwidth_scale)
-        if s.host_cores is not None:
-            host = host.with_cores(s.host_cores)
-        if s.dispatch_s_per_kernel is not None:  # 0: no launch floor
-            host = dataclasses.replace(host, dispatch_s_per_kernel=s.dispatch_s_per_kernel
+            gpu, link, host, net = s.machine.parts()
+        if s.machine.bandwidth_scale != 1.0:
+            link = link.scaled(s.machine.bandwidth_scale)
+        if s.machine.host_cores is not None:
+            host = host.with_cores(s.machine.host_cores)
+        if s.machine.dispatch_s_per_kernel is not None:  # 0: no launch floor
+            host = dataclasses.replace(host, dispatch_s_per_kernel=s.machine.dispatch_s_per_kernel
                                        or None)
         self.windows = s.window_plan()
-        self.boundaries = self.windows.boundaries(s.steps, s.full_warm_up_rounds,
-                                                  s.select_interval)
-        g = s.gpus_on_node  # one node's GPUs share its host, PCIe switches and NVLink
+        self.boundaries = self.windows.boundaries(
+            s.measurement.steps, s.zenflow.full_warm_up_rounds, s.zenflow.select_interval)
+        g = s.machine.gpus_on_node  # one node's GPUs share its host, PCIe switches and NVLink
         self.node = hardware.Node(name="custom", gpu=gpu, gpus=g, link=link,
-                                  gpus_per_switch=min(s.gpus_per_switch, g), host=host,
+                                  gpus_per_switch=min(s.machine.gpus_per_switch, g), host=host,
                                   net=net)
-        self.inter_net = s.inter_link()
-        peak = gpu.peak_flops_per_s("bf16" if s.precision == "fp32" else s.precision)
-        bwd_factor = 3.0 if s.activation_checkpointing else 2.0  # recompute adds a forward
+        self.inter_net = s.machine.inter_link()
+        peak = gpu.peak_flops_per_s("bf16" if sc.precision == "fp32" else sc.precision)
+        bwd_factor = 3.0 if s.runtime.activation_checkpointing else 2.0  # recompute adds a forward
         # One MFU for every block where one is given (--mfu, an anchor) or the blocks'
         # times are measured; from presets the matrix multiplies run at the GPU's GEMM
         # efficiency and the elementwise passes at its HBM bandwidth
         # (zfbench.sims.compute_efficiency)
-        by_shape = s.mfu is None and self.calibration is None
+        by_shape = s.machine.mfu is None and self.calibration is None
         self.gemm_efficiency = (self._gemm_efficiency(gpu, peak) if by_shape else
-                                s.mfu if s.mfu is not None else gpu.default_mfu)
+                                s.machine.mfu if s.machine.mfu is not None else gpu.default_mfu)
         self.buckets = []
         flops_total = compute_total = 0.0
         for block in self.shape.blocks():
-            flops = block.forward_flops(s.seq, s.micro_batch)
+            flops = block.forward_flops(s.scenario.seq, s.scenario.micro_batch)
             fwd = flops / (peak * self.gemm_efficiency)
             bwd = fwd * bwd_factor
             if by_shape:
-                moved = compute_efficiency.block_traffic(self.shape, block, s.seq,
-                                                         s.micro_batch,
-                                                         s.activation_checkpointing)
+                moved = compute_efficiency.block_traffic(self.shape, block, s.scenario.seq,
+                                                         s.scenario.micro_batch,
+                                                         s.runtime.activation_checkpointing)
                 fwd += moved.forward_bytes / gpu.hbm_bytes_per_s
                 bwd += moved.backward_bytes / gpu.hbm_bytes_per_s
                 if host.dispatch_s_per_kernel:  # the host issues the kernels (eager)
                     floor = compute_efficiency.launch_floor_s(
-                        self.shape, block, s.activation_checkpointing,
+                        self.shape, block, s.runtime.activation_checkpointing,
                         host.dispatch_s_per_kernel)
                     fwd, bwd = max(fwd, floor[0]), max(bwd, floor[1])
             flops_total += flops * (1.0 + bwd_factor)
@@ -131,7 +132,7 @@ class CostModel:
                 fwd, bwd = self._measured_block_s(block.kind)
             matrix_numel = sum(m.numel for m in block.matrices)
             selected = selected_elements(block.matrices, block.numel - matrix_numel,
-                                         s.topk_ratio)
+                                         s.zenflow.topk_ratio)
             self.buckets.append(Bucket(block.name, block.kind, block.numel, matrix_numel,
                                        selected, fwd, bwd))
         # the whole model's MFU at this shape (the given one with --mfu or a profile)
@@ -157,7 +158,7 @@ class CostModel:
         tokens: exact at the measured batch and sequence, an estimate elsewhere)."""
         cal, s = self.calibration, self.settings
         block = cal["blocks"][kind]
-        scale = s.micro_batch * s.seq / block["tokens"]
+        scale = s.scenario.micro_batch * s.scenario.seq / block["tokens"]
         return block["forward_s"] * scale, block["backward_s"] * scale
 
     def is_boundary(self, t: int) -> bool:
@@ -184,20 +185,20 @@ class CostModel:
     @cached_property
     def gpus(self) -> int:
         """Ranks of the run, over every node (ZeRO partitions over all of them)."""
-        return self.settings.ranks
+        return self.settings.machine.ranks
 
     @property
     def gpus_per_node(self) -> int:
-        return self.settings.gpus_on_node
+        return self.settings.machine.gpus_on_node
 
     @property
     def nodes(self) -> int:
-        return self.settings.nodes
+        return self.settings.machine.nodes
 
     @cached_property
     def elem_bytes(self) -> int:
         """Bytes of a parameter or gradient element on the device and on the link."""
-        return element_bytes(self.settings.precision)
+        return element_bytes(self.settings.scenario.precision)
 
     @cached_property
     def params(self) -> int:
@@ -217,7 +218,7 @@ class CostModel:
         rank's host memory and cross the link each way per device update (0 without it).
         fp32 in zfbench's engine (a profile); in the weights' dtype from presets, as
         DeepSpeed allocates them (zenflow_stage_1_and_2.py, `exp_avg_cpu_data`)."""
-        if not self.settings.offload:
+        if not self.settings.zenflow.offload:
             return 0.0
         per_elem = 4 if self.calibration is not None else self.elem_bytes
         return 2.0 * per_elem * self.selected_params
@@ -245,7 +246,7 @@ class CostModel:
         s = self.device_optim_s(numel) + self.master_copy_s(numel)
         if self.calibration is None:
             hbm = self.node.gpu.hbm_bytes_per_s * DEVICE_OPTIM_HBM_EFFICIENCY
-            s += device_step.beside_adam_s(numel, hbm, self.settings.precision)
+            s += device_step.beside_adam_s(numel, hbm, self.settings.scenario.precision)
         return s
 
     @property
@@ -303,7 +304,7 @@ class CostModel:
             return self.node.host.cores
         rank = self.node.host.cores / self.gpus_per_node
         if self.zenflow_pinned:
-            return float(split_cores(int(rank), self.settings.pt_reserved_cores_perc)[1])
+            return float(split_cores(int(rank), self.settings.zenflow.pt_reserved_cores_perc)[1])
         return rank
 
     @property
@@ -324,7 +325,7 @@ class CostModel:
             return 1.0
         h = self.node.host
         return host_step.numa_factor(h.sockets, h.cores / h.sockets, self.cores_per_rank,
-                                     self.settings.bind_cores or self.zenflow_pinned)
+                                     self.settings.runtime.bind_cores or self.zenflow_pinned)
 
     @property
     def zenflow_pinned(self) -> bool:
@@ -334,7 +335,7 @@ class CostModel:
         the rank's own contiguous block (`_compute_zf_pt_affinity` binds each rank to one
         first where the launcher did not), so its memory is local as with bind_cores."""
         return (has_windows(self.strategy) and self.calibration is None
-                and self.settings.pt_reserved_cores_perc is not None)
+                and self.settings.zenflow.pt_reserved_cores_perc is not None)
 
     @cached_property
     def adam_units_per_core_s(self) -> float:
@@ -349,7 +350,7 @@ class CostModel:
         None where not measured (fp32 weights convert nothing; on a GPU node DeepSpeed's
         CPU-Adam, whose rate the preset is, writes the 16-bit parameters itself)."""
         rate = (self.calibration or {}).get("host_convert_elems_per_s")
-        if rate is None or self.settings.precision == "fp32":
+        if rate is None or self.settings.scenario.precision == "fp32":
             return None
         return rate / self.node.host.cores
 
@@ -402,14 +403,14 @@ class CostModel:
         """Whether the offload's host buffers are pageable (`pin_memory` False), so that
         copies block their issuing lane and are staged (zfbench.sims.pageable); never with
         a measured profile (zfbench's engine pins its buffers) or emulated."""
-        return not self.settings.pin_memory and self.calibration is None
+        return not self.settings.runtime.pin_memory and self.calibration is None
 
     @cached_property
     def serial_grad_reduction(self) -> bool:
         """Whether each gradient bucket's reduction and copy down run on the compute stream
         (DeepSpeed's ZeRO-2 with `overlap_comm` False), so that backward waits for them;
         never with a measured profile (zfbench's engine has its own schedule) or emulated."""
-        return not self.settings.overlap_comm and self.calibration is None
+        return not self.settings.runtime.overlap_comm and self.calibration is None
 
     @property
     def pageable_copy_bytes_per_s(self) -> float:
@@ -427,7 +428,7 @@ class CostModel:
     def accum_units_per_core_s(self) -> float:
         if self.calibration is not None:
             return self.calibration["host_accum_elems_per_s"] / self.node.host.cores
-        per_core = self.settings.host_accum_per_core  # measured on a machine's own socket
+        per_core = self.settings.machine.host_accum_per_core  # measured on a machine's own socket
         if per_core is None:
             per_core = host_step.ACCUM_ELEMS_PER_CORE_S
         return per_core * self.numa_factor
@@ -477,10 +478,11 @@ class CostModel:
         presets with the settings' recomputation."""
         s = self.settings
         if self.calibration is not None:
-            return activation_bytes(self.shape, s.micro_batch, s.seq, self.elem_bytes,
-                                    logits=True)
-        return activation_bytes(self.shape, s.micro_batch, s.seq, self.elem_bytes,
-                                checkpointing=s.activation_checkpointing)
+            return activation_bytes(self.shape, s.scenario.micro_batch, s.scenario.seq,
+                                    self.elem_bytes, logits=True)
+        return activation_bytes(self.shape, s.scenario.micro_batch, s.scenario.seq,
+                                self.elem_bytes,
+                                checkpointing=s.runtime.activation_checkpointing)
 
     def per_node(self, total: float) -> float:
         """One node's part of host bytes that all ranks together hold (exactly `total`
@@ -516,7 +518,7 @@ class CostModel:
         # the node's ranks' host state as the engine allocates it (zfbench.core.memory_model:
         # fp32 master, m, v, the strategy's fp32 gradient buffers and 16-bit wires; none
         # for device), with gradient buckets where the schedule has them (copy engines)
-        bucketed = buckets_on(self.settings.precision, not self.emulated)
+        bucketed = buckets_on(self.settings.scenario.precision, not self.emulated)
         host = float(self.per_node(p * host_bytes_per_param(strategy, b, bucketed)
                                    + self.gpus * moments))
         return {"device_bytes_per_rank": device, "host_bytes": host, "nvme_bytes": 0.0}
@@ -525,14 +527,14 @@ class CostModel:
         """Whether `strategy` runs on ZeRO-3 here because the `zero_stage` knob says so
         (ZenFlow with zero_stage 3; zero-infinity is ZeRO-3 by its own rule)."""
         return zero_stage_chosen(strategy) and \
-            zero_stage_of(strategy, self.settings.zero_stage) == 3
+            zero_stage_of(strategy, self.settings.zenflow.zero_stage) == 3
 
     def fits(self, strategy: str) -> dict[str, float | bool]:
         mem = self.memory_per_rank(strategy)
         dev_cap = float(self.node.gpu.memory_bytes)
         host_cap = float(self.node.host.memory_bytes)
         s = self.settings
-        nvme_cap = float(s.nvme_drive().capacity_bytes * s.nvme_drives)
+        nvme_cap = float(s.machine.nvme_drive().capacity_bytes * s.machine.nvme_drives)
         return {**mem, "device_capacity_bytes": dev_cap, "host_capacity_bytes": host_cap,
                 "nvme_capacity_bytes": nvme_cap,
                 "fits": mem["device_bytes_per_rank"] <= dev_cap and mem["host_bytes"] <= host_cap

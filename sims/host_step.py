@@ -176,7 +176,7 @@ def deepspeed_update(sim, step: int, deps):
     at host accumulation's per-core streaming rate, capped by DRAM like every host job."""
     c = sim.costs
     part = c.share(c.params)
-    if c.settings.fused_param_upload:
+    if c.settings.runtime.fused_param_upload:
         return fused_update(sim, step, part, sim.host_work("host_clip", step, part, deps))
     adam, convert = clip_adam_convert(sim, step, part, deps)
     up = sim.transfer(sim.h2d, "h2d_param", step, part * c.elem_bytes, [convert])

@@ -74,9 +74,9 @@ def node_nvme(env: simpy.Environment, timeline, costs, rank: int) -> NvmeNode:
     node = arrays.get(index)
     if node is None:
         s = costs.settings
-        drive = s.nvme_drive()
+        drive = s.machine.nvme_drive()
         node = arrays[index] = NvmeNode(env, timeline, drive.read_bytes_per_s,
-                                        drive.write_bytes_per_s, s.nvme_drives)
+                                        drive.write_bytes_per_s, s.machine.nvme_drives)
     return node
 
 

@@ -2,7 +2,7 @@
 
 `simulate(settings, strategy)` wires a `CostModel` to a SimPy environment: one fluid pool
 per node (its links and its host, shared by that node's ranks only), one `RankSim` per
-GPU, and runs every rank's strategy process for `settings.steps` steps. Over several
+GPU, and runs every rank's strategy process for `settings.measurement.steps` steps. Over several
 nodes, where the ranks of every node repeat node 0's exactly (`nodes_repeat`: nodes
 share only the collectives, whose durations are fixed, and nothing makes a rank depend
 on its node's index), only node 0's ranks are simulated: the other nodes' timelines would
@@ -28,6 +28,7 @@ from zfbench.sims import partitioning
 from zfbench.sims.partitioning import Sync
 from zfbench.sims.emulated import emulated_rates
 from zfbench.sims.strategies import GRAD_ACCUM_STRATEGIES, RankSim
+from zfbench.core.schedule import measurement_window
 from zfbench.core.strategies import device_adamw, has_windows
 from zfbench.core.trace import Timeline
 
@@ -52,28 +53,31 @@ class SimResult:
             return 0.0
         if has_windows(self.strategy):
             return c.share(c.params) / c.windows.mean_window_steps(
-                s.steps, s.full_warm_up_rounds, s.select_interval)
+                s.measurement.steps, s.zenflow.full_warm_up_rounds, s.zenflow.select_interval)
         return c.share(c.params)
 
     def flops_per_step(self) -> float:
         s, shape = self.settings, self.costs.shape
-        tokens = s.seq * s.micro_batch * s.grad_accum
-        fwd = shape.forward_flops_per_token(s.seq) * tokens
-        return fwd + shape.backward_flops_per_token(s.seq) * tokens
+        tokens = s.scenario.seq * s.scenario.micro_batch * s.scenario.grad_accum
+        fwd = shape.forward_flops_per_token(s.scenario.seq) * tokens
+        return fwd + shape.backward_flops_per_token(s.scenario.seq) * tokens
 
 
-def default_skip_steps(settings: SimSettings) -> int:
-    """Steps left out of steady-state averages: warm-up rounds plus two update windows
-    (the first window has no pending update to wait for), never all of them."""
-    skip = settings.window_plan().skip_steps(settings.full_warm_up_rounds)
-    return max(0, min(skip, settings.steps - 2))
+def default_skip_steps(settings: SimSettings, windowed: bool = True) -> int:
+    """Steps left out of steady-state averages (zfbench.core.schedule.measurement_window),
+    never all of them: by default ZenFlow's windowed rule for every strategy, so that the
+    strategies of one simulation are averaged over the same steps; `windowed` False: the
+    fixed rule (zfbench.validate's rows of strategies measured that way)."""
+    skip, _ = measurement_window(windowed, settings.zenflow.full_warm_up_rounds,
+                                 settings.window_plan().lengths)
+    return max(0, min(skip, settings.measurement.steps - 2))
 
 
 def steps_needed(settings: SimSettings) -> int:
     """Steps a run needs to contain what is measured: warm-up, the two update windows
     `default_skip_steps` leaves out, and one full window after them; a shorter run's
     averages are start-up transients (e.g. no host update at all in 2 steps)."""
-    return settings.window_plan().steps_needed(settings.full_warm_up_rounds)
+    return settings.window_plan().steps_needed(settings.zenflow.full_warm_up_rounds)
 
 
 def capacities(costs: CostModel, node_index: int = 0) -> NodeCapacities:
@@ -104,8 +108,8 @@ def simulate(settings: SimSettings, strategy: str, every_node: bool = False) -> 
     if strategy not in STRATEGIES:
         raise SimSettingsError(f"unknown strategy {strategy!r}; choose one of: "
                                f"{', '.join(STRATEGIES)}")
-    if settings.grad_accum > 1 and strategy not in GRAD_ACCUM_STRATEGIES:
-        raise SimSettingsError(f"grad_accum {settings.grad_accum} is simulated for "
+    if settings.scenario.grad_accum > 1 and strategy not in GRAD_ACCUM_STRATEGIES:
+        raise SimSettingsError(f"grad_accum {settings.scenario.grad_accum} is simulated for "
                                f"{', '.join(GRAD_ACCUM_STRATEGIES)}, not {strategy} (its "
                                f"accumulation path is not modelled); use grad_accum 1")
     started = time.perf_counter()
@@ -113,11 +117,11 @@ def simulate(settings: SimSettings, strategy: str, every_node: bool = False) -> 
     # Time starts at 0.0, not SimPy's int 0, so every span's times are floats (the same
     # values: 0 + x == 0.0 + x) and a timeline's files hold one type per column.
     env = simpy.Environment(initial_time=0.0)
-    simulated_nodes = settings.nodes
-    if settings.nodes > 1 and not every_node and nodes_repeat(costs, strategy):
+    simulated_nodes = settings.machine.nodes
+    if settings.machine.nodes > 1 and not every_node and nodes_repeat(costs, strategy):
         simulated_nodes = 1
     timeline = Timeline("simulated", meta={"strategy": strategy, **settings.as_dict(),
-                                           "ranks": settings.ranks,
+                                           "ranks": settings.machine.ranks,
                                            "simulated_nodes": simulated_nodes})
 
     def node_pool(index: int) -> FluidPool:
@@ -133,7 +137,7 @@ def simulate(settings: SimSettings, strategy: str, every_node: bool = False) -> 
     sync = Sync(env)  # the ranks' cross-rank waits (zfbench.sims.partitioning)
     for rank in range(simulated_nodes * per_node):  # CPU-emulated: costs.emulated
         env.process(RankSim(env, timeline, pools[rank // per_node], costs, rank, sync)
-                    .run(strategy, settings.steps))
+                    .run(strategy, settings.measurement.steps))
     # The run allocates millions of short-lived objects and creates no reference cycles
     # (each is freed as soon as it is done with), so the cyclic collector, which would
     # otherwise spend a tenth of the run rescanning the growing timeline, is paused.

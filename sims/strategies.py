@@ -295,7 +295,7 @@ class RankSim:
 
     # -- strategies -------------------------------------------------------------------
     def run(self, strategy: str, steps: int):
-        step_fn = functools.partial(step_function(strategy, self.costs.settings.zero_stage),
+        step_fn = functools.partial(step_function(strategy, self.costs.settings.zenflow.zero_stage),
                                     self)
         self.state: dict = {}
         self.serial_reduction = partitioning.serial_reduction(self.costs, strategy)
@@ -305,7 +305,7 @@ class RankSim:
             self.owned_numels = partitioning.owned_numels(self.costs, self.rank)
             self.owners_of = [partitioning.owners(self.costs, i) for i in range(self.nb)]
         # zero-infinity runs its micro-steps inside its step (zfbench.sims.zero_infinity)
-        accum = 1 if offloads_params(strategy) else self.costs.settings.grad_accum
+        accum = 1 if offloads_params(strategy) else self.costs.settings.scenario.grad_accum
         for t in range(steps):
             start = self.env.now
             for micro in range(accum - 1):
@@ -350,7 +350,7 @@ class RankSim:
 
     def _final_micro_deps(self, t: int):
         """The last micro-step's `extra_deps_of` (nothing without accumulation)."""
-        accum = self.costs.settings.grad_accum
+        accum = self.costs.settings.scenario.grad_accum
         if accum == 1:
             return lambda i: ()
         deps = self._accumulated_up(t, accum - 1)
@@ -453,13 +453,13 @@ class RankSim:
 
     def zenflow_step(self, t: int):
         c, s, st = self.costs, self.costs.settings, self.state
-        W, S = s.full_warm_up_rounds, s.select_interval
+        W, S = s.zenflow.full_warm_up_rounds, s.zenflow.select_interval
         if is_warmup(t, W):
             yield from self.offload_step(t)
             return
-        shipped = s.transfers == "shipped"
+        shipped = s.measurement.transfers == "shipped"
         unselected = [b.numel - b.selected_numel for b in c.buckets]
-        if s.transfers == "full":  # the whole gradient down, whole parameters up
+        if s.measurement.transfers == "full":  # the whole gradient down, whole parameters up
             unselected = [b.numel for b in c.buckets]
         window_start = st.get("window_start", t)
         st["window_start"] = window_start
@@ -503,7 +503,7 @@ class RankSim:
                 window_deps = [self.transfer(self.d2h, "d2h_grad", t,
                                              c.share(c.params) * 4, window_deps)]
             up_elems = unselected if not shipped else [b.numel for b in c.buckets]
-            if s.overlap_step:
+            if s.zenflow.overlap_step:
                 yield from self.apply_update(t, st.pop("pending", None), True)
             # the window is fp32 already: only the parameters going up are converted,
             # one of the two conversions the profile times together; the engine clears
@@ -514,7 +514,7 @@ class RankSim:
                                          lambda i: 0.5 * c.share(up_elems[i]),
                                          None if shipped else
                                          (lambda i: c.share(c.buckets[i].numel)))
-            if s.overlap_step:
+            if s.zenflow.overlap_step:
                 st["pending"] = landed
             else:
                 yield from self.apply_update(t, landed, True)

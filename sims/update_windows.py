@@ -28,7 +28,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from zfbench.core.schedule import AUTO_ASSUMED_WINDOW_STEPS, is_update_boundary
+from zfbench.core.schedule import AUTO_ASSUMED_WINDOW_STEPS, is_update_boundary, measurement_window
 _FILE_COLUMNS = ("length_steps", "length")
 
 
@@ -66,12 +66,13 @@ class WindowPlan:
         return out
 
     def skip_steps(self, W: int) -> int:
-        """Warm-up plus the first two windows (left out of steady-state averages)."""
-        return W + self.length(0) + self.length(1)
+        """Warm-up plus the first two windows (left out of steady-state averages;
+        zfbench.core.schedule.measurement_window)."""
+        return measurement_window(True, W, self.lengths)[0]
 
     def steps_needed(self, W: int) -> int:
         """Steps a run needs to hold warm-up, the two skipped windows and one measured."""
-        return self.skip_steps(W) + self.length(2)
+        return measurement_window(True, W, self.lengths)[1]
 
     def closed_windows(self, steps: int, W: int, S: int) -> list[int]:
         """Lengths in steps of the post-warm-up windows that close within the run."""

@@ -74,9 +74,9 @@ def zenflow_zero3_step(sim, t: int):
       up, and the device waits for it.
     """
     c, s, st, env = sim.costs, sim.costs.settings, sim.state, sim.env
-    warm_up = is_warmup(t, s.full_warm_up_rounds)
+    warm_up = is_warmup(t, s.zenflow.full_warm_up_rounds)
     ops = op_buckets(sim.nb)
-    d = s.prefetch_buckets
+    d = s.infinity.prefetch_buckets
     fetched: dict[int, object] = {}
     issued = 0
     prev_accum = None if warm_up else st.get(("accum", t - 1))
@@ -100,7 +100,7 @@ def zenflow_zero3_step(sim, t: int):
         yield from all_done(env, [*reduced, landed])
         return
     yield from all_done(env, reduced)  # the selection and the update read reduced shares
-    if is_selection_step(t, s.full_warm_up_rounds, s.select_interval):
+    if is_selection_step(t, s.zenflow.full_warm_up_rounds, s.zenflow.select_interval):
         yield from sim.compute("select", t, c.select_s() / c.gpus)
         scores = sim.collective("allgather", t, zero3.zenflow_score_bytes(c), [])
         yield from all_done(env, [scores])
@@ -109,10 +109,10 @@ def zenflow_zero3_step(sim, t: int):
         downs)
     st.pop(("accum", t - 1), None)
     if c.is_boundary(t):
-        if s.overlap_step:
+        if s.zenflow.overlap_step:
             yield from sim.apply_update(t, st.pop("pending", None))
         landed = host_update(sim, t, [st[("accum", t)]], False)
-        if s.overlap_step:
+        if s.zenflow.overlap_step:
             st["pending"] = landed
         else:
             yield from sim.apply_update(t, landed)

@@ -75,9 +75,9 @@ def checkpoint_bytes(c, i: int) -> int:
     `offload_activations`: a decoder layer's input (micro-batch x seq x hidden in the
     activations' dtype, DeepSpeed checkpointing the layer's input), none otherwise."""
     s = c.settings
-    if not s.offload_activations or c.buckets[i].kind != "decoder":
+    if not s.infinity.offload_activations or c.buckets[i].kind != "decoder":
         return 0
-    return s.micro_batch * s.seq * c.shape.hidden * c.elem_bytes
+    return s.scenario.micro_batch * s.scenario.seq * c.shape.hidden * c.elem_bytes
 
 
 def bucket_bytes(c, i: int) -> float:
@@ -98,18 +98,18 @@ def reduce_scatter_s(c, nbytes: float) -> float:
 
 def uses_nvme(c) -> bool:
     """Whether the parameters live on NVMe (each fetch reads them first)."""
-    return c.settings.offload_params == "nvme"
+    return c.settings.infinity.offload_params == "nvme"
 
 
 def state_on_nvme(c) -> bool:
     """Whether the optimizer state lives on NVMe (the host update reads and writes it)."""
-    return c.settings.optimizer_placement == "nvme"
+    return c.settings.infinity.optimizer_placement == "nvme"
 
 
 def params_on_device(c) -> bool:
     """Whether each rank's 16-bit partition stays on its GPU (nothing is fetched from the
     host; the updated share goes up after the host update)."""
-    return c.settings.offload_params == "none"
+    return c.settings.infinity.offload_params == "none"
 
 
 def any_nvme(c) -> bool:
@@ -134,7 +134,7 @@ def state_write_bytes(c, i: int) -> float:
 def bytes_per_step(c) -> dict[str, float]:
     """Bytes one rank moves per step, by resource (the schedule moves exactly these), a
     step being `grad_accum` micro-steps A."""
-    nb, accum = len(c.buckets), c.settings.grad_accum
+    nb, accum = len(c.buckets), c.settings.scenario.grad_accum
     share = sum(share_bytes(c, i) for i in range(nb))
     # fetched up twice (forward, backward) each micro-step; kept on the GPU, the new share
     # goes up once; with accumulation A - 1 16-bit sums come up and go down
@@ -161,10 +161,10 @@ def nvme_busy_s_per_step(c) -> float:
     the sharing rule of sims/nvme.py: a lower bound on the step time with nvme."""
     if not any_nvme(c):
         return 0.0
-    drive, moved = c.settings.nvme_drive(), bytes_per_step(c)
+    drive, moved = c.settings.machine.nvme_drive(), bytes_per_step(c)
     per_rank = (moved["nvme_read"] / drive.read_bytes_per_s
                 + moved["nvme_write"] / drive.write_bytes_per_s)
-    return c.gpus_per_node * per_rank / c.settings.nvme_drives  # the node's own drives
+    return c.gpus_per_node * per_rank / c.settings.machine.nvme_drives  # the node's own drives
 
 
 def memory(c) -> dict[str, float]:
@@ -184,12 +184,12 @@ def memory(c) -> dict[str, float]:
     # offloaded activation checkpoints live on the host, but for the one being recomputed
     checkpoints = [checkpoint_bytes(c, i) for i in range(len(c.buckets))]
     offloaded = sum(checkpoints) - max(checkpoints)
-    device = device_memory.zero3_device_bytes(c.shape, largest, c.settings.prefetch_buckets,
-                                              b, c.activation_bytes() - offloaded,
-                                              c.settings.tiling)
+    inf = c.settings.infinity
+    device = device_memory.zero3_device_bytes(c.shape, largest, inf.prefetch_buckets, b,
+                                              c.activation_bytes() - offloaded, inf.tiling)
     host = 0.0 if state_on_nvme(c) else p * HOST_GRAD_BYTES_PER_PARAM
     host += sum(checkpoints) * c.gpus  # every rank's (a node's part taken below)
-    if c.settings.grad_accum > 1:
+    if c.settings.scenario.grad_accum > 1:
         host += p * b
     nvme = p * GRAD_SWAP_BYTES_PER_PARAM if state_on_nvme(c) else 0.0
     params, state = p * b, p * HOST_OPTIMIZER_STATE_BYTES
@@ -221,7 +221,7 @@ def zenflow_unselected_share(c, i: int) -> float:
     """Elements of the rank's partition of bucket i that are not selected: what goes down
     every step and up at a boundary (`transfers` full: the whole share)."""
     b = c.buckets[i]
-    if c.settings.transfers == "full":
+    if c.settings.measurement.transfers == "full":
         return c.share(b.numel)
     return c.share(b.numel - b.selected_numel)
 
@@ -278,7 +278,7 @@ def zenflow_device_bytes(c) -> float:
     element: m, v, the selected gradient and parameters' copy)."""
     s, b = c.settings, c.elem_bytes
     largest = max(bk.numel for bk in c.buckets)
-    working = device_memory.zero3_device_bytes(c.shape, largest, s.prefetch_buckets, b,
-                                               c.activation_bytes(), s.tiling)
+    working = device_memory.zero3_device_bytes(c.shape, largest, s.infinity.prefetch_buckets, b,
+                                               c.activation_bytes(), s.infinity.tiling)
     return (working + c.share(c.params) * b
             + c.share(c.selected_params) * ZENFLOW_SELECTED_COPIES * b)

@@ -118,7 +118,7 @@ def send_grad(sim, step: int, i: int, reduced, micro: int, held: dict):
     if micro > 0:  # recorded as `h2d_param`, as ZeRO-2's accumulation round trip is
         deps = [sim.transfer(sim.h2d, "h2d_param", step, zero3.share_bytes(c, i),
                              [reduced, held.get(i)])]
-    if micro < c.settings.grad_accum - 1:
+    if micro < c.settings.scenario.grad_accum - 1:
         held[i] = sim.transfer(sim.d2h, "d2h_grad", step, zero3.share_bytes(c, i), deps)
         return held[i]
     return copy_down(sim, step, i, deps)
@@ -245,9 +245,9 @@ def zero_infinity_step(sim, t: int):
       unpinned CPU tensor that the device waits for (`checkpoint_copy`).
     """
     c, st, env = sim.costs, sim.state, sim.env
-    accum, per_micro = c.settings.grad_accum, 2 * sim.nb
+    accum, per_micro = c.settings.scenario.grad_accum, 2 * sim.nb
     ops = op_buckets(sim.nb) * accum  # every micro-step's forward, then its backward
-    d = c.settings.prefetch_buckets
+    d = c.settings.infinity.prefetch_buckets
     fetched = st.pop(("fetched", t), {})  # fetches of this step the previous one issued
     issued = max(fetched, default=-1) + 1
     ready = st.pop(("ready", t - 1), {})  # the previous step's updates, per bucket
@@ -293,7 +293,7 @@ def zero_infinity_step(sim, t: int):
             reduced = reduce_scatter(sim, t, i)
             send(i, reduced, micro)
     updated = host_update(sim, t, downs)
-    if t + 1 < c.settings.steps:
+    if t + 1 < c.settings.measurement.steps:
         nxt: dict = {}
         issue(d, t + 1, nxt, 0, updated)
         st[("fetched", t + 1)], st[("ready", t)] = nxt, updated

@@ -38,7 +38,7 @@ PER_GPU = 4
 
 @pytest.fixture(scope="module")
 def searched():
-    base = SimSettings(**on_node("h100-8x-gen5", {"model": "llama2-13b"}))
+    base = SimSettings.from_knobs(**on_node("h100-8x-gen5", {"model": "llama2-13b"}))
     quality = QualityModel.load()
     evaluator = Evaluator(base, jobs=2, quiet=True)
     try:
@@ -76,7 +76,7 @@ def test_every_ranked_row_fits_and_the_table_is_sorted(searched):
         assert row["device_GiB"] <= row["device_capacity_GiB"]
         assert row["host_GiB"] <= row["host_capacity_GiB"]
         assert row["tokens_per_s"] == pytest.approx(
-            PER_GPU * base.ranks * base.seq / row["step_s"])
+            PER_GPU * base.machine.ranks * base.scenario.seq / row["step_s"])
         e = row["error_pct"] / 100  # the bars: the step's, and what it puts on tokens/s
         assert (row["step_s_lo"], row["step_s_hi"]) == pytest.approx(
             (row["step_s"] * (1 - e), row["step_s"] * (1 + e)))
@@ -248,7 +248,7 @@ def test_a_measured_profile_is_advised_on_its_own_machine(tmp_path, capsys):
 def test_no_fit_anywhere_says_so():
     from zfbench.advise.command import no_fit_message
 
-    base = SimSettings(**on_node("a100-4x-gen4", {
+    base = SimSettings.from_knobs(**on_node("a100-4x-gen4", {
         "model": "llama:layers=80,hidden=12288,heads=96"}))
     msg = no_fit_message(base, Space(strategies=("device",)), 8, "a100-4x-gen4")
     assert "fits no setup" in msg and "no node preset fits it" in msg

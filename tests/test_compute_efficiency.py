@@ -63,10 +63,10 @@ def test_llama_census_by_hand():
 
 
 def _whole_mfu(c: CostModel, settings: SimSettings) -> float:
-    flops = sum(b.forward_flops(settings.seq, settings.micro_batch)
-                for b in c.shape.blocks()) * (4.0 if settings.activation_checkpointing else 3.0)
+    flops = sum(b.forward_flops(settings.scenario.seq, settings.scenario.micro_batch)
+                for b in c.shape.blocks()) * (4.0 if settings.runtime.activation_checkpointing else 3.0)
     seconds = sum(b.forward_s + b.backward_s for b in c.buckets)
-    peak = c.node.gpu.peak_flops_per_s(settings.precision)
+    peak = c.node.gpu.peak_flops_per_s(settings.scenario.precision)
     return flops / (peak * seconds)
 
 
@@ -75,8 +75,8 @@ def test_default_mfu_holds_at_each_gpus_reference():
     host's launch floor does not bind (default_mfu is the GPU's, the floor the host's),
     and the cost model reports that MFU; the floor can only lower it."""
     for gpu in ("a100-80g", "h100-sxm"):
-        s = SimSettings(gpu=gpu, model=GPU_NODE.model, micro_batch=GPU_NODE.micro_batch,
-                        seq=GPU_NODE.seq, steps=2, dispatch_s_per_kernel=0.0)
+        s = SimSettings.from_knobs(gpu=gpu, model=GPU_NODE.model, micro_batch=GPU_NODE.micro_batch,
+                                   seq=GPU_NODE.seq, steps=2, dispatch_s_per_kernel=0.0)
         c = CostModel(s)
         assert _whole_mfu(c, s) == pytest.approx(hw.get_gpu(gpu).default_mfu, rel=1e-12)
         assert c.mfu == pytest.approx(hw.get_gpu(gpu).default_mfu, rel=1e-12)
@@ -84,13 +84,13 @@ def test_default_mfu_holds_at_each_gpus_reference():
         assert floored.mfu <= c.mfu
     # llama2-7b's backward under checkpointing on an H100 is launch-bound on the preset
     # host, its forward not: the floor lowers the H100's MFU there, not the A100's
-    h100 = SimSettings(gpu="h100-sxm", model=GPU_NODE.model, steps=2)
+    h100 = SimSettings.from_knobs(gpu="h100-sxm", model=GPU_NODE.model, steps=2)
     assert CostModel(h100).mfu < hw.get_gpu("h100-sxm").default_mfu
     assert CostModel(h100.with_(gpu="a100-80g")).mfu == pytest.approx(
         hw.get_gpu("a100-80g").default_mfu, rel=1e-12)
     v100 = hw.get_gpu("v100-sxm3-32g")
     model, micro_batch, seq = ce.parse_reference(v100.mfu_reference)
-    s = SimSettings(**V100, model=model, micro_batch=micro_batch, seq=seq, steps=2)
+    s = SimSettings.from_knobs(**V100, model=model, micro_batch=micro_batch, seq=seq, steps=2)
     assert _whole_mfu(CostModel(s), s) == pytest.approx(v100.default_mfu, rel=1e-12)
 
 
@@ -109,8 +109,8 @@ def test_launch_floor_by_hand():
     assert ce.block_kernels(shape, embed, True) == (0, 0)
     assert ce.launch_floor_s(shape, layer, False, 2e-5) == pytest.approx((43 * 2e-5, 92 * 2e-5))
     # a launch-bound step: qwen2.5-1.5b at micro-batch 1 on an H200 costs its kernels
-    s = SimSettings(gpu="h200", host="xeon-8480-spr", model="qwen2.5-1.5b", gpus=1,
-                    activation_checkpointing=False, steps=2)
+    s = SimSettings.from_knobs(gpu="h200", host="xeon-8480-spr", model="qwen2.5-1.5b", gpus=1,
+                               activation_checkpointing=False, steps=2)
     c = CostModel(s)
     d = hw.get_host("xeon-8480-spr").dispatch_s_per_kernel
     kernels = (43 + 92) * shape.layers + 14 + 29
@@ -139,16 +139,16 @@ def test_kernel_census_is_the_committed_measurement():
 def test_mfu_rises_with_hidden_size_and_falls_with_long_scores():
     """Matrix FLOPs grow as h^2 per token, the elementwise bytes as h (scores as heads x
     seq): MFU rises with the hidden size and falls with the sequence (GPT-2 style)."""
-    mfu = [CostModel(SimSettings(**V100, model=gpt2(h), micro_batch=4, seq=1024,
-                                 steps=2)).mfu for h in (1024, 2048, 4096, 8192)]
+    mfu = [CostModel(SimSettings.from_knobs(**V100, model=gpt2(h), micro_batch=4, seq=1024,
+                                            steps=2)).mfu for h in (1024, 2048, 4096, 8192)]
     assert mfu == sorted(mfu) and mfu[0] < mfu[-1]
-    short, long = (CostModel(SimSettings(**V100, model=gpt2(2048), micro_batch=1, seq=q,
-                                         steps=2)).mfu for q in (512, 4096))
+    short, long = (CostModel(SimSettings.from_knobs(**V100, model=gpt2(2048), micro_batch=1, seq=q,
+                                                    steps=2)).mfu for q in (512, 4096))
     assert long < short
 
 
 def test_a_given_mfu_is_one_rate_for_every_block():
-    s = SimSettings(**V100, model=gpt2(2048), micro_batch=2, seq=512, steps=2, mfu=0.25)
+    s = SimSettings.from_knobs(**V100, model=gpt2(2048), micro_batch=2, seq=512, steps=2, mfu=0.25)
     c = CostModel(s)
     peak = c.node.gpu.peak_flops_per_s("fp16")
     for bucket, block in zip(c.buckets, c.shape.blocks()):

@@ -47,7 +47,7 @@ def test_one_zenflow_scenario_for_simulator_runner_and_commands():
     from zfbench.sims.settings import SimSettings
     from zfbench.validate.command import zenflow_overrides
     s = SimSettings()
-    assert {k: getattr(s, k) for k in SCENARIO_ZENFLOW if k != "select_strategy"} == \
+    assert {k: getattr(s.zenflow, k) for k in SCENARIO_ZENFLOW if k != "select_strategy"} == \
         {k: v for k, v in SCENARIO_ZENFLOW.items() if k != "select_strategy"}
     zf = RunSpec().engine_config("zenflow").zenflow
     assert {k: getattr(zf, k) for k in SCENARIO_ZENFLOW} == SCENARIO_ZENFLOW

@@ -184,7 +184,7 @@ def test_profile_measures_the_gpu_it_runs_on():
     (zfbench.real.profile), and the profile says so."""
     from zfbench.real.profile import measure_profile
     from zfbench.real.runner import RunSpec
-    spec = RunSpec(model="tiny", layers=None, batch=2, seq=16, device="cuda",
+    spec = RunSpec(model="tiny", layers=None, micro_batch=2, seq=16, device="cuda",
                    device_threads=1, host_threads=1, precision="bf16")
     profile = measure_profile(spec, repeats=2)
     cal = profile["calibration"]
@@ -242,7 +242,7 @@ def test_on_a_gpu_zero_offload_runs_its_host_step_on_every_core():
         want = default_thread_split(cores)[1] if strategy == "zenflow" else cores
         assert engine.host_threads == want, strategy
         engine.close()
-    spec = RunSpec(model="tiny", layers=None, batch=2, seq=16, device="cuda",
+    spec = RunSpec(model="tiny", layers=None, micro_batch=2, seq=16, device="cuda",
                    precision="bf16")
     cal = measure_profile(spec, repeats=2)["calibration"]
     if cal["host_threads"] != cores:  # more than one core: the counts differ

@@ -16,8 +16,8 @@ def test_two_reduce_buckets_not_a_full_gradient():
 
 
 def test_paper_10b_gpt2_fits_a_32gb_v100_with_zero_offload():
-    s = SimSettings(gpu="v100-sxm3-32g", pcie="gen3-dgx2", precision="fp16", model=GPT2_10B,
-                    micro_batch=10, seq=1024, activation_checkpointing=True, gpus=1)
+    s = SimSettings.from_knobs(gpu="v100-sxm3-32g", pcie="gen3-dgx2", precision="fp16", model=GPT2_10B,
+                               micro_batch=10, seq=1024, activation_checkpointing=True, gpus=1)
     c = CostModel(s)
     fit = c.fits("zero-offload")
     expected = c.params * 2 + 2 * dm.REDUCE_BUCKET_ELEMS * 2 + c.activation_bytes()
@@ -37,10 +37,10 @@ def test_activations_are_one_count_for_the_engine_and_the_simulator(precision, e
     shape = get_model("llama2-7b")
     b, s, h, a, L = 2, 512, shape.hidden, shape.heads, shape.layers
     whole = s * b * h * 34 + 5 * a * s * s * b
-    c = CostModel(SimSettings(model="llama2-7b", micro_batch=b, seq=s, precision=precision))
+    c = CostModel(SimSettings.from_knobs(model="llama2-7b", micro_batch=b, seq=s, precision=precision))
     assert c.activation_bytes() == pytest.approx((L * 2 * s * b * h + whole) * elem / 2)
-    c = CostModel(SimSettings(model="llama2-7b", micro_batch=b, seq=s, precision=precision,
-                              activation_checkpointing=False))
+    c = CostModel(SimSettings.from_knobs(model="llama2-7b", micro_batch=b, seq=s, precision=precision,
+                                         activation_checkpointing=False))
     assert c.activation_bytes() == pytest.approx(L * whole * elem / 2)
     assert engine_activations(shape, b, s, 4) == pytest.approx(
         L * whole * 2 + b * s * shape.vocab * 12)
@@ -56,11 +56,11 @@ def test_a_measured_profile_is_simulated_with_the_engines_own_device_buffers(str
     from zfbench.real.memory import HEADROOM, estimate
 
     profile = Path(__file__).resolve().parents[1] / "bench/results/noflag_run_expect/profile.json"
-    s = SimSettings(model="tinyllama-1.1b", layers=1, micro_batch=1, seq=4,
-                    precision="bf16", profile=str(profile))
+    s = SimSettings.from_knobs(model="tinyllama-1.1b", layers=1, micro_batch=1, seq=4,
+                               precision="bf16", profile=str(profile))
     simulated = CostModel(s).memory_per_rank(strategy)["device_bytes_per_rank"]
     engine = estimate(get_model("tinyllama-1.1b").with_layers(1), strategy, 1, 4, 2,
-                      topk_ratio=s.topk_ratio).device_bytes / HEADROOM
+                      topk_ratio=s.zenflow.topk_ratio).device_bytes / HEADROOM
     assert simulated == pytest.approx(engine)
 
 
@@ -79,9 +79,9 @@ def test_largest_gpt2_without_offload_on_a_v100_is_the_papers_1_4b():
     trains on one 32 GB V100 without running out of memory. Not a row of the dataset."""
     fitting = []
     for layers in range(16, 41, 2):
-        s = SimSettings(gpu="v100-sxm3-32g", pcie="gen3-dgx2", precision="fp16",
-                        model=f"gpt2:layers={layers},hidden=2048,heads=16", micro_batch=4,
-                        seq=1024, activation_checkpointing=True, gpus=1)
+        s = SimSettings.from_knobs(gpu="v100-sxm3-32g", pcie="gen3-dgx2", precision="fp16",
+                                   model=f"gpt2:layers={layers},hidden=2048,heads=16", micro_batch=4,
+                                   seq=1024, activation_checkpointing=True, gpus=1)
         c = CostModel(s)
         if c.fits("device")["fits"]:
             fitting.append(c.params)

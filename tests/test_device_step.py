@@ -24,7 +24,7 @@ def test_fp32_weights_have_no_conversion_passes():
 
 @pytest.mark.parametrize("precision,extra", [("bf16", 26.0)])
 def test_device_step_from_presets(precision, extra):
-    s = SimSettings(**node_knobs("a100-4x-gen4", 4), model="tiny", precision=precision)
+    s = SimSettings.from_knobs(**node_knobs("a100-4x-gen4", 4), model="tiny", precision=precision)
     c = CostModel(s)
     hbm = c.node.gpu.hbm_bytes_per_s * 0.8  # at DEVICE_OPTIM_HBM_EFFICIENCY
     n = c.share(c.params)
@@ -44,7 +44,7 @@ def test_a_measured_profile_keeps_its_own_device_costs():
 
 def test_the_device_step_op_takes_the_passes():
     """One GPU: the simulated `device_optim` span is the fused Adam plus the passes."""
-    s = SimSettings(**node_knobs("dgx2-v100", 1), model="tiny", precision="fp16", steps=3)
+    s = SimSettings.from_knobs(**node_knobs("dgx2-v100", 1), model="tiny", precision="fp16", steps=3)
     result = simulate(s, "device")
     spans = result.timeline.spans_frame()
     optim = spans[(spans.op == "device_optim") & (spans.step == 2)].duration_s.sum()

@@ -30,8 +30,8 @@ def test_dgx2_node_numbers_and_sources():
 
 def test_v100_refuses_bf16_and_takes_fp16():
     with pytest.raises(SimSettingsError, match="no bf16 tensor cores; use precision fp16"):
-        SimSettings(**node_knobs("dgx2-v100", 1), precision="bf16")
-    costs = CostModel(SimSettings(**node_knobs("dgx2-v100", 1), precision="fp16"))
+        SimSettings.from_knobs(**node_knobs("dgx2-v100", 1), precision="bf16")
+    costs = CostModel(SimSettings.from_knobs(**node_knobs("dgx2-v100", 1), precision="fp16"))
     # fp16 tensor-core peak; the model's MFU by shape (zfbench.sims.compute_efficiency)
     assert costs.node.gpu.peak_flops_per_s("fp16") == 125e12
     assert costs.flops_per_s == pytest.approx(125e12 * costs.mfu)
@@ -40,10 +40,10 @@ def test_v100_refuses_bf16_and_takes_fp16():
 @pytest.mark.parametrize("gpus,nodes,per_node", [(1, 1, 1), (4, 1, 4), (16, 1, 16),
                                                   (32, 2, 16), (64, 4, 16)])
 def test_gpu_counts_over_a_node_are_several_nodes(gpus, nodes, per_node):
-    s = SimSettings(**node_knobs("dgx2-v100", gpus), precision="fp16", model="tiny")
-    assert (s.ranks, s.nodes, s.gpus_on_node) == (gpus, nodes, per_node)
+    s = SimSettings.from_knobs(**node_knobs("dgx2-v100", gpus), precision="fp16", model="tiny")
+    assert (s.machine.ranks, s.machine.nodes, s.machine.gpus_on_node) == (gpus, nodes, per_node)
     if nodes > 1:
-        assert s.inter_net == "ib-edr-dgx2"
+        assert s.machine.inter_net == "ib-edr-dgx2"
 
 
 def test_gpu_count_that_is_not_whole_nodes():
@@ -52,11 +52,11 @@ def test_gpu_count_that_is_not_whole_nodes():
 
 
 def one_gpu(strategy_accum: int, **extra) -> SimSettings:
-    return SimSettings(model="gpt2:layers=2,hidden=256,heads=4", gpus=1, gpus_per_switch=1,
-                       **{k: v for k, v in node_knobs("dgx2-v100", 1).items()
+    return SimSettings.from_knobs(model="gpt2:layers=2,hidden=256,heads=4", gpus=1, gpus_per_switch=1,
+                                  **{k: v for k, v in node_knobs("dgx2-v100", 1).items()
                           if k not in ("gpus", "gpus_per_switch")},
-                       micro_batch=2, seq=256, precision="fp16", grad_accum=strategy_accum,
-                       steps=4, **extra)
+                                  micro_batch=2, seq=256, precision="fp16", grad_accum=strategy_accum,
+                                  steps=4, **extra)
 
 
 def steady_step_s(result) -> float:

@@ -34,9 +34,9 @@ def profile_with(tmp_path: Path, **calibration) -> str:
 
 def settings(profile: str, gpus: int) -> SimSettings:
     cal = json.loads(Path(profile).read_text())["calibration"]
-    return SimSettings(model=cal["model"], gpus=gpus, micro_batch=cal["batch"],
-                       seq=cal["seq"], precision=cal["precision"], transfers="full",
-                       profile=profile, steps=6)
+    return SimSettings.from_knobs(model=cal["model"], gpus=gpus, micro_batch=cal["batch"],
+                                  seq=cal["seq"], precision=cal["precision"], transfers="full",
+                                  profile=profile, steps=6)
 
 
 def spans(result, lane: str, op: str, rank: int = 0):
@@ -141,11 +141,12 @@ def test_the_simulator_reads_a_zenflow_config_as_the_engine_runs_it(zenflow):
         zf_engine = engine.strategy
         settings = for_engine_run(load_config(raw), model="tinyllama-1.1b", layers=1,
                                   profile=str(PROFILE))
-        assert settings.select_interval == zf_engine.S
-        assert settings.update_interval == engine.config.zenflow.update_interval
-        assert settings.topk_ratio == engine.config.zenflow.topk_ratio
-        assert settings.overlap_step == engine.config.zenflow.overlap_step
-        assert settings.full_warm_up_rounds == engine.config.zenflow.full_warm_up_rounds
-        assert settings.precision == engine.config.precision and settings.transfers == "full"
+        assert settings.zenflow.select_interval == zf_engine.S
+        assert settings.zenflow.update_interval == engine.config.zenflow.update_interval
+        assert settings.zenflow.topk_ratio == engine.config.zenflow.topk_ratio
+        assert settings.zenflow.overlap_step == engine.config.zenflow.overlap_step
+        assert settings.zenflow.full_warm_up_rounds == engine.config.zenflow.full_warm_up_rounds
+        assert settings.scenario.precision == engine.config.precision
+        assert settings.measurement.transfers == "full"
     finally:
         engine.close()

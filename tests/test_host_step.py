@@ -25,7 +25,7 @@ def test_numa_factor_by_hand():
 def test_binding_speeds_up_two_ranks_host_adam():
     """2 ranks on the 128-core Milan node: bound, each its own socket (local); unbound,
     4/3 as long in the host Adam (the blog's bound/unbound rows differ by 13-16 %)."""
-    base = SimSettings(**node_knobs("a100-4x-gen4", 2), model="qwen2.5-3b", steps=3)
+    base = SimSettings.from_knobs(**node_knobs("a100-4x-gen4", 2), model="qwen2.5-3b", steps=3)
     bound, unbound = CostModel(base.with_(bind_cores=True)), CostModel(base)
     assert unbound.adam_units_per_core_s / bound.adam_units_per_core_s == pytest.approx(0.75)
     def adam_s(s):
@@ -77,8 +77,8 @@ def test_table4_rate_is_far_from_the_milan_rate():
 def test_accumulation_rate_does_not_follow_adam_rate():
     """Accumulation streams memory: its per-core rate is the same on hosts whose Adam
     rates differ 7x (up to the NUMA factor both see)."""
-    a = CostModel(SimSettings(host="xeon-8168", gpus=1, host_cores=48))
-    b = CostModel(SimSettings(gpus=1))
+    a = CostModel(SimSettings.from_knobs(host="xeon-8168", gpus=1, host_cores=48))
+    b = CostModel(SimSettings.from_knobs(gpus=1))
     assert a.adam_units_per_core_s / b.adam_units_per_core_s > 6.5
     assert a.accum_units_per_core_s == pytest.approx(b.accum_units_per_core_s)
     assert b.accum_units_per_core_s == pytest.approx(30 * 29.5e6 * 0.75)
@@ -101,7 +101,7 @@ def test_deepspeed_host_step_is_serial_after_adam():
     """From presets, ZeRO-Offload's step runs DeepSpeed's order on the host lane: clip,
     Adam, the blocking conversion over the whole partition, and only then the parameters
     go up (one copy): nothing goes up while Adam runs."""
-    s = SimSettings(**node_knobs("a100-4x-gen4", 4), model="llama2-7b", steps=3)
+    s = SimSettings.from_knobs(**node_knobs("a100-4x-gen4", 4), model="llama2-7b", steps=3)
     res = simulate(s, "zero-offload")
     spans = res.timeline.spans_frame()
     one = spans[(spans["rank"] == 0) & (spans["step"] == 2)]
@@ -126,7 +126,7 @@ def test_deepspeed_host_step_is_serial_after_adam():
 def test_zero_offload_gradients_go_down_as_fp32_from_presets():
     """DeepSpeed converts each gradient slice to fp32 on the device before the copy
     (GRAD_WIRE_BYTES = 4); zfbench's engine (a measured profile) sends it as 16-bit."""
-    s = SimSettings(**node_knobs("dgx2-v100", 4), model="tiny", precision="fp16", steps=3)
+    s = SimSettings.from_knobs(**node_knobs("dgx2-v100", 4), model="tiny", precision="fp16", steps=3)
     c = CostModel(s)
     assert c.grad_wire_bytes == hs.GRAD_WIRE_BYTES == 4
     for strategy in ("zero-offload", "zero-offload-dpu"):
@@ -152,8 +152,8 @@ def test_fused_upload_sends_each_tile_while_the_next_tiles_adam_runs(monkeypatch
     """DeepSpeed 0.3-0.8's fp16 CPU-Adam (fused_param_upload): per tile, Adam then its
     fp32 parameters up; no conversion pass; a tile's Adam waits for the upload of the
     tile two before it (two buffers); the gradients and the step otherwise as before."""
-    s = SimSettings(**node_knobs("dgx2-v100", 2), model="tinyllama-1.1b", precision="fp16",
-                    fused_param_upload=True, steps=3)
+    s = SimSettings.from_knobs(**node_knobs("dgx2-v100", 2), model="tinyllama-1.1b", precision="fp16",
+                               fused_param_upload=True, steps=3)
     res = simulate(s, strategy)
     part = res.costs.share(res.costs.params)
     monkeypatch.setattr(hs, "FUSED_TILE_ELEMS", int(part // 4) + 1)  # 4 tiles a step
@@ -174,7 +174,7 @@ def test_fused_upload_sends_each_tile_while_the_next_tiles_adam_runs(monkeypatch
 
 def test_fused_upload_is_an_fp16_setting():
     with pytest.raises(SimSettingsError, match="fused_param_upload.*fp16"):
-        SimSettings(**node_knobs("a100-4x-gen4", 4), model="tiny", fused_param_upload=True)
+        SimSettings.from_knobs(**node_knobs("a100-4x-gen4", 4), model="tiny", fused_param_upload=True)
 
 
 def test_fused_upload_column_of_the_published_rows():
@@ -188,7 +188,7 @@ def test_fused_upload_column_of_the_published_rows():
             "zero-offload", "zero-offload-dpu") and row["metric"] != "host_adam_time_s"
         assert row["fused_param_upload"] == ("true" if fused else ""), row["id"]
         if fused:
-            assert row_settings(row).fused_param_upload and row["precision"] == "fp16"
+            assert row_settings(row).runtime.fused_param_upload and row["precision"] == "fp16"
     pt = next(r for r in rows if r["id"] == "zo-fig14-b1-pt")
     with pytest.raises(Unsupported, match="fused_param_upload.*leave it empty for device"):
         row_settings({**pt, "fused_param_upload": "true"})
@@ -207,7 +207,7 @@ def test_deepspeeds_zenflow_pinning_gives_its_host_work_the_unreserved_cores():
     assert zenflow_optimizer_cores(32, 0.0) == 32  # nothing reserved: both share all
     assert zenflow_optimizer_cores(32, 1.0) == 32
     assert zenflow_optimizer_cores(1, 0.5) == 1
-    base = SimSettings(**node_knobs("a100-4x-gen4", 4), model="llama2-7b", steps=12)
+    base = SimSettings.from_knobs(**node_knobs("a100-4x-gen4", 4), model="llama2-7b", steps=12)
     pinned = base.with_(pt_reserved_cores_perc=0.5)
     zf = CostModel(pinned, "zenflow")
     assert zf.cores_per_rank == 16 and zf.numa_factor == 1.0  # 128 cores / 4 ranks / 2

@@ -80,7 +80,7 @@ def engine_calls(precision: str) -> None:
 
 
 def probe_calls(precision: str) -> None:
-    spec = RunSpec(model="tiny", layers=None, batch=2, seq=8, device_threads=1,
+    spec = RunSpec(model="tiny", layers=None, micro_batch=2, seq=8, device_threads=1,
                    host_threads=1, precision=precision, device="cpu")
     measure_profile(spec, repeats=1)
 

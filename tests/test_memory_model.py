@@ -75,7 +75,7 @@ def test_host_bytes_per_param():
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])  # (fp32 needs a measured profile)
 def test_simulator_host_memory_is_the_same_model(strategy, precision):
     # the simulated GPU schedule sends gradients in buckets (dpu: two landing buffers)
-    costs = CostModel(SimSettings(model="tiny", gpus=1, steps=4, precision=precision))
+    costs = CostModel(SimSettings.from_knobs(model="tiny", gpus=1, steps=4, precision=precision))
     host = costs.memory_per_rank(strategy)["host_bytes"]
     bucketed = precision != "fp16"  # fp16: no buckets (its gradients are loss-scaled)
     assert host == host_bytes_per_param(strategy, element_bytes(precision), bucketed) * \

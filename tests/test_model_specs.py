@@ -90,7 +90,7 @@ def test_malformed_specs_name_the_key(text, says):
     with pytest.raises(ModelSpecError, match=says.replace("(", r"\(")):
         get_model(text)
     with pytest.raises(SimSettingsError, match=says.replace("(", r"\(")):
-        SimSettings(model=text)
+        SimSettings.from_knobs(model=text)
 
 
 def test_spec_errors_are_unknown_model_errors():

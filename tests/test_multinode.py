@@ -22,18 +22,18 @@ ETH = 12.5e9 * 0.7, 20e-6            # eth-100
 
 
 def test_one_node_collectives_are_todays_formulas():
-    c = CostModel(SimSettings(gpus=4))
+    c = CostModel(SimSettings.from_knobs(gpus=4))
     bw, lat = NVLINK3
     assert c.allreduce_s(GB) == 2 * 3 / 4 * GB / bw + 2 * 3 * lat
     assert c.allgather_s(GB) == 3 / 4 * GB / bw + 3 * lat
-    assert CostModel(SimSettings(gpus=1)).allreduce_s(GB) == 0.0
+    assert CostModel(SimSettings.from_knobs(gpus=1)).allreduce_s(GB) == 0.0
     # gpus_per_node on one node is the same run as --gpus
-    assert CostModel(SimSettings(nodes=1, gpus_per_node=4)).allreduce_s(GB) == \
+    assert CostModel(SimSettings.from_knobs(nodes=1, gpus_per_node=4)).allreduce_s(GB) == \
         c.allreduce_s(GB)
 
 
 def test_two_level_allreduce_and_allgather_by_hand():
-    c = CostModel(SimSettings(nodes=2, gpus_per_node=8, gpus_per_switch=2))
+    c = CostModel(SimSettings.from_knobs(nodes=2, gpus_per_node=8, gpus_per_switch=2))
     bw, lat = NVLINK3
     ib, ilat = IB_HDR
     # reduce-scatter + all-gather in the node (2 x 7/8 B), all-reduce of B/8 across 2 nodes
@@ -65,7 +65,7 @@ def test_inter_node_presets_carry_sources():
 
 def _host_rate(**knobs) -> tuple[float, float]:
     """(host Adam seconds per rank, parameters per second per rank) of zero-offload."""
-    r = simulate(SimSettings(model="llama2-7b", layers=4, steps=12, **knobs), "zero-offload")
+    r = simulate(SimSettings.from_knobs(model="llama2-7b", layers=4, steps=12, **knobs), "zero-offload")
     spans = [s for s in r.timeline.spans if s.op == "host_optim"]
     ranks = {s.rank for s in spans}
     assert ranks == set(range(r.costs.gpus))
@@ -87,8 +87,8 @@ def test_each_node_has_its_own_host():
 
 def test_network_bounds_zenflow_on_slow_inter_node_links():
     def step(net):
-        r = simulate(SimSettings(model="llama2-7b", layers=4, steps=12, nodes=4,
-                                 gpus_per_node=2, inter_net=net), "zenflow")
+        r = simulate(SimSettings.from_knobs(model="llama2-7b", layers=4, steps=12, nodes=4,
+                                            gpus_per_node=2, inter_net=net), "zenflow")
         return r.timeline.steps_frame()["t_end_s"].max()
     assert step("eth-100") > step("ib-ndr-400")
 
@@ -103,12 +103,12 @@ def test_network_bounds_zenflow_on_slow_inter_node_links():
 ])
 def test_refusals(knobs, words):
     with pytest.raises(SimSettingsError, match=words):
-        SimSettings(**knobs)
+        SimSettings.from_knobs(**knobs)
 
 
 def test_consistent_gpus_is_accepted():
-    s = SimSettings(nodes=2, gpus_per_node=8, gpus=16)
-    assert s.ranks == 16 and s.gpus_on_node == 8
+    s = SimSettings.from_knobs(nodes=2, gpus_per_node=8, gpus=16)
+    assert s.machine.ranks == 16 and s.machine.gpus_on_node == 8
 
 
 def test_cli_refuses_contradicting_gpus_in_one_line(capsys):
@@ -135,9 +135,9 @@ def test_zero_infinity_on_nvme_swaps_to_each_nodes_own_drives():
     although the other node's rank reads at the same moments (on one node the two ranks'
     reads share one array and such reads run at half of it)."""
     knobs = dict(offload_params="nvme", layers=2, steps=4)
-    two_nodes = SimSettings(nodes=2, gpus_per_node=1, **knobs)
-    one_node = SimSettings(gpus=2, **knobs)
-    full = two_nodes.nvme_drive().read_bytes_per_s * two_nodes.nvme_drives
+    two_nodes = SimSettings.from_knobs(nodes=2, gpus_per_node=1, **knobs)
+    one_node = SimSettings.from_knobs(gpus=2, **knobs)
+    full = two_nodes.machine.nvme_drive().read_bytes_per_s * two_nodes.machine.nvme_drives
     for s, rate in ((two_nodes, full), (one_node, full / 2)):
         spans = nvme_spans(simulate(s, "zero-infinity", every_node=True).timeline)
         # the two ranks read at the same moments (the case a shared array would slow)
@@ -154,11 +154,11 @@ def test_nvme_bound_per_node_is_that_nodes_ranks_traffic():
     """Two nodes of two ranks: each rank's share halves against one node of two, and each
     node's array carries its own two ranks' traffic, so the drive time per step halves."""
     knobs = dict(offload_params="nvme", layers=2, steps=4)
-    one = zero3.nvme_busy_s_per_step(CostModel(SimSettings(gpus=2, **knobs)))
-    two = zero3.nvme_busy_s_per_step(CostModel(SimSettings(nodes=2, gpus_per_node=2, **knobs)))
+    one = zero3.nvme_busy_s_per_step(CostModel(SimSettings.from_knobs(gpus=2, **knobs)))
+    two = zero3.nvme_busy_s_per_step(CostModel(SimSettings.from_knobs(nodes=2, gpus_per_node=2, **knobs)))
     assert two == pytest.approx(one / 2, rel=1e-6)
-    fits = CostModel(SimSettings(nodes=2, gpus_per_node=2, **knobs)).fits("zero-infinity")
-    whole = CostModel(SimSettings(gpus=2, **knobs)).fits("zero-infinity")
+    fits = CostModel(SimSettings.from_knobs(nodes=2, gpus_per_node=2, **knobs)).fits("zero-infinity")
+    whole = CostModel(SimSettings.from_knobs(gpus=2, **knobs)).fits("zero-infinity")
     assert fits["nvme_bytes"] == pytest.approx(whole["nvme_bytes"] / 2, rel=1e-9)
 
 
@@ -173,7 +173,7 @@ def test_cli_runs_two_nodes(capsys):
            suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(s=st.builds(
     lambda base, nodes, g, net: base.with_(gpus=nodes * g, nodes=nodes, gpus_per_node=g,
-                                           gpus_per_switch=min(base.gpus_per_switch, g),
+                                           gpus_per_switch=min(base.machine.gpus_per_switch, g),
                                            inter_net=net),
     sim_settings(), st.sampled_from([2, 3]), st.sampled_from([1, 2]),
     st.sampled_from(["eth-100", "ib-hdr-200", "ib-ndr-400"])),
@@ -193,7 +193,7 @@ def test_simulation_matches_oracle_over_several_nodes(s, strategy):
 def test_repeating_nodes_are_simulated_once_and_exactly(strategy, knobs):
     """Where every node's ranks run as node 0's, simulating node 0 alone gives exactly
     the spans and steps that node's ranks have in the simulation of every node."""
-    s = SimSettings(nodes=3, gpus_per_node=2, layers=2, **{"steps": 4, **knobs})
+    s = SimSettings.from_knobs(nodes=3, gpus_per_node=2, layers=2, **{"steps": 4, **knobs})
     alone, every = simulate(s, strategy), simulate(s, strategy, every_node=True)
     assert alone.timeline.meta["simulated_nodes"] == 1
     assert every.timeline.meta["simulated_nodes"] == 3
@@ -207,7 +207,7 @@ def test_repeating_nodes_are_simulated_once_and_exactly(strategy, knobs):
 
 def test_zero2_partitions_simulate_every_node():
     """ZeRO-2's partition owners differ across the whole run: every node is simulated."""
-    s = SimSettings(nodes=2, gpus_per_node=2, layers=2, steps=4)
+    s = SimSettings.from_knobs(nodes=2, gpus_per_node=2, layers=2, steps=4)
     result = simulate(s, "zero-offload")
     assert result.timeline.meta["simulated_nodes"] == 2
     assert set(result.timeline.spans_frame()["rank"]) == set(range(4))
@@ -222,8 +222,8 @@ def test_repeating_nodes_summary_is_the_whole_runs(strategy):
 
     from zfbench.simulation import summary_row
 
-    s = SimSettings(nodes=2, gpus_per_node=2, layers=2, steps=4,
-                    **({"offload_params": "nvme"} if strategy == "zero-infinity" else {}))
+    s = SimSettings.from_knobs(nodes=2, gpus_per_node=2, layers=2, steps=4,
+                               **({"offload_params": "nvme"} if strategy == "zero-infinity" else {}))
     alone = summary_row(simulate(s, strategy))
     every = summary_row(simulate(s, strategy, every_node=True))
     assert alone.keys() == every.keys() and alone["ranks"] == every["ranks"] == 4

@@ -28,8 +28,8 @@ def per_step(result, op: str) -> list[float]:
 
 
 def test_checkpoint_bytes_and_what_moves():
-    s = SimSettings(**V100, model="gpt2:layers=3,hidden=1024,heads=16",
-                    offload_activations=True)
+    s = SimSettings.from_knobs(**V100, model="gpt2:layers=3,hidden=1024,heads=16",
+                               offload_activations=True)
     c = CostModel(s)
     ckpt = 4 * 1024 * 1024 * 2  # micro-batch x seq x hidden x fp16
     assert [zero3.checkpoint_bytes(c, i) for i in range(len(c.buckets))] == \
@@ -46,7 +46,7 @@ def test_the_device_waits_for_each_staged_copy():
     # one V100, partitions on the GPU (nothing else on the link in forward): every copy
     # runs at the lesser of the link and the staging copy, and the step grows by exactly
     # the copies' time
-    s = SimSettings(**V100, model="gpt2:layers=3,hidden=1024,heads=16")
+    s = SimSettings.from_knobs(**V100, model="gpt2:layers=3,hidden=1024,heads=16")
     c = CostModel(s)
     base, off = simulate(s, ZI), simulate(s.with_(offload_activations=True), ZI)
     ckpt = 4 * 1024 * 1024 * 2
@@ -72,7 +72,7 @@ def test_the_overhead_falls_with_hidden_size():
     offload, Figure 6e)."""
     slowdown = []
     for hidden, layers in ((1024, 4), (4096, 2)):
-        s = SimSettings(**V100, model=f"gpt2:layers={layers},hidden={hidden},heads=16")
+        s = SimSettings.from_knobs(**V100, model=f"gpt2:layers={layers},hidden={hidden},heads=16")
         plain, off = simulate(s, ZI), simulate(s.with_(offload_activations=True), ZI)
         slowdown.append(off.timeline.steps_frame()["t_end_s"].iloc[-1] /
                         plain.timeline.steps_frame()["t_end_s"].iloc[-1])
@@ -80,8 +80,8 @@ def test_the_overhead_falls_with_hidden_size():
 
 
 def test_memory_moves_the_checkpoints_to_the_host():
-    s = SimSettings(**node_knobs("dgx2-v100", 16), precision="fp16", micro_batch=4,
-                    model="gpt2:layers=12,hidden=4096,heads=32")
+    s = SimSettings.from_knobs(**node_knobs("dgx2-v100", 16), precision="fp16", micro_batch=4,
+                               model="gpt2:layers=12,hidden=4096,heads=32")
     plain, off = (CostModel(s.with_(offload_activations=x)).memory_per_rank(ZI)
                   for x in (False, True))
     ckpt = 4 * 1024 * 4096 * 2
@@ -95,7 +95,7 @@ def test_memory_moves_the_checkpoints_to_the_host():
 ])
 def test_refusals(knobs, words):
     with pytest.raises(SimSettingsError, match=words):
-        SimSettings(offload_activations=True, **knobs)
+        SimSettings.from_knobs(offload_activations=True, **knobs)
 
 
 @pytest.fixture(scope="module")

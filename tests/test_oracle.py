@@ -19,10 +19,10 @@ MODELS = {"tiny": 2, "opt-350m": 4, "qwen2.5-1.5b": 4}  # name -> most layers dr
 
 def measure(s: SimSettings, strategy: str, oracle, windows: int = 2) -> dict:
     """Simulate enough steps to pass the oracle's transient, then average whole cycles."""
-    per = s.update_interval if strategy == "zenflow" else 1
-    warm = s.full_warm_up_rounds if strategy == "zenflow" else 0
+    per = s.zenflow.update_interval if strategy == "zenflow" else 1
+    warm = s.zenflow.full_warm_up_rounds if strategy == "zenflow" else 0
     # zenflow: the map starts at the first boundary (window 0); dpu: at step 0
-    skip = max(s.full_warm_up_rounds + 2 * s.update_interval,
+    skip = max(s.zenflow.full_warm_up_rounds + 2 * s.zenflow.update_interval,
                warm + (oracle.settle_periods + 2) * per)
     steps = skip + per * oracle.cycle_periods * windows
     result = simulate(s.with_(steps=steps), strategy)
@@ -44,7 +44,7 @@ def assert_agrees(s: SimSettings, strategy: str):
 def sim_settings(draw) -> SimSettings:
     model = draw(st.sampled_from(sorted(MODELS)))
     gpus = draw(st.sampled_from([1, 1, 1, 2, 3, 4]))
-    return SimSettings(
+    return SimSettings.from_knobs(
         model=model, layers=draw(st.integers(1, MODELS[model])), gpus=gpus,
         gpus_per_switch=draw(st.sampled_from([1, 2])),
         micro_batch=draw(st.sampled_from([1, 2, 4, 8])),
@@ -71,23 +71,23 @@ def test_simulation_matches_oracle_where_exact(s, strategy):
 # by shape (zfbench.sims.compute_efficiency) is slower, which would move them
 OPT1 = dict(model="opt-350m", layers=1, gpus=1, mfu=0.5)
 CASES = {
-    "device, 1 GPU": ("device", SimSettings(**OPT1), ""),
-    "device, 4 GPUs (net)": ("device", SimSettings(model="opt-350m", layers=2, gpus=4), ""),
-    "zero-offload, 1 GPU": ("zero-offload", SimSettings(**OPT1, host_cores=32), ""),
-    "zero-offload-dpu, compute-bound": ("zero-offload-dpu", SimSettings(
+    "device, 1 GPU": ("device", SimSettings.from_knobs(**OPT1), ""),
+    "device, 4 GPUs (net)": ("device", SimSettings.from_knobs(model="opt-350m", layers=2, gpus=4), ""),
+    "zero-offload, 1 GPU": ("zero-offload", SimSettings.from_knobs(**OPT1, host_cores=32), ""),
+    "zero-offload-dpu, compute-bound": ("zero-offload-dpu", SimSettings.from_knobs(
         **OPT1, micro_batch=32, seq=2048, host_cores=30), "compute-bound"),
-    "zero-offload-dpu, host-bound cycle": ("zero-offload-dpu", SimSettings(
+    "zero-offload-dpu, host-bound cycle": ("zero-offload-dpu", SimSettings.from_knobs(
         model="tiny", layers=2, gpus=1, micro_batch=4, seq=2048, host_cores=29, mfu=0.5),
         "host/link-bound"),
-    "zenflow sequential, host slow": ("zenflow", SimSettings(
+    "zenflow sequential, host slow": ("zenflow", SimSettings.from_knobs(
         **OPT1, seq=512, host_cores=4, bandwidth_scale=0.25, update_interval=1,
         overlap_step=False), "sequential"),
-    "zenflow sequential, host fast": ("zenflow", SimSettings(
+    "zenflow sequential, host fast": ("zenflow", SimSettings.from_knobs(
         **OPT1, micro_batch=16, seq=2048, host_cores=16, update_interval=2,
         overlap_step=False, full_warm_up_rounds=1), "sequential"),
-    "zenflow overlap, host slower": ("zenflow", SimSettings(
+    "zenflow overlap, host slower": ("zenflow", SimSettings.from_knobs(
         **OPT1, seq=512, host_cores=4, update_interval=2), "overlap, host slower"),
-    "zenflow overlap, host faster": ("zenflow", SimSettings(
+    "zenflow overlap, host faster": ("zenflow", SimSettings.from_knobs(
         **OPT1, micro_batch=16, seq=2048, host_cores=32, update_interval=2,
         full_warm_up_rounds=2), "overlap, host faster"),
 }
@@ -97,8 +97,8 @@ def test_oracle_declines_multi_gpu_zenflow_and_dpu():
     """With several GPUs the simulator issues all-gathers when ready, zenflow's device
     update waits for the reduced gradients and ZeRO-Offload's ranks own different
     partitions: timing-dependent or asymmetric, so not claimed exact."""
-    s = SimSettings(model="opt-350m", layers=2, gpus=4, host_cores=64, update_interval=3,
-                    overlap_step=False)
+    s = SimSettings.from_knobs(model="opt-350m", layers=2, gpus=4, host_cores=64, update_interval=3,
+                               overlap_step=False)
     for strategy in ("zenflow", "zero-offload-dpu", "zero-offload"):
         oracle = steady_state(s, strategy)
         assert not oracle.exact and "several GPUs" in oracle.reason
@@ -124,7 +124,7 @@ def test_regimes_mean_what_they_say():
 
 
 def test_device_closed_form_by_hand():
-    s = SimSettings(model="qwen2.5-1.5b", layers=3, gpus=1)
+    s = SimSettings.from_knobs(model="qwen2.5-1.5b", layers=3, gpus=1)
     c = CostModel(s)
     # the fused Adam (28 B/param) and DeepSpeed's passes beside it (26 B/param with 16-bit
     # weights: zfbench.sims.device_step), each at 0.8 of the HBM bandwidth
@@ -137,7 +137,7 @@ def test_zero_offload_closed_form_by_hand():
     """One bucket pipeline on one GPU: fp32 gradients down in backward order, then DeepSpeed's
     host step after the last (clip, Adam, conversion over the whole partition), then the
     parameters up in one copy (zfbench.sims.host_step)."""
-    s = SimSettings(model="tiny", layers=1, gpus=1, host_cores=8)
+    s = SimSettings.from_knobs(model="tiny", layers=1, gpus=1, host_cores=8)
     c = CostModel(s)
     link, lat = c.node.link, c.node.link.setup_latency_s
     rate = c.cores_per_rank * c.adam_units_per_core_s
@@ -158,7 +158,7 @@ def _sample_space(n: int, seed: int = 0):
     rng = random.Random(seed)
     for _ in range(n):
         model = rng.choice(sorted(MODELS))
-        yield SimSettings(
+        yield SimSettings.from_knobs(
             model=model, layers=rng.randint(1, MODELS[model]),
             gpus=rng.choice([1, 1, 1, 2, 3, 4]), gpus_per_switch=rng.choice([1, 2]),
             micro_batch=rng.choice([1, 2, 4, 8]), seq=rng.choice([128, 512, 2048]),
@@ -179,7 +179,7 @@ def test_oracle_is_exact_on_a_large_share_of_the_drawn_space():
     assert share["zero-offload"] > 0.25, share  # 1-GPU draws (ZeRO-2 partitions on more)
     assert share["zenflow"] > 0.15, share  # 1-GPU draws with DRAM to spare
     assert share["zero-offload-dpu"] > 0.0, share  # narrow: hand-picked cases assert it
-    one_gpu_overlap = [s for s in sample if s.gpus == 1 and s.overlap_step]
+    one_gpu_overlap = [s for s in sample if s.machine.gpus == 1 and s.zenflow.overlap_step]
     regimes = {steady_state(s, "zenflow").regime for s in one_gpu_overlap
                if steady_state(s, "zenflow").exact}
     assert {"overlap, host slower", "overlap, host faster"} <= regimes

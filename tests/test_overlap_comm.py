@@ -17,7 +17,7 @@ def _settings(**over) -> SimSettings:
     knobs = dict(node_knobs("dgx2-v100", 4), model=SHAPE, micro_batch=4, seq=1024,
                  precision="fp16", steps=4)
     knobs.update(over)
-    return SimSettings(**knobs)
+    return SimSettings.from_knobs(**knobs)
 
 
 def _spans(result, ops, rank=0, step=2):
@@ -35,7 +35,7 @@ def _busy_s(spans) -> float:
 
 def test_default_and_where_it_applies():
     s = _settings()
-    assert s.overlap_comm is True and not CostModel(s).serial_grad_reduction
+    assert s.runtime.overlap_comm is True and not CostModel(s).serial_grad_reduction
     assert CostModel(s.with_(overlap_comm=False)).serial_grad_reduction
 
 
@@ -104,9 +104,9 @@ def test_bundled_rows_state_overlap_comm():
 def test_overlap_comm_column():
     _, rows = read_rows(bundled_path())
     row = next(r for r in rows if r["id"] == "zi-fig6c-4gpu-zo")
-    assert row_settings(row).overlap_comm is False
-    assert row_settings({**row, "overlap_comm": ""}).overlap_comm is True
+    assert row_settings(row).runtime.overlap_comm is False
+    assert row_settings({**row, "overlap_comm": ""}).runtime.overlap_comm is True
     zi = next(r for r in rows if r["id"] == "zi-fig6c-4gpu-zi")
     with pytest.raises(Unsupported, match="overlap_comm false is simulated for device"):
         row_settings({**zi, "overlap_comm": "false"})
-    assert row_settings({**zi, "overlap_comm": "true"}).overlap_comm is True
+    assert row_settings({**zi, "overlap_comm": "true"}).runtime.overlap_comm is True

@@ -45,8 +45,8 @@ def test_pool_caps_a_pageable_copy_and_counts_its_dram_bytes():
 
 
 def test_pin_memory_default_and_where_it_applies():
-    s = SimSettings(model=SHAPE, steps=3)
-    assert s.pin_memory is True and not CostModel(s).pageable_copies
+    s = SimSettings.from_knobs(model=SHAPE, steps=3)
+    assert s.runtime.pin_memory is True and not CostModel(s).pageable_copies
     c = CostModel(s.with_(pin_memory=False))
     assert c.pageable_copies
     assert c.pageable_copy_bytes_per_s == pytest.approx(
@@ -65,8 +65,8 @@ def _overlap(a, b) -> float:
 def test_pageable_copies_never_overlap_backward_compute(strategy):
     """Pinned, gradient copies run under backward; pageable, each blocks the compute lane,
     so no backward op overlaps a copy of the rank and the backward takes longer."""
-    s = SimSettings(**node_knobs("dgx2-v100", 4), model=SHAPE, micro_batch=4, seq=1024,
-                    precision="fp16", steps=4)
+    s = SimSettings.from_knobs(**node_knobs("dgx2-v100", 4), model=SHAPE, micro_batch=4, seq=1024,
+                               precision="fp16", steps=4)
     pinned = simulate(s, strategy)
     paged = simulate(s.with_(pin_memory=False), strategy)
     def copies(result, rank=0):
@@ -88,8 +88,8 @@ def test_pageable_copies_never_overlap_backward_compute(strategy):
 def test_zero_infinity_nvme_copies_stay_pinned():
     """NVMe offload copies through DeepSpeed's swapper's pinned buffers: pin_memory False
     changes nothing there."""
-    s = SimSettings(**node_knobs("dgx2-v100", 4), model=SHAPE, micro_batch=4,
-                    precision="fp16", steps=3, offload_params="nvme")
+    s = SimSettings.from_knobs(**node_knobs("dgx2-v100", 4), model=SHAPE, micro_batch=4,
+                               precision="fp16", steps=3, offload_params="nvme")
     a = measure(simulate(s, "zero-infinity"), "backward_time_s", 2)
     b = measure(simulate(s.with_(pin_memory=False), "zero-infinity"), "backward_time_s", 2)
     assert a == b
@@ -110,7 +110,7 @@ def test_pin_memory_column():
     import zfbench.validate.published as vp
     _, rows = read_rows(bundled_path())
     row = next(r for r in rows if r["id"] == "zi-fig6c-4gpu-zi")
-    assert vp.row_settings(row).pin_memory is False
-    assert vp.row_settings({**row, "pin_memory": ""}).pin_memory is True
+    assert vp.row_settings(row).runtime.pin_memory is False
+    assert vp.row_settings({**row, "pin_memory": ""}).runtime.pin_memory is True
     with pytest.raises(vp.Unsupported, match="pin_memory 'maybe' is not true or false"):
         vp.row_settings({**row, "pin_memory": "maybe"})

@@ -17,7 +17,7 @@ STRATEGIES = ("zero-offload", "zero-offload-dpu", "zero-infinity", "zenflow")
 
 
 def _steady(node: str, model: str) -> dict[str, dict]:
-    s = SimSettings(**node_knobs(node, 4), model=model, steps=32)
+    s = SimSettings.from_knobs(**node_knobs(node, 4), model=model, steps=32)
     return {strategy: summary_row(simulate(s, strategy)) for strategy in STRATEGIES}
 
 

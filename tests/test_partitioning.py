@@ -16,7 +16,7 @@ DEEP = "gpt2:layers=24,hidden=1024,heads=16"  # blocks smaller than a 16-GPU par
 def _settings(gpus: int, **kw) -> SimSettings:
     knobs = {**node_knobs("dgx2-v100", gpus), "model": MODEL, "micro_batch": 1, "seq": 256,
              "precision": "fp16", "steps": 4, **kw}
-    return SimSettings(**knobs)
+    return SimSettings.from_knobs(**knobs)
 
 
 def test_partitions_cover_every_bucket_once():

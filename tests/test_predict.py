@@ -35,7 +35,7 @@ def measured_from(settings: SimSettings, scales: Scales, tmp_path, split: bool) 
 def test_inference_recovers_the_rates_it_was_simulated_with(tmp_path_factory, model, gpus,
                                                              seq, mfu, link, host):
     tmp = tmp_path_factory.mktemp("rt")
-    base = SimSettings(model=model, gpus=gpus, seq=seq, steps=12)
+    base = SimSettings.from_knobs(model=model, gpus=gpus, seq=seq, steps=12)
     truth = Scales(mfu=mfu, d2h=link, h2d=link, host=host)
     measured = measured_from(base, truth, tmp, split=False)
     fitted = infer(base, measured, tmp)[0]
@@ -60,7 +60,7 @@ def test_inference_recovers_the_rates_it_was_simulated_with(tmp_path_factory, mo
 
 
 def test_a_measured_split_recovers_each_direction(tmp_path):
-    base = SimSettings(model="llama2-7b", gpus=4, steps=12)
+    base = SimSettings.from_knobs(model="llama2-7b", gpus=4, steps=12)
     truth = Scales(mfu=0.3, d2h=0.25, h2d=0.6, host=0.4)
     measured = measured_from(base, truth, tmp_path, split=True)
     fits = infer(base, measured, tmp_path)
@@ -264,8 +264,8 @@ def test_an_unreached_fit_still_predicts_with_its_range_widened_by_the_miss(
     import zfbench.predict.command as predict_module
     from zfbench.predict.command import predict, report
 
-    base = SimSettings(model="llama2-7b", gpus=4, steps=12)
-    mfu = base.parts()[0].default_mfu
+    base = SimSettings.from_knobs(model="llama2-7b", gpus=4, steps=12)
+    mfu = base.machine.parts()[0].default_mfu
     measured = measured_from(base, Scales(mfu=mfu, d2h=1.2, h2d=1.2, host=1.2), tmp_path,
                              split=True)
     one_round = fit(base, measured, "split", tmp_path, max_iter=1)
@@ -286,7 +286,7 @@ def test_copies_shorter_than_the_preset_fixed_costs_are_reached_by_scaling_them(
     """A node whose copies' fixed cost is a tenth of the preset's, on a model small enough
     that the preset's fixed costs alone outlast its measured transfers: no rate reaches it,
     the whole copy time scaled does."""
-    base = SimSettings(model="tiny", gpus=1, micro_batch=2, seq=16, steps=12)
+    base = SimSettings.from_knobs(model="tiny", gpus=1, micro_batch=2, seq=16, steps=12)
     truth, _ = write_hardware(tmp_path / "truth.json", base, Scales(mfu=0.01, latency=0.1),
                               dict.fromkeys(("mfu", "d2h", "h2d", "host", "latency"), "truth"))
     p = baseline_parts(truth)
@@ -348,10 +348,10 @@ def test_paper_predicts_all_eight_bars(tmp_path, capsys):
 
 def test_a_slower_inferred_cpu_adam_leaves_the_dram_a_faster_one_raises_it(tmp_path):
     """Host accumulation streams memory; only a faster fitted CPU-Adam needs more DRAM."""
-    base = SimSettings(model="llama2-7b", gpus=4)
+    base = SimSettings.from_knobs(model="llama2-7b", gpus=4)
     from zfbench.core import hardware
 
-    _, _, host, _ = base.parts()
+    _, _, host, _ = base.machine.parts()
     preset = hardware.entry_of("hosts", host)["dram_theoretical_bytes_per_s_per_socket"]["value"]
     how = dict.fromkeys(("mfu", "d2h", "h2d", "host"), "test")
     _, slow = write_hardware(tmp_path / "slow.json", base, Scales(mfu=0.4, host=0.7), how)
@@ -365,7 +365,7 @@ def test_a_slower_inferred_cpu_adam_leaves_the_dram_a_faster_one_raises_it(tmp_p
 
 def test_a_gpu_run_on_a_smaller_host_than_the_preset_is_told_what_the_preset_decides():
     from zfbench.predict.command import run_host_note
-    base = SimSettings(model="qwen2.5-1.5b", gpus=1, host="epyc-7763-milan")
+    base = SimSettings.from_knobs(model="qwen2.5-1.5b", gpus=1, host="epyc-7763-milan")
     gpu_run = {"emulated": False, "run_host_threads": 8, "run_cpu_count": 16}
     note = run_host_note(gpu_run, base)
     assert "8 threads of 16 cores" in note and "epyc-7763-milan (128 cores)" in note

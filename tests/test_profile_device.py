@@ -13,7 +13,7 @@ from zfbench.real.profile import build_profile, mean_profile, measure_profile, w
 from zfbench.real.rate_probe import Clock, RateProbe, device_sync, median_time
 from zfbench.real.runner import RunSpec
 
-TINY = dict(model="tiny", layers=None, batch=2, seq=16, device_threads=1, host_threads=1,
+TINY = dict(model="tiny", layers=None, micro_batch=2, seq=16, device_threads=1, host_threads=1,
             precision="fp32")
 
 
@@ -199,7 +199,7 @@ def test_the_simulator_takes_a_strategys_own_host_lane(tmp_path):
     cal["host_lanes"] = {"zero-offload": lane}
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(prof))
-    settings = SimSettings(model="tiny", profile=str(path), micro_batch=1, seq=32, steps=4)
+    settings = SimSettings.from_knobs(model="tiny", profile=str(path), micro_batch=1, seq=32, steps=4)
     own = CostModel(settings, "zero-offload")
     assert own.node.host.cores == 4
     assert own.node.host.adam_params_per_s(4) == pytest.approx(3e9)

@@ -87,7 +87,7 @@ def test_default_scenario_shape_and_a_config_keeps_its_precision(tmp_path):
     its own precision unless --precision is given."""
     from zfbench.run.command import build_parser, spec_from_args
     spec = spec_from_args(build_parser().parse_args([]))
-    assert (spec.model, spec.layers, spec.batch, spec.seq) == ("tinyllama-1.1b", 1, 1, 4)
+    assert (spec.model, spec.layers, spec.micro_batch, spec.seq) == ("tinyllama-1.1b", 1, 1, 4)
     assert spec.precision is None  # decided by measurement (test_precision_probe.py)
     cfg = tmp_path / "ds.json"
     cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1,
@@ -104,7 +104,7 @@ def test_a_finished_run_keeps_its_results_but_no_model_sized_memory():
     """Strategies run one after another (the memory check assumes so): a finished run's
     engine drops model, parameters, gradients and optimizer state, keeps its results."""
     from zfbench.real.runner import RunSpec, train
-    spec = RunSpec(model="tiny", layers=1, batch=2, seq=8, steps=3, device="cpu",
+    spec = RunSpec(model="tiny", layers=1, micro_batch=2, seq=8, steps=3, device="cpu",
                    device_threads=1, host_threads=1)
     result = train(spec, "zenflow", progress=False)
     engine = result.engine

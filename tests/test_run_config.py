@@ -31,10 +31,10 @@ def test_runspec_with_a_config_path_keeps_the_files_zenflow_and_batch(k05):
     zf = cfg.zenflow
     assert (zf.topk_ratio, zf.select_interval, zf.update_interval, zf.overlap_step) == \
         (0.05, 8, 8, False)
-    assert spec.batch == 2 and cfg.micro_batch == 2 and cfg.optimizer.lr == 3e-4
+    assert spec.micro_batch == 2 and cfg.micro_batch == 2 and cfg.optimizer.lr == 3e-4
     assert cfg.notes == ()
     # a value given here overrides, as a flag does
-    assert RunSpec(config=k05, batch=3).engine_config("zenflow").micro_batch == 3
+    assert RunSpec(config=k05, micro_batch=3).engine_config("zenflow").micro_batch == 3
 
 
 @pytest.mark.slow

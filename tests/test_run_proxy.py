@@ -48,7 +48,7 @@ def test_the_projection_simulates_the_named_model_with_the_measured_accumulation
     assert all(r["projected"] and r["model"] == "llama2-7b" for r in rows)
     assert node["host_accum_per_core"] == 1.5e9
     assert node["gpus"] == 4 and node["gpu"] == "a100-80g"
-    settings = SimSettings(host_accum_per_core=1.5e9)  # the node's NUMA factor applies
+    settings = SimSettings.from_knobs(host_accum_per_core=1.5e9)  # the node's NUMA factor applies
     cost = CostModel(settings)
     assert cost.accum_units_per_core_s == pytest.approx(1.5e9 * cost.numa_factor)
     assert node["preset_host_accum_per_core"] == \

@@ -15,13 +15,12 @@ from zfbench.sims.settings import SimSettings, SimSettingsError, for_engine_run
 def test_the_simulators_defaults_are_the_gpu_nodes_scenario_field_by_field():
     d = SimSettings()
     for name in SCENARIO_FIELDS:
-        assert getattr(d, name) == getattr(GPU_NODE, name), name
+        assert getattr(d.scenario, name) == getattr(GPU_NODE, name), name
     for name in ZENFLOW_FIELDS:
-        assert getattr(d, name) == getattr(GPU_NODE.zenflow, name), name
+        assert getattr(d.zenflow, name) == getattr(GPU_NODE.zenflow, name), name
     assert d.scenario == GPU_NODE
-    # the class defaults themselves, not only an instance's
-    assert {f.name: f.default for f in fields(SimSettings)
-            if f.name in GPU_NODE.flat()} == GPU_NODE.flat()
+    # the class default itself, not only an instance's: the scenario section is GPU_NODE
+    assert {f.name: f.default for f in fields(SimSettings)}["scenario"] is GPU_NODE
 
 
 def test_the_runs_defaults_are_the_cpu_lanes_scenario_field_by_field():
@@ -29,7 +28,7 @@ def test_the_runs_defaults_are_the_cpu_lanes_scenario_field_by_field():
     assert (d.model, d.layers, d.seq, d.precision) == (
         CPU_LANES.model, CPU_LANES.layers, CPU_LANES.seq, CPU_LANES.precision)
     # batch and accumulation: the built config's, which are the scenario's
-    assert (d.batch, d.grad_accum) == (CPU_LANES.micro_batch, CPU_LANES.grad_accum)
+    assert (d.micro_batch, d.grad_accum) == (CPU_LANES.micro_batch, CPU_LANES.grad_accum)
     assert d.scenario == CPU_LANES
     assert RunSpec.model == CPU_LANES.model and RunSpec.seq == CPU_LANES.seq
 
@@ -79,7 +78,7 @@ def test_for_engine_run_builds_through_the_scenario():
                                     grad_accum=1, precision="bf16",
                                     zenflow=ZenFlowScenario(topk_ratio=0.25,
                                                             update_interval=2))
-    assert (got.transfers, got.steps) == ("full", 12)
+    assert (got.measurement.transfers, got.measurement.steps) == ("full", 12)
 
 
 zenflows = st.builds(
@@ -105,7 +104,7 @@ scenarios = st.builds(
 def test_scenario_to_sim_settings_and_back_is_identity(sc):
     built = SimSettings.from_scenario(sc, gpus=2, steps=24)
     assert built.scenario == sc
-    assert (built.gpus, built.steps) == (2, 24)
+    assert (built.machine.gpus, built.measurement.steps) == (2, 24)
     assert Scenario.from_flat(sc.flat(), GPU_NODE) == sc
 
 

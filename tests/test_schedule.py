@@ -282,5 +282,5 @@ def test_selected_elements_has_one_home_for_the_engine_and_the_simulator():
     want = sum(m.rows * max(1, int(0.1 * m.cols)) for m in shape.matrices()) + vectors
     assert selected_elements(shape.matrices(), vectors, 0.1) == want
     assert all(topk_count(m.cols, 0.1) == max(1, int(0.1 * m.cols)) for m in shape.matrices())
-    costs = CostModel(SimSettings(model="qwen2.5-0.5b", gpus=1, steps=2, topk_ratio=0.1))
+    costs = CostModel(SimSettings.from_knobs(model="qwen2.5-0.5b", gpus=1, steps=2, topk_ratio=0.1))
     assert costs.selected_params == want

@@ -37,9 +37,9 @@ def test_constant_auto_window_is_the_fixed_interval(model, gpus, U, W, overlap, 
     window differently)."""
     S = 2 * U if reselect else 0
     W = 0 if reselect else W
-    fixed = SimSettings(model=model, layers=1, gpus=gpus, update_interval=U,
-                        full_warm_up_rounds=W, select_interval=S, overlap_step=overlap,
-                        transfers=transfers, steps=W + 4 * U + 1)
+    fixed = SimSettings.from_knobs(model=model, layers=1, gpus=gpus, update_interval=U,
+                                   full_warm_up_rounds=W, select_interval=S, overlap_step=overlap,
+                                   transfers=transfers, steps=W + 4 * U + 1)
     auto = fixed.with_(update_interval="auto", auto_windows=str(U))
     a, b = simulate(fixed, "zenflow").timeline, simulate(auto, "zenflow").timeline
     pd.testing.assert_frame_equal(a.spans_frame(), b.spans_frame())
@@ -61,8 +61,8 @@ def test_cli_summary_of_constant_auto_equals_fixed_interval(tmp_path, capsys):
 
 
 def test_varying_windows_close_where_the_replay_rule_says():
-    base = SimSettings(model="tiny", layers=1, gpus=1, steps=17, full_warm_up_rounds=1,
-                       update_interval="auto", auto_windows="2,5")
+    base = SimSettings.from_knobs(model="tiny", layers=1, gpus=1, steps=17, full_warm_up_rounds=1,
+                                  update_interval="auto", auto_windows="2,5")
     # warm-up step 0, then windows 2, 5, 2, 5, ... (cycled): ends at 2, 7, 9, 14, 16
     assert host_update_steps(base) == [0, 2, 7, 9, 14, 16]
     assert default_skip_steps(base) == 1 + 2 + 5
@@ -105,8 +105,8 @@ def test_measured_windows_file_is_replayed(tmp_path, capsys, layout):
         path.write_text("strategy,seed,window,length,end_step\n"
                         "zenflow-k0.1-auto,0,0,1,0\nzenflow-k0.1-auto,0,1,3,3\n"
                         "zenflow-k0.1-auto,0,2,2,5\nzenflow-k0.1-auto,1,0,7,6\n")
-    s = SimSettings(model="tiny", layers=1, gpus=1, steps=12, update_interval="auto",
-                    auto_windows=str(path))
+    s = SimSettings.from_knobs(model="tiny", layers=1, gpus=1, steps=12, update_interval="auto",
+                               auto_windows=str(path))
     assert host_update_steps(s) == [0, 3, 5, 6, 9, 11]  # 1, 3, 2, cycled: 1, 3, 2
     out = tmp_path / "out"
     assert main(SMALL + ["--steps", "12", "--strategy", "zenflow", "--update-interval",
@@ -128,11 +128,11 @@ def test_measured_windows_file_is_replayed(tmp_path, capsys, layout):
 ])
 def test_bad_auto_settings_are_refused(knobs, words):
     with pytest.raises(SimSettingsError, match=words):
-        SimSettings(model="tiny", **knobs)
+        SimSettings.from_knobs(model="tiny", **knobs)
 
 
 def test_a_file_without_window_lengths_is_refused(tmp_path):
     path = tmp_path / "w.csv"
     path.write_text("window,steps\n0,3\n")
     with pytest.raises(SimSettingsError, match="not a windows file"):
-        SimSettings(model="tiny", update_interval="auto", auto_windows=str(path))
+        SimSettings.from_knobs(model="tiny", update_interval="auto", auto_windows=str(path))

@@ -4,7 +4,6 @@ and the host's work slowing each other as the profile measures it (zfbench.real.
 chunks, and ZenFlow's backward waiting for the last accumulation as the engine's does."""
 
 import json
-from dataclasses import replace
 
 import pytest
 
@@ -52,15 +51,15 @@ def test_only_a_profile_that_measured_them_applies_them(cpu_profile, tmp_path):
     assert "h2d_factor_when_host_busy" not in cpu_profile["calibration"]
     path = tmp_path / "cpu.json"
     path.write_text(json.dumps(cpu_profile))
-    s = SimSettings(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
-                    profile=str(path), steps=10)
+    s = SimSettings.from_knobs(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
+                               profile=str(path), steps=10)
     assert CostModel(s).link_host_factors == {}
-    assert CostModel(SimSettings(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16,
-                                 steps=10)).link_host_factors == {}
+    assert CostModel(SimSettings.from_knobs(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16,
+                                            steps=10)).link_host_factors == {}
     measured = tmp_path / "measured.json"
     measured.write_text(json.dumps(with_rates(cpu_profile, {
         "h2d_factor_when_host_busy": 0.5, "host_factor_when_h2d_busy": 0.5})))
-    assert CostModel(replace(s, profile=str(measured))).link_host_factors == {
+    assert CostModel(s.with_(profile=str(measured))).link_host_factors == {
         "h2d_factor_when_host_busy": 0.5, "host_factor_when_h2d_busy": 0.5}
 
 
@@ -75,11 +74,11 @@ def test_contention_lengthens_only_steps_where_uploads_and_host_work_overlap(cpu
     paths["contended"].write_text(json.dumps(with_rates(
         json.loads(paths["apart"].read_text()),
         {"h2d_factor_when_host_busy": 0.5, "host_factor_when_h2d_busy": 0.25})))
-    s = SimSettings(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
-                    profile=str(paths["apart"]), steps=10)
+    s = SimSettings.from_knobs(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
+                               profile=str(paths["apart"]), steps=10)
 
     def step_s(strategy: str, which: str) -> float:
-        r = simulate(replace(s, profile=str(paths[which])), strategy)
+        r = simulate(s.with_(profile=str(paths[which])), strategy)
         return summarize(r.timeline.spans_frame(), r.timeline.steps_frame(),
                          r.skip_steps)["step_time_s"]
     assert step_s("zero-offload", "contended") > step_s("zero-offload", "apart")
@@ -104,15 +103,15 @@ def test_engine_host_updates_run_in_the_engines_chunks(cpu_profile, tmp_path, mo
 
     import zfbench.sims.costs as costs_module
     monkeypatch.setattr(costs_module, "ENGINE_HOST_CHUNK_ELEMS", 5000)
-    s = SimSettings(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
-                    profile=str(_cuda_like(cpu_profile, tmp_path)), steps=8)
+    s = SimSettings.from_knobs(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
+                               profile=str(_cuda_like(cpu_profile, tmp_path)), steps=8)
     r = simulate(s, "zero-offload")
     spans = r.timeline.spans_frame()
     want = sum(math.ceil(b.numel / 5000) for b in r.costs.buckets)
     assert want > len(r.costs.buckets)  # the test cuts buckets
     assert (spans.query("step == 5 and op == 'host_optim'").shape[0] == want)
     assert (spans.query("step == 5 and op == 'h2d_param'").shape[0] == want)
-    preset = CostModel(replace(s, profile=None, precision="bf16"))
+    preset = CostModel(s.with_(profile=None, precision="bf16"))
     assert preset.host_chunk_elems is None
 
 
@@ -124,15 +123,15 @@ def test_zenflow_backward_waits_for_the_last_accumulation_on_the_engines_gpu_sch
     accumulation before launching backward: the simulated backward of step t+1 starts no
     earlier than step t's host accumulation ends (made slow here so that it matters)."""
     path = _cuda_like(cpu_profile, tmp_path)
-    s = SimSettings(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
-                    profile=str(path), steps=10)
+    s = SimSettings.from_knobs(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
+                               profile=str(path), steps=10)
     c = CostModel(s)
     # an accumulation of every parameter lasting four forwards, whatever this machine's
     # profile measured: it outlasts the next step's forward
     slow = path.with_name("slow_accum.json")
     slow.write_text(json.dumps(with_rates(json.loads(path.read_text()), {
         "host_accum_elems_per_s": c.params / (4 * c.forward_s)})))
-    s = replace(s, profile=str(slow))
+    s = s.with_(profile=str(slow))
     spans = simulate(s, "zenflow").timeline.spans_frame()
     accum_end = spans.query("op == 'host_accum'").groupby("step")["t_end_s"].max()
     bwd_start = spans.query("op == 'backward'").groupby("step")["t_start_s"].min()

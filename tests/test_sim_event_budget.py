@@ -43,7 +43,7 @@ BUDGET_FACTOR = 1.2
 
 def settings() -> SimSettings:
     """bench/sim_speed.py's run (llama2-7b on 4 x a100-80g behind PCIe gen4), 20 steps."""
-    return SimSettings(model="llama2-7b", gpus=4, pcie="gen4", steps=STEPS)
+    return SimSettings.from_knobs(model="llama2-7b", gpus=4, pcie="gen4", steps=STEPS)
 
 
 def test_every_strategy_has_a_budget():

@@ -31,7 +31,7 @@ FAST = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
 def sim_settings(draw, steps=(3, 10), one_gpu=False, design=False) -> SimSettings:
     model = draw(st.sampled_from(sorted(MODELS)))
     U = draw(st.integers(1, 6))
-    return SimSettings(
+    return SimSettings.from_knobs(
         model=model, layers=draw(st.integers(1, MODELS[model])),
         gpus=1 if one_gpu else draw(st.sampled_from([1, 1, 2, 3, 4])),
         gpus_per_switch=draw(st.sampled_from([1, 2])),
@@ -53,7 +53,7 @@ def steady_mean(s: SimSettings, strategy: str) -> float:
     """Mean step time over 12 windows (every cycle length up to 4 fits) after a skip that
     covers warm-up and the transient the oracle's period map needs."""
     settle = steady_state(s, strategy).settle_periods
-    U, W = s.update_interval, s.full_warm_up_rounds
+    U, W = s.zenflow.update_interval, s.zenflow.full_warm_up_rounds
     skip = W + U * (min(settle, 30) + 2)
     _, steps = frames(simulate(s.with_(steps=skip + 12 * U), strategy))
     return float(steps[steps["step"] >= skip]["wall_s"].mean())
@@ -61,7 +61,7 @@ def steady_mean(s: SimSettings, strategy: str) -> float:
 
 def windows_all_at_least_two(s: SimSettings) -> bool:
     """No update window shorter than 2 steps (a reselection can cut one: W=1, U=S=2)."""
-    W, U, S = s.full_warm_up_rounds, s.update_interval, s.select_interval
+    W, U, S = s.zenflow.full_warm_up_rounds, s.zenflow.update_interval, s.zenflow.select_interval
     if U < 2:
         return False
     ends = [t for t in range(W, W + 4 * max(U, S, 1))
@@ -102,7 +102,7 @@ def test_zenflow_between_device_and_zero_offload(s):
 def test_breakdown_identity_and_lanes_serial(s, strategy):
     spans, steps = frames(simulate(s, strategy))
     table = step_breakdown(spans, steps)
-    assert len(table) == s.gpus * s.steps
+    assert len(table) == s.machine.gpus * s.measurement.steps
     wall = table["wall_s"].to_numpy()
     eps = 1e-9 * wall.max() + 1e-15
     assert (table["compute_s"].to_numpy() <= wall + eps).all()  # so stall >= 0 unclamped
@@ -125,14 +125,14 @@ def expected_bytes(s: SimSettings, strategy: str, t: int, rank: int = 0) -> tupl
     """(d2h, h2d) bytes one rank moves in step t, from the model shape and zenflow.md.
     ZeRO-2 (zero-offload, zero-offload-dpu): rank r sends down the part of each block
     inside its contiguous partition [r P/n, (r+1) P/n) of the flat parameters."""
-    shape = models.get_model(s.model).with_layers(s.layers)
-    n, b = s.gpus, 2
+    shape = models.get_model(s.scenario.model).with_layers(s.scenario.layers)
+    n, b = s.machine.gpus, 2
     blocks = shape.blocks()
     full = [blk.numel for blk in blocks]
-    unsel = [sum(m.rows * (m.cols - max(1, math.floor(s.topk_ratio * m.cols)))
+    unsel = [sum(m.rows * (m.cols - max(1, math.floor(s.zenflow.topk_ratio * m.cols)))
                  for m in blk.matrices) for blk in blocks]
     share = lambda numels: sum(int(round(x / n * b)) for x in numels)  # noqa: E731
-    W, U, S = s.full_warm_up_rounds, s.update_interval, s.select_interval
+    W, U, S = s.zenflow.full_warm_up_rounds, s.zenflow.update_interval, s.zenflow.select_interval
     if strategy == "device":
         return 0, 0
     if strategy == "zero-infinity":  # every bucket fetched twice (forward, backward), no
@@ -154,7 +154,7 @@ def expected_bytes(s: SimSettings, strategy: str, t: int, rank: int = 0) -> tupl
     prev = [u for u in range(W, t) if (u + 1 - W) % U == 0 or (S and (u + 1) % S == 0)]
     first_of_window = t == (prev[-1] + 1 if prev else W)
     P = sum(full)
-    if s.transfers == "design":
+    if s.measurement.transfers == "design":
         return share(unsel), share(unsel) if boundary else 0
     d2h = share(full) + (int(round(P / n * 4)) if boundary else 0)
     h2d = (0 if first_of_window else share(full)) + (share(full) if boundary else 0)
@@ -166,19 +166,19 @@ def expected_bytes(s: SimSettings, strategy: str, t: int, rank: int = 0) -> tupl
 def test_bytes_add_up_to_the_reference(s, strategy):
     spans, _ = frames(simulate(s, strategy))
     moved = spans.groupby(["rank", "step", "lane"])["bytes"].sum()
-    for rank in range(s.gpus):
-        for t in range(s.steps):
+    for rank in range(s.machine.gpus):
+        for t in range(s.measurement.steps):
             want = expected_bytes(s, strategy, t, rank)
             got = tuple(int(moved.get((rank, t, lane), 0)) for lane in ("d2h", "h2d"))
             assert got == want, (rank, t)
     if strategy == "zero-offload":  # the reference's P*4/N per step, up to rounding
         c = CostModel(s)
-        assert want[0] == pytest.approx(c.params * 4 / s.gpus, abs=len(c.buckets))
+        assert want[0] == pytest.approx(c.params * 4 / s.machine.gpus, abs=len(c.buckets))
 
 
 def test_design_moves_the_unselected_share():
-    s = SimSettings(model="opt-350m", layers=2, gpus=2, topk_ratio=0.1, update_interval=4,
-                    full_warm_up_rounds=1, steps=9)
+    s = SimSettings.from_knobs(model="opt-350m", layers=2, gpus=2, topk_ratio=0.1, update_interval=4,
+                               full_warm_up_rounds=1, steps=9)
     c = CostModel(s)
     d2h, h2d = expected_bytes(s, "zenflow", 5)
     unsel = (c.params - c.selected_params) * 2 / 2
@@ -195,7 +195,7 @@ def dram_never_binds(s: SimSettings) -> bool:
     upstreams moving both ways at full rate leave (as hardware.json defines them)."""
     c = CostModel(s)
     link, host = c.node.link, c.node.host
-    switches = math.ceil(s.gpus / min(s.gpus_per_switch, s.gpus))
+    switches = math.ceil(s.machine.gpus / min(s.machine.gpus_per_switch, s.machine.gpus))
     left = host.dram_bytes_per_s - switches * (link.d2h_bytes_per_s + link.h2d_bytes_per_s)
     adam = host.adam_params_per_s_per_core
     need = max(adam * ADAM_BYTES_PER_PARAM,
@@ -221,10 +221,10 @@ def test_faster_link_or_more_cores_never_slow_a_run(s, strategy, knob, factor):
     - DRAM-bound host: transfers take DRAM first and the host keeps only a floor share,
       so faster links slow the host optimizer (opt-350m, 4 layers, 4 GPUs, 1 per switch,
       128 cores, dpu, bandwidth 2.0 -> 2.2: +0.15 %; monotone with DRAM unlimited)."""
-    assume(not (strategy == "zenflow" and s.overlap_step))
-    faster = s.with_(**{knob: getattr(s, knob) * factor if knob == "bandwidth_scale"
-                        else min(128, int(s.host_cores * factor))})
-    assume(getattr(faster, knob) != getattr(s, knob))
+    assume(not (strategy == "zenflow" and s.zenflow.overlap_step))
+    faster = s.with_(**{knob: s.as_dict()[knob] * factor if knob == "bandwidth_scale"
+                        else min(128, int(s.machine.host_cores * factor))})
+    assume(faster.as_dict()[knob] != s.as_dict()[knob])
     assume(dram_never_binds(s) and dram_never_binds(faster))
     assert run_time(faster, strategy) <= run_time(s, strategy) * (1 + 1e-9)
 
@@ -248,13 +248,13 @@ def test_same_input_same_output_and_vocabulary(s, strategy):
     ops = set(spans["op"])
     need = {"forward", "backward"} | REQUIRED[strategy]
     if strategy == "zenflow":
-        if s.steps <= s.full_warm_up_rounds:
+        if s.measurement.steps <= s.zenflow.full_warm_up_rounds:
             need = {"forward", "backward", "d2h_grad", "host_optim", "h2d_param"}
-        elif s.topk_ratio == 1.0 or s.transfers == "shipped":
+        elif s.zenflow.topk_ratio == 1.0 or s.measurement.transfers == "shipped":
             need -= {"host_accum"}  # nothing unselected / the shipped path accumulates
             # on the device and round-trips the buffer instead
     assert need <= ops, (need - ops)
-    if s.gpus > 1:
+    if s.machine.gpus > 1:
         if strategy == "zero-infinity":  # every fetch all-gathers its bucket, and each
             assert {"allgather", "reduce_scatter"} <= ops  # gradient is reduce-scattered
         elif strategy in ("device", "zero-offload", "zero-offload-dpu"):  # ZeRO-2: to the

@@ -24,7 +24,7 @@ from zfbench.core.trace import (LANES, OPS, Timeline, TraceSteps, columnar_forma
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--model", "qwen2.5-1.5b", "--layers", "2", "--quiet"]
 STEPS = 40
-SETTINGS = SimSettings(model="qwen2.5-1.5b", layers=2, steps=STEPS)
+SETTINGS = SimSettings.from_knobs(model="qwen2.5-1.5b", layers=2, steps=STEPS)
 
 
 def drawn(trace: dict) -> tuple[dict, dict]:
@@ -52,7 +52,7 @@ def test_trace_draws_exactly_the_steps_the_rule_says(tmp_path, rule, expected):
     assert 0 < skip < STEPS - 10
     want = expected(skip)
     steps, spans = drawn(json.loads((tmp_path / "trace.json").read_text()))
-    assert set(steps) == {(s, r) for s in STRATEGIES for r in range(SETTINGS.gpus)}
+    assert set(steps) == {(s, r) for s in STRATEGIES for r in range(SETTINGS.machine.gpus)}
     for key in steps:
         assert steps[key] == want, key
         assert spans[key] <= want and spans[key] & want, key

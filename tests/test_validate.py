@@ -50,8 +50,8 @@ def test_simulate_with_profile_uses_measured_costs(profile_path, capsys):
     assert simulate_main(["--profile", str(profile_path), "--steps", "8", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "tiny on the machine measured in" in out
-    s = SimSettings(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
-                    transfers="full", profile=str(profile_path), steps=8)
+    s = SimSettings.from_knobs(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
+                               transfers="full", profile=str(profile_path), steps=8)
     result = simulate(s, "zero-offload")
     cal = json.loads(profile_path.read_text())["calibration"]
     fwd = result.timeline.spans_frame().query("op == 'forward'")["duration_s"].iloc[0]
@@ -64,14 +64,13 @@ def test_simulate_with_profile_uses_measured_costs(profile_path, capsys):
     # applying a one-step-late update is the measured device copy (plus the engine's
     # per-step gradient check and zeroing, which every offload step has), when the lanes
     # do not slow each other
-    from dataclasses import replace
 
     from zfbench.real.profile import with_rates
     apart = profile_path.with_name("apart.json")
     apart.write_text(json.dumps(with_rates(json.loads(profile_path.read_text()), {
         "compute_factor_when_host_busy": 1.0, "host_factor_when_compute_busy": 1.0})))
     c = result.costs
-    dpu = simulate(replace(s, profile=str(apart)), "zero-offload-dpu").timeline.spans_frame(
+    dpu = simulate(s.with_(profile=str(apart)), "zero-offload-dpu").timeline.spans_frame(
     ).query("op == 'device_optim' and step == 4")["duration_s"].sum()
     assert dpu == pytest.approx(c.params * (cal["device_copy_s_per_elem"] +
                                             cal["grad_check_s_per_elem"] +
@@ -84,7 +83,6 @@ def test_zenflow_window_update_clears_the_window_at_the_measured_rate(profile_pa
     `host_zero_elems_per_s` Z, a window's host update lasts params / Z longer (lanes that
     do not slow each other); a profile without the rate (older ones) simulates none, and
     ZeRO-Offload's host step, which clears nothing, is unchanged."""
-    from dataclasses import replace
 
     from zfbench.real.profile import with_rates
     raw = json.loads(profile_path.read_text())
@@ -97,17 +95,17 @@ def test_zenflow_window_update_clears_the_window_at_the_measured_rate(profile_pa
             **apart, **({} if zero_rate is None else {"host_zero_elems_per_s": zero_rate})})
         paths[name] = profile_path.with_name(f"zero_{name}.json")
         paths[name].write_text(json.dumps(profile))
-    s = SimSettings(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
-                    profile=str(paths["none"]), steps=12)
+    s = SimSettings.from_knobs(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
+                               profile=str(paths["none"]), steps=12)
 
     def host_optim_s(strategy: str, which: str) -> float:
-        result = simulate(replace(s, profile=str(paths[which])), strategy)
+        result = simulate(s.with_(profile=str(paths[which])), strategy)
         spans = result.timeline.spans_frame()
         return spans.query("op == 'host_optim'")["duration_s"].sum(), result.costs
 
     none, costs = host_optim_s("zenflow", "none")
     slow, _ = host_optim_s("zenflow", "slow")
-    windows = sum(costs.is_boundary(t) and t >= costs.settings.full_warm_up_rounds
+    windows = sum(costs.is_boundary(t) and t >= costs.settings.zenflow.full_warm_up_rounds
                   for t in range(12))
     assert windows >= 2
     assert slow - none == pytest.approx(windows * costs.params / 2e6, rel=1e-6)
@@ -200,9 +198,9 @@ def test_lane_contention_lengthens_overlapped_strategies_only(profile_path):
             "compute_factor_when_host_busy": f, "host_factor_when_compute_busy": f})))
 
     def step_s(label, strategy):
-        s = SimSettings(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16,
-                        precision="fp32", transfers="full", profile=str(paths[label]),
-                        steps=12)
+        s = SimSettings.from_knobs(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16,
+                                   precision="fp32", transfers="full", profile=str(paths[label]),
+                                   steps=12)
         steps = simulate(s, strategy).timeline.steps_frame().iloc[4:]
         return (steps["t_end_s"] - steps["t_start_s"]).mean()
     for strategy in ("zero-offload", "device"):
@@ -214,7 +212,7 @@ def test_lane_contention_lengthens_overlapped_strategies_only(profile_path):
 @pytest.mark.slow
 def test_profile_of_another_model_is_refused(profile_path):
     with pytest.raises(SimSettingsError, match="measured on tiny"):
-        SimSettings(model="opt-350m", precision="fp32", profile=str(profile_path))
+        SimSettings.from_knobs(model="opt-350m", precision="fp32", profile=str(profile_path))
 
 
 @pytest.mark.slow
@@ -430,7 +428,7 @@ def test_sized_shapes_fit_a_line_and_scale_unreachable_targets(intercept_s, want
     high = _sizing_profile(64, intercept_s + 0.05 * 64, params / 1.0)
     shapes = sized_shapes(RunSpec(model="tiny", layers=2), low, high, max_seq=512)
     assert {name: spec.seq for name, spec in shapes.items()} == want
-    assert all(spec.batch == 1 for spec in shapes.values())
+    assert all(spec.micro_batch == 1 for spec in shapes.values())
 
 
 def test_order_check_counts_only_pairs_beyond_noise():
@@ -455,14 +453,14 @@ def test_sized_shapes_grow_the_batch_beyond_the_models_positions():
     shapes = sized_shapes(RunSpec(model="tiny", layers=2), low, high, max_seq=512)
     # ratio 2 needs 499000 tokens, 1: 999000, 0.5: 1999000; at most 64 x 512 = 32768
     for spec in shapes.values():
-        assert spec.seq <= 512 and spec.batch == MAX_BATCH
-        assert spec.batch * spec.seq == MAX_BATCH * 512
+        assert spec.seq <= 512 and spec.micro_batch == MAX_BATCH
+        assert spec.micro_batch * spec.seq == MAX_BATCH * 512
     low = _sizing_profile(4, 0.5 + 1e-4 * 4, params / 1.0)
     high = _sizing_profile(64, 0.5 + 1e-4 * 64, params / 1.0)
     sized = sized_shapes(RunSpec(model="tiny", layers=2), low, high, max_seq=512)
     # r_max = 1 / 0.5004 = 1.998: targets 1.998, 1, 0.5 need 4, 5000 and 15000 tokens:
     # one row; 10 rows of 500; 30 rows of 500
-    got = {name: (spec.batch, spec.seq) for name, spec in sized.items()}
+    got = {name: (spec.micro_batch, spec.seq) for name, spec in sized.items()}
     assert got == {"ratio2": (1, 4), "ratio1": (10, 500), "ratio0.5": (30, 500)}
 
 
@@ -479,10 +477,10 @@ def test_a_noisy_sizing_pair_is_capped_for_quick(capsys):
     high = _sizing_profile(64, 0.003, params / 0.01)
     base = RunSpec(model="tiny", layers=2)
     uncapped = sized_shapes(base, low, high, max_seq=4096)
-    assert all(s.batch * s.seq == MAX_BATCH * 4096 for s in uncapped.values())
+    assert all(s.micro_batch * s.seq == MAX_BATCH * 4096 for s in uncapped.values())
     assert "no slower at 64 tokens" in capsys.readouterr().err
     capped = sized_shapes(base, low, high, max_seq=4096, max_tokens=QUICK_MAX_TOKENS)
-    assert all(s.batch * s.seq <= QUICK_MAX_TOKENS for s in capped.values())
+    assert all(s.micro_batch * s.seq <= QUICK_MAX_TOKENS for s in capped.values())
 
 
 def test_a_noisy_sizing_pair_is_measured_again_then_refused(capsys):
@@ -508,7 +506,7 @@ def test_a_noisy_sizing_pair_is_measured_again_then_refused(capsys):
         queue = [p for pair in pairs for p in pair]
 
         def measure(spec):
-            asked.append((spec.batch, spec.seq))
+            asked.append((spec.micro_batch, spec.seq))
             return queue.pop(0)
         return measure
 
@@ -548,7 +546,7 @@ def test_fitting_halves_the_batch_until_every_strategy_fits(monkeypatch):
     from zfbench.validate.shapes import fitting
     # one memory size for every check (MemAvailable moves with whatever else runs)
     monkeypatch.setattr("zfbench.real.memory.available_host_bytes", lambda: 20e9)
-    spec = RunSpec(model="tinyllama-1.1b", layers=1, batch=64, seq=2048, device="cpu",
+    spec = RunSpec(model="tinyllama-1.1b", layers=1, micro_batch=64, seq=2048, device="cpu",
                    precision="bf16")
 
     def fits(batch: int) -> bool:
@@ -559,6 +557,6 @@ def test_fitting_halves_the_batch_until_every_strategy_fits(monkeypatch):
         except InsufficientMemoryError:
             return False
     got = fitting(spec)
-    assert got.seq == 2048 and 64 % got.batch == 0 and fits(got.batch)
-    assert got.batch == 64 or not fits(got.batch * 2)
-    assert fits(64) or got.batch < 64
+    assert got.seq == 2048 and 64 % got.micro_batch == 0 and fits(got.micro_batch)
+    assert got.micro_batch == 64 or not fits(got.micro_batch * 2)
+    assert fits(64) or got.micro_batch < 64

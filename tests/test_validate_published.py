@@ -319,7 +319,7 @@ def test_offload_activations_column():
     offloaded = vp.simulate_row({**row, "offload_activations": "true"}, {}, {})
     assert plain["status"] == offloaded["status"] == "ok"
     assert float(offloaded["simulated"]) > float(plain["simulated"])
-    assert vp.row_settings({**row, "offload_activations": "true"}).offload_activations
+    assert vp.row_settings({**row, "offload_activations": "true"}).infinity.offload_activations
     zo = next(r for r in rows if r["id"] == "zo-fig9-2b-zo")
     assert vp.simulate_row({**zo, "offload_activations": "true"}, {}, {})["status"] == \
         ("unsupported: offload_activations is a zero-infinity setting (DeepSpeed's "
@@ -386,7 +386,7 @@ def test_dpu_pair_bound_by_hand(tmp_path):
     assert row.table4_adam_s == pytest.approx(
         2.57 * costs.params / CostModel(t4).params)
     # the device's floor: the counted FLOPs at the V100's fp16 peak
-    peak = hardware.get_gpu(settings.gpu).peak_flops_per_s("fp16")
+    peak = hardware.get_gpu(settings.machine.gpu).peak_flops_per_s("fp16")
     assert row.compute_floor_s == pytest.approx(tflop * 1e12 / peak)
     assert bool(row.bound_holds) == (row.compute_floor_s > row.host_step_bound_max_s)
 
@@ -433,7 +433,7 @@ def test_no_offload_rates_by_hand():
     from zfbench.sims.costs import CostModel
     from zfbench.validate.metrics import counted_flops
     flops = counted_flops(settings, CostModel(settings))
-    peak = hardware.get_gpu(settings.gpu).peak_flops_per_s("fp16")
+    peak = hardware.get_gpu(settings.machine.gpu).peak_flops_per_s("fp16")
     simulated = float(vp.simulate_row(device, {}, {})["sim_step_time_s"])
     assert row.published_step_s == 2.0
     assert row.simulated_step_s == pytest.approx(simulated)

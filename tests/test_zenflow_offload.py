@@ -152,9 +152,9 @@ def test_the_simulator_moves_the_moments_each_way_every_step():
     from zfbench.sims.simulator import simulate
 
     steps = 12
-    runs = {off: simulate(SimSettings(steps=steps, offload=off), "zenflow")
+    runs = {off: simulate(SimSettings.from_knobs(steps=steps, offload=off), "zenflow")
             for off in (False, True)}
-    settings = SimSettings(steps=steps, offload=True)
+    settings = SimSettings.from_knobs(steps=steps, offload=True)
     cost = CostModel(settings, "zenflow")
     per_rank = 2 * 2 * cost.selected_params  # bf16 m and v, as DeepSpeed keeps them
     assert cost.offloaded_moment_bytes == per_rank
@@ -163,7 +163,7 @@ def test_the_simulator_moves_the_moments_each_way_every_step():
         moved = spans[spans["op"] == op]
         assert set(moved["lane"]) == {lane}
         per_step = moved.groupby(["rank", "step"])["bytes"].sum()
-        assert len(per_step) == settings.gpus * steps
+        assert len(per_step) == settings.machine.gpus * steps
         assert (per_step == per_rank).all()
     assert not runs[False].timeline.spans_frame()["op"].isin(["h2d_moments"]).any()
     durations = {off: (lambda f: (f.t_end_s - f.t_start_s).median())(
@@ -178,11 +178,11 @@ def test_the_simulated_memory_moves_the_moments_to_the_host():
     from zfbench.sims.costs import CostModel, SimSettings
 
     plain = CostModel(SimSettings(), "zenflow").memory_per_rank("zenflow")
-    cost = CostModel(SimSettings(offload=True), "zenflow")
+    cost = CostModel(SimSettings.from_knobs(offload=True), "zenflow")
     offloaded = cost.memory_per_rank("zenflow")
     moments = cost.offloaded_moment_bytes
     assert offloaded["host_bytes"] - plain["host_bytes"] == pytest.approx(
-        cost.settings.gpus * moments)  # one node: every rank keeps its own
+        cost.settings.machine.gpus * moments)  # one node: every rank keeps its own
     assert offloaded["device_bytes_per_rank"] < plain["device_bytes_per_rank"]
     assert plain["device_bytes_per_rank"] - offloaded["device_bytes_per_rank"] < moments
 

@@ -33,8 +33,8 @@ def test_bytes_per_step_are_the_analytic_count(gpus, warm_up, select_interval):
     once a step; the unselected 16-bit share down every step and up at a boundary; warm-up
     steps the whole share, down in fp32 and up in 16 bits; at a selection the column
     scores all-gathered (16-bit)."""
-    s = SimSettings(**SMALL, gpus=gpus, full_warm_up_rounds=warm_up,
-                    select_interval=select_interval)
+    s = SimSettings.from_knobs(**SMALL, gpus=gpus, full_warm_up_rounds=warm_up,
+                               select_interval=select_interval)
     result = simulate(s, "zenflow")
     c = result.costs
     P, b, N = c.params, c.elem_bytes, gpus
@@ -75,8 +75,8 @@ def test_bytes_per_step_are_the_analytic_count(gpus, warm_up, select_interval):
 def test_on_one_gpu_zero3_is_zero2(model, layers, topk, interval, overlap):
     """On one GPU a partition is the whole model and nothing is gathered: ZeRO-3's
     ZenFlow steps take exactly ZeRO-2's times."""
-    base = SimSettings(model=model, layers=layers, gpus=1, steps=3 * interval + 4,
-                       topk_ratio=topk, update_interval=interval, overlap_step=overlap)
+    base = SimSettings.from_knobs(model=model, layers=layers, gpus=1, steps=3 * interval + 4,
+                                  topk_ratio=topk, update_interval=interval, overlap_step=overlap)
     two = simulate(base, "zenflow").timeline.steps_frame()["wall_s"]
     three = simulate(base.with_(zero_stage=3), "zenflow").timeline.steps_frame()["wall_s"]
     assert list(three) == pytest.approx(list(two), rel=1e-12, abs=1e-15)
@@ -86,7 +86,7 @@ def test_zero3_moves_more_over_the_network_than_zero2():
     """Per step ZeRO-3 moves two all-gathers and a reduce-scatter of the model (3 model
     sizes through each rank's ring); ZeRO-2's ZenFlow all-reduces it (2) and all-gathers
     it once a window (1/U): with U = 4, 3 against 2.25 model sizes a step."""
-    s = SimSettings(**{**SMALL, "zero_stage": 2}, gpus=4)
+    s = SimSettings.from_knobs(**{**SMALL, "zero_stage": 2}, gpus=4)
 
     def ring_model_sizes(strategy_settings) -> float:
         spans = simulate(strategy_settings, "zenflow").timeline.spans_frame()
@@ -95,8 +95,8 @@ def test_zero3_moves_more_over_the_network_than_zero2():
         return float((net["bytes"] * weight).sum()) / CostModel(s, "zenflow").model_bytes
 
     two, three = ring_model_sizes(s), ring_model_sizes(s.with_(zero_stage=3))
-    assert three == pytest.approx(3 * s.steps, rel=1e-3)  # the scores are a few kB
-    assert two == pytest.approx(2 * s.steps + s.steps / 4, rel=1e-3)
+    assert three == pytest.approx(3 * s.measurement.steps, rel=1e-3)  # the scores are a few kB
+    assert two == pytest.approx(2 * s.measurement.steps + s.measurement.steps / 4, rel=1e-3)
 
 
 def test_device_memory_is_deepspeeds_allocation():
@@ -106,7 +106,7 @@ def test_device_memory_is_deepspeeds_allocation():
     of each selected element of the partition; ZeRO-2's ZenFlow holds the whole model
     and gradient and the selected state for every selected element."""
     for gpus, prefetch in ((8, 1), (4, 2), (1, 1)):
-        s = SimSettings(**on_node("h100-8x-gen5", {"model": "llama2-13b", "gpus": gpus,
+        s = SimSettings.from_knobs(**on_node("h100-8x-gen5", {"model": "llama2-13b", "gpus": gpus,
                                                    "prefetch_buckets": prefetch}))
         c3 = CostModel(s.with_(zero_stage=3), "zenflow")
         c2 = CostModel(s, "zenflow")
@@ -165,19 +165,19 @@ def test_largest_model_per_gpu_against_deepspeeds_zero3_estimate():
     for gpus in (1, 8):
         base = on_node("h100-8x-gen5", {"model": WIDE, "gpus": gpus, "zero_stage": 3,
                                         "layers": 1})
-        cap = CostModel(SimSettings(**base), "zenflow").node.gpu.memory_bytes
+        cap = CostModel(SimSettings.from_knobs(**base), "zenflow").node.gpu.memory_bytes
 
         def ours(layers: int) -> float:
-            return CostModel(SimSettings(**{**base, "layers": layers}), "zenflow") \
+            return CostModel(SimSettings.from_knobs(**{**base, "layers": layers}), "zenflow") \
                 .memory_per_rank("zenflow")["device_bytes_per_rank"]
 
         def theirs(layers: int) -> float:
-            c = CostModel(SimSettings(**{**base, "layers": layers}), "zenflow")
+            c = CostModel(SimSettings.from_knobs(**{**base, "layers": layers}), "zenflow")
             return (deepspeed_case3_bytes(c.shape, gpus) + c.activation_bytes()
                     + c.share(c.selected_params) * zero3.ZENFLOW_SELECTED_COPIES * 2)
 
         for layers in (1, 10, 40):
-            c = CostModel(SimSettings(**{**base, "layers": layers}), "zenflow")
+            c = CostModel(SimSettings.from_knobs(**{**base, "layers": layers}), "zenflow")
             buffers = (min(max(bk.numel for bk in c.buckets), 1_000_000_000)
                        + min(500_000_000, c.params)) * 2
             assert ours(layers) - theirs(layers) == pytest.approx(buffers, rel=1e-9)
@@ -194,8 +194,8 @@ def test_largest_model_per_gpu_against_deepspeeds_zero3_estimate():
 
 def test_llama2_70b_on_eight_h100_needs_zero3():
     knobs = on_node("h100-8x-gen5", {"model": "llama2-70b"})
-    two = CostModel(SimSettings(**knobs), "zenflow").fits("zenflow")
-    three = CostModel(SimSettings(**knobs, zero_stage=3), "zenflow").fits("zenflow")
+    two = CostModel(SimSettings.from_knobs(**knobs), "zenflow").fits("zenflow")
+    three = CostModel(SimSettings.from_knobs(**knobs, zero_stage=3), "zenflow").fits("zenflow")
     assert not two["fits"] and three["fits"]
     assert two["device_bytes_per_rank"] > 2 * 68.9e9 * 2  # the whole model and gradient
     assert three["device_bytes_per_rank"] < 40 * 2 ** 30
@@ -240,14 +240,14 @@ def test_bad_zero_stage_is_one_clear_error(argv, needle, capsys):
 
 def test_zero_stage_3_refuses_a_profile():
     with pytest.raises(SimSettingsError, match="give no --profile"):
-        SimSettings(zero_stage=3, profile="x.json")
+        SimSettings.from_knobs(zero_stage=3, profile="x.json")
 
 
 def test_the_schedule_gathers_each_block_twice_before_its_ops():
     """Each forward and backward op of a block runs after that block's all-gather of its
     step (prefetch 1: issued one op ahead), and the step's first gather before it starts
     computing."""
-    s = SimSettings(**SMALL, gpus=4)
+    s = SimSettings.from_knobs(**SMALL, gpus=4)
     spans = simulate(s, "zenflow").timeline.spans_frame()
     spans = spans[(spans["rank"] == 0) & (spans["step"] == 5)]
     gathers = spans[spans["op"] == "allgather"].sort_values("t_start_s")
@@ -266,8 +266,8 @@ def test_a_step_is_never_shorter_than_its_compute_and_first_gather(model, layers
     """Nothing computes before a step's first all-gather (the first block's, for its
     forward: nothing is left to hide it behind), so every step lasts at least that
     gather plus the step's compute, whatever the prefetch."""
-    s = SimSettings(model=model, layers=layers, gpus=gpus, steps=12, zero_stage=3,
-                    prefetch_buckets=prefetch)
+    s = SimSettings.from_knobs(model=model, layers=layers, gpus=gpus, steps=12, zero_stage=3,
+                               prefetch_buckets=prefetch)
     result = simulate(s, "zenflow")
     c = result.costs
     spans, steps = result.timeline.spans_frame(), result.timeline.steps_frame()

@@ -46,11 +46,11 @@ def flat_link(tmp_path) -> str:
 # -- schedule invariants ---------------------------------------------------------------
 @pytest.mark.parametrize("gpus,prefetch", [(1, 1), (2, 1), (2, 0), (4, 2)])
 def test_each_op_waits_for_its_fetch_and_prefetch_is_bounded(gpus, prefetch):
-    s = SimSettings(**SMALL, gpus=gpus, prefetch_buckets=prefetch)
+    s = SimSettings.from_knobs(**SMALL, gpus=gpus, prefetch_buckets=prefetch)
     spans, _ = frames(simulate(s, ZI))
     nb = len(CostModel(s).buckets)
     for rank in range(gpus):
-        for t in range(s.steps):
+        for t in range(s.measurement.steps):
             comp = rank_step(spans, rank, t, "compute")
             assert list(comp["op"]) == ["forward"] * nb + ["backward"] * nb
             ups = rank_step(spans, rank, t, "h2d", "h2d_param")
@@ -67,10 +67,10 @@ def test_each_op_waits_for_its_fetch_and_prefetch_is_bounded(gpus, prefetch):
 
 
 def test_no_upload_at_step_end_and_next_forward_waits_for_the_host():
-    s = SimSettings(**SMALL, gpus=2)
+    s = SimSettings.from_knobs(**SMALL, gpus=2)
     spans, steps = frames(simulate(s, ZI))
     for rank in range(2):
-        for t in range(s.steps):
+        for t in range(s.measurement.steps):
             comp = rank_step(spans, rank, t, "compute")
             host = rank_step(spans, rank, t, "host", "host_optim")
             ups = rank_step(spans, rank, t, "h2d", "h2d_param")
@@ -79,7 +79,7 @@ def test_no_upload_at_step_end_and_next_forward_waits_for_the_host():
             assert ups["t_start_s"].max() < comp["t_end_s"].max()
             # host Adam starts once every gradient of the step is down
             assert host["t_start_s"].min() >= downs["t_end_s"].max() - 1e-12
-            if t + 1 < s.steps:  # the next step's first fetch reads the updated host copy
+            if t + 1 < s.measurement.steps:  # the next step's first fetch reads the updated host copy
                 nxt = rank_step(spans, rank, t + 1, "h2d", "h2d_param")
                 assert nxt["t_start_s"].min() >= host["t_end_s"].max() - 1e-12
                 # and the step ends when that fetch has landed (the next forward may start)
@@ -92,7 +92,7 @@ def test_bytes_per_step_by_hand():
     """Per rank and step: 2 x P x b / N up (every bucket fetched twice), P x 4 / N down (the
     gradient share in fp32, as DeepSpeed's ZeRO-3 converts it before the copy), all-gathers
     of 2 x P x b and reduce-scatters of P x b on the net."""
-    s = SimSettings(model="opt-350m", layers=2, gpus=4, steps=3)
+    s = SimSettings.from_knobs(model="opt-350m", layers=2, gpus=4, steps=3)
     shape = models.get_model("opt-350m").with_layers(2)
     P = shape.total_params
     assert P == 54_079_488  # embedding, positions and projection 28.4M, 2 x 12.6M, head 0.5M
@@ -117,7 +117,7 @@ def test_host_update_is_the_zero_offload_update(op):
     """DeepSpeed's same host passes on the same shares as zero-offload (unscale/clip,
     AdamW, the conversion to 16 bits): one of each per bucket here, in that order, one
     job each over the partition in zero-offload's DeepSpeed step (sims/host_step.py)."""
-    s = SimSettings(**SMALL, gpus=2)
+    s = SimSettings.from_knobs(**SMALL, gpus=2)
     zi, zo = (frames(simulate(s, k))[0] for k in (ZI, "zero-offload"))
     assert len(rank_step(zi, 0, 2, "host", op)) == len(CostModel(s).buckets)
     assert len(rank_step(zo, 0, 2, "host", op)) == 1
@@ -133,7 +133,7 @@ def test_nvme_moves_parameters_state_and_gradients_through_the_drives():
     """Per rank and step: the fetches read the 16-bit share twice; each update reads the
     fp32 state and the fp32 gradient (16 B a parameter of the share) and writes the state
     and the new 16-bit parameters (14 B); the gradient share went there once down (4 B)."""
-    s = SimSettings(**SMALL, gpus=2, offload_params="nvme")
+    s = SimSettings.from_knobs(**SMALL, gpus=2, offload_params="nvme")
     result = simulate(s, ZI)
     c = result.costs
     want = zero3.bytes_per_step(c)
@@ -147,7 +147,7 @@ def test_nvme_moves_parameters_state_and_gradients_through_the_drives():
         assert lane == op and t1 >= t0
         got[(rank, step, op)] = got.get((rank, step, op), 0) + nbytes
     for rank in range(2):
-        for t in range(s.steps):
+        for t in range(s.measurement.steps):
             # a step's reads: its own fetches and its update's state (the update of step
             # t reads and writes under step t)
             assert got[(rank, t, "nvme_read")] == want["nvme_read"]
@@ -170,7 +170,7 @@ def test_separate_placement_moves_what_it_places(params, optimizer):
     parameters kept on the GPUs are all-gathered only and the new share goes up once
     after the update; parameters on NVMe are read before each fetch and written after the
     update; the state on NVMe is read before and written after each bucket's update."""
-    s = SimSettings(**SMALL, gpus=2, offload_params=params, offload_optimizer=optimizer)
+    s = SimSettings.from_knobs(**SMALL, gpus=2, offload_params=params, offload_optimizer=optimizer)
     result = simulate(s, ZI)
     c = result.costs
     nb = len(c.buckets)
@@ -179,7 +179,7 @@ def test_separate_placement_moves_what_it_places(params, optimizer):
     grads = sum(round(b.numel / 2 * 4) for b in c.buckets)  # fp32, down and swapped
     p16 = sum(round(b.numel / 2 * 2) for b in c.buckets)
     placed = optimizer or ("cpu" if params == "none" else params)
-    assert s.optimizer_placement == placed
+    assert s.infinity.optimizer_placement == placed
     swapped = state + grads if placed == "nvme" else 0
     want_read = (2 * shares if params == "nvme" else 0) + swapped
     want_write = swapped + (p16 if params == "nvme" else 0)
@@ -201,7 +201,7 @@ def test_parameters_on_the_gpus_go_up_after_the_update_and_live_there():
     """With the partitions on the GPUs a bucket's fetch of the next step waits for its new
     share's upload, which waits for its host update; the device holds the partition and
     the host no 16-bit copy."""
-    s = SimSettings(**SMALL, gpus=2, offload_params="none")
+    s = SimSettings.from_knobs(**SMALL, gpus=2, offload_params="none")
     spans, _ = frames(simulate(s, ZI))
     host = rank_step(spans, 0, 1, "host", "host_optim")
     up = rank_step(spans, 0, 1, "h2d", "h2d_param")
@@ -221,13 +221,13 @@ def test_parameters_on_the_gpus_go_up_after_the_update_and_live_there():
 
 def test_placement_values_are_checked():
     with pytest.raises(SimSettingsError, match="offload_optimizer 'disk' is not known"):
-        SimSettings(offload_optimizer="disk")
+        SimSettings.from_knobs(offload_optimizer="disk")
     with pytest.raises(SimSettingsError, match="none, cpu, nvme"):
-        SimSettings(offload_params="gpu")
+        SimSettings.from_knobs(offload_params="gpu")
 
 
 def test_nvme_slower_than_pcie_slows_the_step_and_more_drives_help():
-    base = SimSettings(**{**SMALL, "steps": 6}, gpus=4)
+    base = SimSettings.from_knobs(**{**SMALL, "steps": 6}, gpus=4)
     cpu = steady_state(base, ZI)
     times = {}
     for drives in (1, 4, 16):
@@ -246,8 +246,8 @@ def test_nvme_slower_than_pcie_slows_the_step_and_more_drives_help():
 
 
 def test_nvme_bound_is_the_drive_time_when_the_drives_bind():
-    s = SimSettings(model="opt-350m", layers=4, gpus=4, steps=8, offload_params="nvme",
-                    nvme_drives=1)
+    s = SimSettings.from_knobs(model="opt-350m", layers=4, gpus=4, steps=8, offload_params="nvme",
+                               nvme_drives=1)
     c = CostModel(s)
     busy = zero3.nvme_busy_s_per_step(c)
     drive = hardware.get_nvme("pm1733")
@@ -277,7 +277,7 @@ def measure(s: SimSettings, oracle) -> float:
          host_cores=4, bandwidth_scale=0.05),
 ], ids=["1 GPU", "1 GPU no prefetch", "4 GPUs 2 per switch", "2 GPUs slow link"])
 def test_simulation_matches_the_closed_form_where_exact(tmp_path, knobs):
-    s = SimSettings(**knobs, pcie="flat", hardware=flat_link(tmp_path), steps=1)
+    s = SimSettings.from_knobs(**knobs, pcie="flat", hardware=flat_link(tmp_path), steps=1)
     oracle = steady_state(s, ZI)
     assert oracle.exact, oracle.reason
     assert measure(s, oracle) == pytest.approx(oracle.step_time_s, rel=1e-6)
@@ -292,8 +292,8 @@ def test_closed_form_by_hand_without_prefetch(tmp_path):
     issued when the previous op ends), each backward op's gradient goes down on the d2h
     lane (in order), the host's clip, Adam and conversion run once the last is down, and
     the step ends when bucket 0, updated last, is fetched again."""
-    s = SimSettings(model="tiny", layers=1, gpus=1, host_cores=8, prefetch_buckets=0,
-                    pcie="flat", hardware=flat_link(tmp_path), steps=1)
+    s = SimSettings.from_knobs(model="tiny", layers=1, gpus=1, host_cores=8, prefetch_buckets=0,
+                               pcie="flat", hardware=flat_link(tmp_path), steps=1)
     c = CostModel(s)
     link, lat, nb = c.node.link, c.node.link.setup_latency_s, len(c.buckets)
     rate = c.cores_per_rank * c.adam_units_per_core_s
@@ -316,7 +316,7 @@ def test_closed_form_by_hand_without_prefetch(tmp_path):
 
 
 def test_interference_makes_the_form_inexact_on_the_presets():
-    oracle = steady_state(SimSettings(**SMALL, gpus=1), ZI)
+    oracle = steady_state(SimSettings.from_knobs(**SMALL, gpus=1), ZI)
     assert not oracle.exact and "overlaps a gradient download" in oracle.reason
 
 
@@ -325,7 +325,7 @@ def test_memory_holds_only_working_buckets_on_the_device():
     # a LLaMA-30B-sized shape: its 16-bit parameters alone (65 GB) outgrow a 40 GB GPU,
     # which ZeRO-Offload keeps whole on the device and ZeRO-Infinity does not (llama2-13b
     # fits ZeRO-Offload there with DeepSpeed's gradient buckets, sims/device_memory.py)
-    s = SimSettings(model="llama:layers=60,hidden=6656,heads=52", gpus=1, gpu="a100-40g")
+    s = SimSettings.from_knobs(model="llama:layers=60,hidden=6656,heads=52", gpus=1, gpu="a100-40g")
     c = CostModel(s)
     P, largest = c.params, max(b.numel for b in c.buckets)
     mem = c.memory_per_rank(ZI)
@@ -358,8 +358,8 @@ def test_a_trillion_parameter_shape_fits_one_dgx2_module_by_module():
     # everything on NVMe: a decoder layer is 7.9 G parameters (15.7 GB in fp16), but
     # ZeRO-3 gathers one module at a time (fc1: 4 x 25600^2 = 2.6 G) and no more than
     # 1e9 parameters ahead of it
-    s = SimSettings(**node_knobs("dgx2-v100"), precision="fp16",
-                    model="gpt2:layers=128,hidden=25600,heads=160", offload_params="nvme")
+    s = SimSettings.from_knobs(**node_knobs("dgx2-v100"), precision="fp16",
+                               model="gpt2:layers=128,hidden=25600,heads=160", offload_params="nvme")
     c = CostModel(s)
     h = 25600
     fc1 = 4 * h * h + 4 * h  # weight and bias
@@ -377,9 +377,9 @@ def test_memory_centric_tiling_gathers_a_tile_at_a_time():
     # hidden 65536 (the ZeRO-Infinity paper's widest, with tiling factor 16): fc1 is
     # 4 x 65536^2 = 17.2 G parameters, 34 GB in fp16, more than a V100 holds
     h = 65536
-    s = SimSettings(**node_knobs("dgx2-v100"), precision="fp16", micro_batch=1,
-                    model=f"gpt2:layers=2,hidden={h},heads=256", offload_params="nvme",
-                    offload_activations=True)
+    s = SimSettings.from_knobs(**node_knobs("dgx2-v100"), precision="fp16", micro_batch=1,
+                               model=f"gpt2:layers=2,hidden={h},heads=256", offload_params="nvme",
+                               offload_activations=True)
     fc1 = 4 * h * h + 4 * h
     whole, tiled = CostModel(s), CostModel(s.with_(tiling=16))
     assert device_memory.largest_module_numel(whole.shape) == fc1
@@ -406,7 +406,7 @@ def test_memory_centric_tiling_gathers_a_tile_at_a_time():
 ])
 def test_bad_knobs_are_refused_naming_them(knobs, words):
     with pytest.raises(SimSettingsError) as err:
-        SimSettings(**knobs)
+        SimSettings.from_knobs(**knobs)
     for word in words:
         assert word in str(err.value)
 
@@ -418,7 +418,7 @@ def test_nvme_presets_are_per_drive_with_sources_and_nodes_count_them():
     assert hardware.get_nvme("pm1743").read_bytes_per_s > drive.read_bytes_per_s
     node = hardware.get_node("a100-4x-gen4")
     d = SimSettings()
-    assert (node.nvme.name, node.nvme_drives) == (d.nvme, d.nvme_drives)
+    assert (node.nvme.name, node.nvme_drives) == (d.machine.nvme, d.machine.nvme_drives)
     assert hardware.get_node("a100-8x-gen4").nvme_drives == 8
 
 
@@ -458,15 +458,15 @@ def test_drawn_cases_match_the_closed_form_where_exact(flat_file, data):
     """Shapes, GPU counts, switch layouts, prefetch depths, link and host speeds drawn at
     random on the flat link: wherever the oracle says exact, the simulation agrees."""
     model = data.draw(st.sampled_from(["tiny", "opt-350m", "qwen2.5-1.5b"]))
-    s = SimSettings(model=model, layers=data.draw(st.integers(1, 2)),
-                    gpus=data.draw(st.sampled_from([1, 2, 3, 4])),
-                    gpus_per_switch=data.draw(st.sampled_from([1, 2])),
-                    micro_batch=data.draw(st.sampled_from([1, 4])),
-                    seq=data.draw(st.sampled_from([128, 1024])),
-                    host_cores=data.draw(st.sampled_from([4, 8, 16])),
-                    bandwidth_scale=data.draw(st.sampled_from([0.05, 0.5, 1.0, 4.0])),
-                    prefetch_buckets=data.draw(st.integers(0, 3)),
-                    pcie="flat", hardware=flat_file, steps=1)
+    s = SimSettings.from_knobs(model=model, layers=data.draw(st.integers(1, 2)),
+                               gpus=data.draw(st.sampled_from([1, 2, 3, 4])),
+                               gpus_per_switch=data.draw(st.sampled_from([1, 2])),
+                               micro_batch=data.draw(st.sampled_from([1, 4])),
+                               seq=data.draw(st.sampled_from([128, 1024])),
+                               host_cores=data.draw(st.sampled_from([4, 8, 16])),
+                               bandwidth_scale=data.draw(st.sampled_from([0.05, 0.5, 1.0, 4.0])),
+                               prefetch_buckets=data.draw(st.integers(0, 3)),
+                               pcie="flat", hardware=flat_file, steps=1)
     oracle = steady_state(s, ZI)
     assume(oracle.exact)
     assert measure(s, oracle) == pytest.approx(oracle.step_time_s, rel=1e-6)
@@ -479,12 +479,12 @@ def test_the_closed_form_is_exact_on_most_flat_link_draws(flat_file):
     rng = random.Random(0)
     exact = 0
     for _ in range(60):
-        s = SimSettings(model=rng.choice(["tiny", "opt-350m", "qwen2.5-1.5b"]),
-                        layers=rng.randint(1, 2), gpus=rng.choice([1, 2, 3, 4]),
-                        gpus_per_switch=rng.choice([1, 2]), host_cores=rng.choice([4, 8, 16]),
-                        bandwidth_scale=rng.choice([0.05, 0.5, 1.0, 4.0]),
-                        prefetch_buckets=rng.randint(0, 3), pcie="flat", hardware=flat_file,
-                        steps=1)
+        s = SimSettings.from_knobs(model=rng.choice(["tiny", "opt-350m", "qwen2.5-1.5b"]),
+                                   layers=rng.randint(1, 2), gpus=rng.choice([1, 2, 3, 4]),
+                                   gpus_per_switch=rng.choice([1, 2]), host_cores=rng.choice([4, 8, 16]),
+                                   bandwidth_scale=rng.choice([0.05, 0.5, 1.0, 4.0]),
+                                   prefetch_buckets=rng.randint(0, 3), pcie="flat", hardware=flat_file,
+                                   steps=1)
         exact += steady_state(s, ZI).exact
     # 48 of 60: the rest are a 4x link beside DeepSpeed's streaming host passes (clip,
     # conversion), which may then share DRAM, where the form is not exact
@@ -499,7 +499,7 @@ def test_accumulation_moves_the_sums_through_the_host_buffer(pin):
     parameter of the share each), the last sends the fp32 gradient (4 B); per step
     exactly what zero3.bytes_per_step says, pinned or pageable."""
     accum = 3
-    s = SimSettings(**SMALL, gpus=2, grad_accum=accum, pin_memory=pin)
+    s = SimSettings.from_knobs(**SMALL, gpus=2, grad_accum=accum, pin_memory=pin)
     result = simulate(s, ZI)
     c = result.costs
     nb = len(c.buckets)
@@ -524,7 +524,7 @@ def test_accumulated_sums_come_up_before_they_go_down_and_the_update_waits_for_t
     first, so the copy down starts at least one share's upload later; the last
     micro-step's copies are the fp32 gradients, and the host update starts after them."""
     accum = 3
-    s = SimSettings(**SMALL, gpus=1, grad_accum=accum)
+    s = SimSettings.from_knobs(**SMALL, gpus=1, grad_accum=accum)
     result = simulate(s, ZI)
     c = result.costs
     nb = len(c.buckets)
@@ -549,7 +549,7 @@ def test_accumulated_sums_come_up_before_they_go_down_and_the_update_waits_for_t
 
 
 def test_accumulation_costs_at_least_its_compute_and_holds_the_sums_on_the_host():
-    s = SimSettings(**SMALL, gpus=2)
+    s = SimSettings.from_knobs(**SMALL, gpus=2)
     one = simulate(s, ZI).timeline.steps_frame()
     three = simulate(s.with_(grad_accum=3), ZI).timeline.steps_frame()
     c = CostModel(s)

@@ -30,7 +30,7 @@ import re
 import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import nullcontext
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -43,16 +43,19 @@ from zfbench.core.trace import (Timeline, TraceSteps, columnar_format, write_chr
 from zfbench.report import (add_speedups, complete_row, land, staging_dir, steps_rows,
                             write_steps, write_summary)
 from zfbench.sims.costs import SimSettings, SimSettingsError
+from zfbench.sims.settings import knob_fields
 from zfbench.sims.simulator import SimResult, simulate, steps_needed
 
 DEFAULTS = SimSettings()
-KNOBS = {f.name: f.type for f in fields(SimSettings)}
+# every knob by its flat name (the flag, the sweep name, summary.json's key) -> its type
+KNOBS = {name: f.type for name, f in knob_fields().items()}
+DEFAULT_KNOBS = DEFAULTS.as_dict()
 TRACE_STEPS_DEFAULT = "left-out+10"
 
 
 def parse_value(knob: str, text: str):
     """Turn a flag or sweep value into the knob's type, with an error naming the knob."""
-    default = getattr(DEFAULTS, knob)
+    default = DEFAULT_KNOBS[knob]
     kind = str(KNOBS[knob])
     try:
         if "bool" in kind:
@@ -90,11 +93,12 @@ def summary_row(result: SimResult, spans=None, steps=None, table=None) -> dict:
     row.update(summarize(spans, steps, result.skip_steps,
                          c.model_bytes, result.host_optim_params_per_step(),
                          None if c.calibration else result.flops_per_step(),
-                         c.flops_per_s / c.mfu, table=table, ranks=result.settings.ranks))
+                         c.flops_per_s / c.mfu, table=table, ranks=result.settings.machine.ranks))
     s = result.settings
     row["steps_left_out"] = result.skip_steps
     row["achieved_flops_per_s"] = result.flops_per_step() / row["step_time_s"]
-    row["tokens_per_s"] = s.micro_batch * s.grad_accum * s.seq * s.ranks / row["step_time_s"]
+    row["tokens_per_s"] = (s.scenario.micro_batch * s.scenario.grad_accum * s.scenario.seq
+                           * s.machine.ranks / row["step_time_s"])
     fit = c.fits(result.strategy)
     row.update({"device_bytes_per_rank": fit["device_bytes_per_rank"],
                 "device_capacity_bytes": fit["device_capacity_bytes"],
@@ -111,9 +115,9 @@ def case_label(labels: dict) -> str:
 def too_short_warning(cases: list[tuple[dict, SimSettings]]) -> str | None:
     """One line naming the runs too short to contain a steady state (fewer steps than
     `zfbench.sims.simulator.steps_needed`), or None when every run is long enough."""
-    short = [f"{case_label(labels) + ': ' if labels else ''}{case.steps} steps, needs "
+    short = [f"{case_label(labels) + ': ' if labels else ''}{case.measurement.steps} steps, needs "
              f"{steps_needed(case)}" for labels, case in cases
-             if case.steps < steps_needed(case)]
+             if case.measurement.steps < steps_needed(case)]
     if not short:
         return None
     return (f"warning: too short to contain a steady state (warm-up + 2 update windows "
@@ -271,7 +275,7 @@ def auto_jobs(cases: list[tuple[dict, SimSettings]], strategies: list[str]) -> i
     """Processes for `--jobs auto`: one per usable CPU, at most one per run, and one
     when all runs together simulate fewer than `PARALLEL_MIN_RANK_STEPS` rank-steps."""
     runs = len(cases) * len(strategies)
-    work = sum(case.steps * case.ranks for _, case in cases) * len(strategies)
+    work = sum(case.measurement.steps * case.machine.ranks for _, case in cases) * len(strategies)
     if work < PARALLEL_MIN_RANK_STEPS:
         return 1
     return max(1, min(usable_cpus(), runs))
@@ -280,8 +284,8 @@ def auto_jobs(cases: list[tuple[dict, SimSettings]], strategies: list[str]) -> i
 def pilot_cost(case: SimSettings, strategy: str) -> float:
     """A run's cost, estimated: the SimPy events of its first `PILOT_STEPS` steps times
     its steps (runs go to the workers longest first, so the last to finish is short)."""
-    pilot = simulate(case.with_(steps=min(case.steps, PILOT_STEPS)), strategy)
-    return pilot.sim_events * case.steps / pilot.settings.steps
+    pilot = simulate(case.with_(steps=min(case.measurement.steps, PILOT_STEPS)), strategy)
+    return pilot.sim_events * case.measurement.steps / pilot.settings.measurement.steps
 
 
 def _one(labels: dict, case: SimSettings, strategy: str, plan: FilePlan | None,
@@ -356,7 +360,7 @@ def run(cases: list[tuple[dict, SimSettings]], strategies: list[str], quiet: boo
         for strategy in strategies:
             row, result = next(outcomes)
             case_rows.append({**labels, **row, "steps_needed": need,
-                              "too_short": case.steps < need})
+                              "too_short": case.measurement.steps < need})
             results[(tuple(labels.items()), strategy)] = result
         add_speedups(case_rows)
         rows.extend(case_rows)

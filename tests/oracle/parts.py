@@ -138,8 +138,8 @@ class _Terms:
 # ----------------------------------------------------------------------------- checks
 def _groups(settings: SimSettings) -> list[tuple[int, int]]:
     """(GPUs behind one switch, ranks in such groups) for one node's switch layout."""
-    gpus = settings.gpus_on_node
-    gps = min(settings.gpus_per_switch, gpus)
+    gpus = settings.machine.gpus_on_node
+    gps = min(settings.machine.gpus_per_switch, gpus)
     full, rem = divmod(gpus, gps)
     return [(gps, full * gps)] + ([(rem, rem)] if rem else [])
 
@@ -149,7 +149,7 @@ def _dram_ok(costs: CostModel, strategy: str) -> bool:
     upstream moves data both ways at full rate (conservative); only zenflow accumulates."""
     node, link = costs.node, costs.node.link
     gpus = costs.gpus_per_node  # one node's host serves only its own ranks
-    switches = math.ceil(gpus / min(costs.settings.gpus_per_switch, gpus))
+    switches = math.ceil(gpus / min(costs.settings.machine.gpus_per_switch, gpus))
     left = node.host.dram_bytes_per_s - switches * (link.d2h_bytes_per_s + link.h2d_bytes_per_s)
     cores = costs.cores_per_rank
     need = cores * costs.adam_units_per_core_s * ADAM_BYTES_PER_PARAM

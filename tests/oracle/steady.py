@@ -238,12 +238,12 @@ def _zen_overlap(T: _Terms):
 
 def _zenflow(T: _Terms):
     s = T.c.settings
-    if s.transfers != "design":
+    if s.measurement.transfers != "design":
         why = "shipped transfers (the accumulator round trip meets downloads)"
-    elif s.select_interval != 0:
+    elif s.zenflow.select_interval != 0:
         why = "periodic reselection (select_interval != 0)"
     else:
-        return _zen_overlap(T) if s.overlap_step else _zen_sequential(T)
+        return _zen_overlap(T) if s.zenflow.overlap_step else _zen_sequential(T)
     return T.U * T.P_zen, T.U * T.P_zen, False, why, "", 0, 1
 
 
@@ -263,20 +263,20 @@ def steady_state(settings: SimSettings, strategy: str) -> OracleResult:
     rs = partitioning.reduce_scatters(costs, strategy)
     groups = [(ranks, _STRATEGY_FN[strategy](_Terms(costs, m, rs)))
               for m, ranks in _groups(settings)]
-    div = settings.gpus_on_node * (fixed_interval(settings) if strategy == "zenflow" else 1)
+    div = settings.machine.gpus_on_node * (fixed_interval(settings) if strategy == "zenflow" else 1)
     step = sum(r * g[0] for r, g in groups) / div
     compute = sum(r * g[1] for r, g in groups) / div
     exact = all(g[2] for _, g in groups)
     reason = " | ".join(dict.fromkeys(g[3] for _, g in groups))
     if strategy != "device" and not _dram_ok(costs, strategy):
         exact, reason = False, "host jobs may be DRAM-bound; " + reason
-    if settings.ranks > 1 and partitioning.owns_partitions(costs, strategy):
+    if settings.machine.ranks > 1 and partitioning.owns_partitions(costs, strategy):
         # ZeRO-2 partitions (zfbench.sims.partitioning): ranks copy different parts of
         # each bucket and each reduction waits for other ranks' copies; this form is one
         # symmetric rank
         exact, reason = False, "several GPUs: ZeRO-2 partitions make ranks differ and " \
             "wait for each other; " + reason
-    elif settings.ranks > 1 and strategy in ("zero-offload-dpu", "zenflow"):
+    elif settings.machine.ranks > 1 and strategy in ("zero-offload-dpu", "zenflow"):
         # the simulator issues each all-gather when its parameters are up (so the net
         # lane's order depends on timing) and zenflow's device update waits for the
         # gradient all-reduces; this form keeps submission order and no such wait

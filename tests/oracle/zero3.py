@@ -38,7 +38,7 @@ class _Zero3:
     def __init__(self, T: _Terms) -> None:
         c = self.c = T.c
         self.T, self.n, self.nb = T, T.gpus, len(c.buckets)
-        self.d = c.settings.prefetch_buckets
+        self.d = c.settings.infinity.prefetch_buckets
         self.ops = op_buckets(self.nb)
         self.comp = [c.buckets[i].forward_s for i in range(self.nb)] + \
             [c.buckets[i].backward_s for i in reversed(range(self.nb))]
@@ -118,7 +118,7 @@ def zero_infinity(T: _Terms):
     """(step, compute, exact, reason, regime, settle periods, cycle periods)."""
     z = _Zero3(T)
     compute = sum(z.comp)
-    accum = z.c.settings.grad_accum
+    accum = z.c.settings.scenario.grad_accum
     if accum > 1:  # this form is one micro-step a step: its compute is a lower bound
         return accum * compute, accum * compute, False, "gradient accumulation: this " \
             "form has one micro-step a step (its compute taken as a lower bound)", "", 0, 1

@@ -88,7 +88,7 @@ def base_settings(args) -> tuple[SimSettings, str]:
 
         check_profile(args.profile)
         knobs = {**profile_defaults(args.profile), "profile": args.profile}
-        return SimSettings(**knobs), f"the machine measured in {args.profile}"
+        return SimSettings.from_knobs(**knobs), f"the machine measured in {args.profile}"
     if not args.node:
         raise CliError("give --node NAME (a node preset: "
                        f"{', '.join(hardware.node_names())}) or --profile FILE")
@@ -96,8 +96,9 @@ def base_settings(args) -> tuple[SimSettings, str]:
                                ("host", args.host), ("pcie", args.pcie),
                                ("gpus", args.gpus), ("seq", args.seq),
                                ("precision", args.precision)) if v is not None}
-    base = SimSettings(**on_node(args.node, given))
-    return base, f"{args.node} ({base.ranks} x {base.gpu}, PCIe {base.pcie}, {base.host})"
+    base = SimSettings.from_knobs(**on_node(args.node, given))
+    m = base.machine
+    return base, f"{args.node} ({m.ranks} x {m.gpu}, PCIe {m.pcie}, {m.host})"
 
 
 def per_gpu_batch(global_batch: int | None, ranks: int) -> int:
@@ -136,8 +137,9 @@ def smallest_fitting_node(base: SimSettings, space: Space) -> str | None:
         hardware.get_node(n).gpus * hardware.get_node(n).gpu.memory_bytes, n))
     for name in nodes:
         try:
-            there = SimSettings(**on_node(name, {"model": base.model, "seq": base.seq,
-                                                 "precision": base.precision}))
+            sc = base.scenario
+            there = SimSettings.from_knobs(**on_node(name, {
+                "model": sc.model, "seq": sc.seq, "precision": sc.precision}))
         except SimSettingsError:  # a GPU without this precision
             continue
         if any(memory(there, s)["fits"] for s in space.lightest(1)):
@@ -150,7 +152,8 @@ def no_fit_message(base: SimSettings, space: Space, per_gpu: int, where: str) ->
     hint = (f"the smallest node preset where it fits (1 sequence per GPU): {node}"
             if node else "no node preset fits it either, not even ZeRO-Infinity with "
             "parameters and optimizer state on NVMe")
-    return (f"{base.model} at {per_gpu} sequences per GPU of {base.seq} tokens fits no "
+    return (f"{base.scenario.model} at {per_gpu} sequences per GPU of {base.scenario.seq} "
+            f"tokens fits no "
             f"setup on {where} ({', '.join(space.strategies)}: the memory model, "
             f"zfbench.sims.costs.CostModel.fits); {hint}")
 
@@ -185,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         strategies = parse_strategies(args.strategies)
         jobs = parse_jobs(args.jobs)
         base, where = base_settings(args)
-        per_gpu = per_gpu_batch(args.global_batch, base.ranks)
+        per_gpu = per_gpu_batch(args.global_batch, base.machine.ranks)
         quality = None
         try:
             quality = QualityModel.load()
@@ -199,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         return fail(err)
     score = scorer(args.objective, quality)
     default = default_zenflow(strategies, per_gpu)
-    print(f"{base.model} on {where}; global batch {per_gpu * base.ranks} = {per_gpu} x "
-          f"{base.ranks} GPUs x seq {base.seq}, {base.precision}; objective "
+    sc, ranks = base.scenario, base.machine.ranks
+    print(f"{sc.model} on {where}; global batch {per_gpu * ranks} = {per_gpu} x "
+          f"{ranks} GPUs x seq {sc.seq}, {sc.precision}; objective "
           f"{args.objective}")
     evaluator = Evaluator(base, jobs, args.quiet)
     try:
@@ -221,9 +225,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{TASK_LABEL})")
     print(summary_lines(rows, pick, args.objective))
     setup = next(s for s in results if s.label() == pick["setup"])
-    config = ds_config(setup, base.precision)
-    head = {"model": base.model, "where": where, "settings": base.as_dict(),
-            "global_batch": per_gpu * base.ranks, "per_gpu_batch": per_gpu,
+    config = ds_config(setup, base.scenario.precision)
+    head = {"model": base.scenario.model, "where": where, "settings": base.as_dict(),
+            "global_batch": per_gpu * base.machine.ranks, "per_gpu_batch": per_gpu,
             "objective": args.objective, "objective_column": OBJECTIVE_COLUMN[args.objective],
             "setups_simulated": evaluator.simulated, "setups_checked": len(results),
             "searched": {k: list(space.values[k]) for k in KNOB_ORDER},
@@ -231,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             "pick": pick, "ds_config_runs_on_zfbench_engine": runs_on_engine(setup)}
     try:
         names = write_all(args.out, rows, head, config,
-                          f"{base.model} on {where}, global batch {per_gpu * base.ranks}")
+                          f"{base.scenario.model} on {where}, global batch "
+                          f"{per_gpu * base.machine.ranks}")
     except OSError as err:
         return fail(f"writing {args.out}: {err}")
     print(f"wrote {args.out}/{', '.join(names)} "

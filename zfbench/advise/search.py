@@ -9,11 +9,10 @@ that improves the objective, until none does (`MAX_ROUNDS` at most). `brute_forc
 simulates every setup of the space instead (what the tests hold the search to).
 
 A run is as short as its measurement allows: ZenFlow's warm-up, two update windows and
-one measured window (zfbench.sims.simulator.steps_needed) -- and with a select interval
-S, S measured steps, so that the mean holds one reselection per S steps -- the other
-strategies `FIXED_RUN_STEPS` steps, their first `FIXED_SKIP_STEPS` left out
-(zfbench.core.strategies): the steady step of a simulation (nothing random) does not
-change with more steps.
+one measured window -- and with a select interval S, S measured steps, so that the mean
+holds one reselection per S steps -- the other strategies `FIXED_RUN_STEPS` steps, their
+first `FIXED_SKIP_STEPS` left out (both zfbench.core.schedule.measurement_window): the
+steady step of a simulation (nothing random) does not change with more steps.
 Runs go to worker processes (`jobs`); the numbers are the same either way.
 """
 
@@ -26,9 +25,10 @@ from typing import Callable
 
 from zfbench.advise.space import Setup, Space, default_zenflow, settings_of
 from zfbench.core.progress import progress
-from zfbench.core.strategies import FIXED_RUN_STEPS, windowed_measure
+from zfbench.core.schedule import FIXED_RUN_STEPS, measurement_window
+from zfbench.core.strategies import windowed_measure
 from zfbench.sims.costs import CostModel, SimSettings, SimSettingsError
-from zfbench.sims.simulator import simulate, steps_needed
+from zfbench.sims.simulator import simulate
 from zfbench.simulation import summary_row
 
 MAX_ROUNDS = 4
@@ -43,14 +43,17 @@ KEPT = ("step_time_s", "tokens_per_s", "compute_s", "exposed_io_s", "host_wait_s
 
 
 def run_settings(base: SimSettings, setup: Setup) -> SimSettings:
-    """`setup` on `base`, as many steps as its measurement needs."""
+    """`setup` on `base`, as many steps as its measurement needs
+    (zfbench.core.schedule.measurement_window)."""
     settings = settings_of(base, setup)
-    if not windowed_measure(setup.strategy):
-        return settings.with_(steps=FIXED_RUN_STEPS)
-    steps = steps_needed(settings)
-    if settings.select_interval > 0:  # one reselection in the measured steps
-        skip = settings.window_plan().skip_steps(settings.full_warm_up_rounds)
-        steps = max(steps, skip + settings.select_interval)
+    zf = settings.zenflow
+    windowed = windowed_measure(setup.strategy)
+    skip, steps = measurement_window(windowed, zf.full_warm_up_rounds,
+                                     settings.window_plan().lengths)
+    if not windowed:
+        return settings.with_(steps=steps)
+    if zf.select_interval > 0:  # one reselection in the measured steps
+        steps = max(steps, skip + zf.select_interval)
     return settings.with_(steps=max(steps, FIXED_RUN_STEPS))
 
 
@@ -67,7 +70,8 @@ def evaluate(base: SimSettings, setup: Setup) -> dict:
            "device_bytes_per_rank": fit["device_bytes_per_rank"],
            "device_capacity_bytes": fit["device_capacity_bytes"],
            "host_bytes": fit["host_bytes"], "host_capacity_bytes": fit["host_capacity_bytes"],
-           "nvme_bytes": fit["nvme_bytes"], "steps_simulated": settings.steps}
+           "nvme_bytes": fit["nvme_bytes"],
+           "steps_simulated": settings.measurement.steps}
     if not fit["fits"]:
         return out
     row = summary_row(simulate(settings, setup.strategy))

@@ -39,6 +39,27 @@ class ZenFlowScenario:
     overlap_step: bool = SCENARIO_ZENFLOW["overlap_step"]  # host update behind compute
     full_warm_up_rounds: int = ZenFlowConfig.full_warm_up_rounds
     offload: bool = ZenFlowConfig.offload  # the device AdamW's moments in host memory
+    # ZenFlow's host work on the cores DeepSpeed's pt_reserved_cores_perc leaves each rank
+    # (deepspeed/runtime/zenflow/zenflow_utils.py `_split_affinity`); None: all the rank's
+    # cores, the design's (a measured profile measures the engine's)
+    pt_reserved_cores_perc: float | None = None
+    # The simulator's own two: what update_interval "auto" resolves to (N, N1,N2,... or a
+    # windows.csv; None: AUTO_ASSUMED_WINDOW_STEPS, zfbench.sims.update_windows), and the
+    # ZeRO stage ZenFlow runs on (2; 3: DeepSpeed's ZenFlowZeroOptimizer_Stage3, PR #7516)
+    auto_windows: str | None = None
+    zero_stage: int = 2
+
+    def config_keys(self) -> dict:
+        """The `zero_optimization.zenflow` keys of this section (the engine's config takes
+        these; `auto_windows` and `zero_stage` are not zenflow keys)."""
+        keys = {k: getattr(self, k) for k in ENGINE_ZENFLOW_KEYS}
+        if self.pt_reserved_cores_perc is not None:
+            keys["pt_reserved_cores_perc"] = self.pt_reserved_cores_perc
+        return keys
+
+
+ENGINE_ZENFLOW_KEYS = ("topk_ratio", "update_interval", "select_interval", "overlap_step",
+                       "full_warm_up_rounds", "offload")
 
 
 @dataclass(frozen=True)

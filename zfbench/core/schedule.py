@@ -1,8 +1,9 @@
 """The ZenFlow step schedule as pure functions, shared by the real engine and the simulator.
 
 This module owns "which iteration does what": warm-up steps, selection steps, update
-boundaries (when a host window closes), the window list, the top-k count, and the
-adaptive update-interval tracker. It knows nothing about tensors (no torch import).
+boundaries (when a host window closes), the window list, the top-k count, the adaptive
+update-interval tracker, and the steps a measurement leaves out of its averages
+(`measurement_window`). It knows nothing about tensors (no torch import).
 
 Notation (reference/zenflow.md "Counters and boundaries"): t is the 0-based iteration,
 W = full_warm_up_rounds, U = update_interval in steps, S = resolved select interval in
@@ -58,6 +59,29 @@ def is_update_boundary(t: int, W: int, U: int | None, S: int) -> bool:
 # simulation without --auto-windows): an assumed constant window of this many steps,
 # zfbench's fixed default update_interval (not measured), named as an assumption
 AUTO_ASSUMED_WINDOW_STEPS = 4
+# The steps left out of a measurement of a strategy without update windows: the delayed
+# update's first lag (FIXED_SKIP_STEPS) of a run of FIXED_RUN_STEPS (a judgment, not
+# measured); the strategy record says which rule a strategy has (`measure`).
+FIXED_SKIP_STEPS, FIXED_RUN_STEPS = 2, 4
+
+
+def assumed_window_steps(update_interval: int | str) -> int:
+    """One window's length in steps before a run: `update_interval`, or for "auto"
+    AUTO_ASSUMED_WINDOW_STEPS (its windows are chosen at run time)."""
+    return AUTO_ASSUMED_WINDOW_STEPS if update_interval == "auto" else int(update_interval)
+
+
+def measurement_window(windowed: bool, W: int, lengths) -> tuple[int, int]:
+    """(steps left out of the averages, steps a run needs), the one rule the engine's
+    report, the simulator and zfbench.validate share. Windowed (ZenFlow's measure): the
+    W warm-up steps and the first two host windows are left out (the first window has no
+    pending update to wait for) and one more window is measured; `lengths` are the
+    windows' lengths in steps, cycled. Otherwise FIXED_SKIP_STEPS of FIXED_RUN_STEPS."""
+    if not windowed:
+        return FIXED_SKIP_STEPS, FIXED_RUN_STEPS
+    lengths = tuple(lengths)
+    skip = W + lengths[0] + lengths[1 % len(lengths)]
+    return skip, skip + lengths[2 % len(lengths)]
 
 
 def selected_elements(matrices, vector_numel: int, topk_ratio: float) -> int:

@@ -29,7 +29,7 @@ class Strategy:
     has_windows: bool = False  # ZenFlow's update windows (accumulate, then one host update)
     # Steps left out of a measurement: "fixed" (FIXED_SKIP_STEPS of FIXED_RUN_STEPS, the
     # delayed update's first lag) or "windows" (warm-up plus two update windows, then one
-    # measured: zfbench.sims.update_windows.WindowPlan.skip_steps)
+    # measured): zfbench.core.schedule.measurement_window
     measure: str = "fixed"
     # The simulator models its gradients as DeepSpeed's ZeRO-2 does from presets (buckets
     # reduce-scattered, `overlap_comm`; zfbench.sims.partitioning)
@@ -72,8 +72,6 @@ ZERO_OFFLOAD_STRATEGIES = tuple(s.name for s in STRATEGY_LIST
                                 if s.sim_zero2 and s.offloads_optimizer)
 # The strategy speed-ups are reported against (the paper's baseline).
 BASELINE = "zero-offload"
-# The measured-window rule "fixed": steps left out at the start, steps a run needs.
-FIXED_SKIP_STEPS, FIXED_RUN_STEPS = 2, 4
 # zfbench's engine runs its host optimizer in jobs of this many elements of the flat
 # buffer, each chunk's parameters going up after it (real/engine.py's default; the
 # simulator with a profile of the engine cuts its host updates the same way).
@@ -141,7 +139,7 @@ def zero_offload(name: str) -> bool:
 
 def windowed_measure(name: str) -> bool:
     """Whether `name`'s measurement leaves out its warm-up and two update windows (rule
-    "windows") rather than FIXED_SKIP_STEPS."""
+    "windows") rather than FIXED_SKIP_STEPS (zfbench.core.schedule.measurement_window)."""
     return _trait(name, "measure") == "windows"
 
 

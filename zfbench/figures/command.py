@@ -102,9 +102,10 @@ QUICK = Plan("quick", ("qwen2.5-1.5b", "llama2-7b"), 2, 12, 20, (1, 2, 4), (0.1,
 def node_settings(node: str, plan: Plan, model: str | None = None, **knobs) -> SimSettings:
     n = hardware.get_node(node)
     drives = {"nvme": n.nvme.name, "nvme_drives": n.nvme_drives} if n.nvme else {}
-    base = SimSettings(model=model or plan.model, layers=plan.layers, gpus=n.gpus,
-                       gpu=n.gpu.name, pcie=n.link.name, host=n.host.name, net=n.net.name,
-                       gpus_per_switch=n.gpus_per_switch, steps=plan.steps, **drives)
+    base = SimSettings.from_knobs(model=model or plan.model, layers=plan.layers, gpus=n.gpus,
+                                  gpu=n.gpu.name, pcie=n.link.name, host=n.host.name,
+                                  net=n.net.name, gpus_per_switch=n.gpus_per_switch,
+                                  steps=plan.steps, **drives)
     return base.with_(**knobs)
 
 
@@ -142,7 +143,8 @@ def _summary_rows(file: str):
     def rows(labels: dict, result) -> dict:
         row = {**labels, **summary_row(result)}
         s = result.settings
-        row["tokens_per_s"] = s.ranks * s.micro_batch * s.grad_accum * s.seq / row["step_time_s"]
+        row["tokens_per_s"] = (s.machine.ranks * s.scenario.micro_batch * s.scenario.grad_accum
+                               * s.scenario.seq / row["step_time_s"])
         row["model_bytes"] = result.costs.model_bytes
         return {file: pd.DataFrame([row])}
     return rows
@@ -170,7 +172,7 @@ def datasets(plan: Plan) -> dict[str, Dataset]:
                 ({"series": "device", knob: None}, base, "device")]
         for v in values:
             steps = steps_for_interval(
-                plan, v if knob == "update_interval" else base.update_interval)
+                plan, v if knob == "update_interval" else base.zenflow.update_interval)
             for mode in ("design", "shipped"):
                 jobs.append(({"series": f"zenflow-{mode}", knob: v}, node_settings(
                     NODES[0], plan, transfers=mode, steps=steps, **{knob: v}), "zenflow"))
@@ -311,11 +313,12 @@ def sources(plan: Plan) -> dict[str, str]:
 
 def meta(plan: Plan) -> dict:
     tl = node_settings(TIMELINE_NODE, plan, steps=plan.timeline_steps)
-    model = tl.model + (f"[{plan.layers}L]" if plan.layers else "")
+    model = tl.scenario.model + (f"[{plan.layers}L]" if plan.layers else "")
     return {"first_step": default_skip_steps(tl),
             "where": f"{model} on {node_label(TIMELINE_NODE)}",
-            "update_interval": tl.update_interval, "topk_ratio": tl.topk_ratio,
-            "timeline_steps": tl.steps, "window_s": plan.window_s, "util_bin_s": plan.util_bin_s,
+            "update_interval": tl.zenflow.update_interval, "topk_ratio": tl.zenflow.topk_ratio,
+            "timeline_steps": tl.measurement.steps, "window_s": plan.window_s,
+            "util_bin_s": plan.util_bin_s,
             "gpus": list(plan.gpus), "model": model,
             "convergence_dir": CONVERGENCE_RESULTS,
             "convergence_lm_dir": CONVERGENCE_LM_RESULTS}

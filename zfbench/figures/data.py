@@ -71,7 +71,7 @@ def generate(data_dir: Path, stale: list[Dataset], quiet: bool) -> None:
         if ds.direct is not None:
             parts = {k: [v] for k, v in ds.direct().items()}
         for labels, settings, strategy in ds.jobs:
-            bar.set_postfix_str(f"{ds.name}: {settings.model} {strategy}")
+            bar.set_postfix_str(f"{ds.name}: {settings.scenario.model} {strategy}")
             for file, frame in ds.rows(labels, simulate(settings, strategy)).items():
                 parts.setdefault(file, []).append(frame)
             bar.update()

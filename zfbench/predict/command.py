@@ -56,14 +56,14 @@ def build_parser() -> OneLineParser:
     src.add_argument("--paper", action="store_true")
     p.add_argument("--skip-steps", type=int, default=1,
                    help="steps of a DeepSpeed log left out as warm-up (default 1)")
-    defaults = SimSettings()
+    defaults = SimSettings().as_dict()
     for name in KNOBS:
         if name not in INFERRED:
             # the ZenFlow knobs as every command spells them, the older spelling an alias
             flags = (zenflow_flags(name) if name in ZENFLOW_KNOBS
                      else ("--" + name.replace("_", "-"),))
             p.add_argument(*flags, dest=name, default=None,
-                           metavar="V", help=f"default: {getattr(defaults, name)}")
+                           metavar="V", help=f"default: {defaults[name]}")
     p.add_argument("--batch", dest="micro_batch", help="alias of --micro-batch")
     p.add_argument("--node", metavar="NAME",
                    help="a node preset the measurement ran on (python -m zfbench.simulate "
@@ -101,12 +101,12 @@ def predict(base: SimSettings, measured: Breakdown, workdir: Path, quiet: bool =
     measured ZeRO-Offload step (`Fit.unreached_s`). The other cases are the hypotheses one
     io time leaves open; one whose fit cannot reach the measurement is refuted by it and
     left out. Each row's range spans the cases kept."""
-    fit_base = base.with_(steps=min(base.steps, max(steps_needed(base), 12)))
+    fit_base = base.with_(steps=min(base.measurement.steps, max(steps_needed(base), 12)))
     fits = infer(fit_base, measured, workdir)
     cases = [({}, fits[0])] + [({"case": f.case}, f) for f in fits[1:] if f.reached]
     rows = []
     for labels, f in cases:
-        case_rows, case_results = run([(labels, f.settings.with_(steps=base.steps))],
+        case_rows, case_results = run([(labels, f.settings.with_(steps=base.measurement.steps))],
                                       list(strategies), quiet)
         for r in case_rows:
             r["case"] = labels.get("case", fits[0].case)
@@ -128,13 +128,13 @@ def predict(base: SimSettings, measured: Breakdown, workdir: Path, quiet: bool =
 
 
 def describe_fit(f: Fit, base: SimSettings, measured: Breakdown) -> list[str]:
-    gpu, link, host, _ = f.settings.parts()
-    b_gpu, b_link, b_host, _ = base.parts()
-    cores = f.settings.host_cores or host.cores  # --host-cores, else the preset's
+    gpu, link, host, _ = f.settings.machine.parts()
+    b_gpu, b_link, b_host, _ = base.machine.parts()
+    cores = f.settings.machine.host_cores or host.cores  # --host-cores, else the preset's
     s = f.scales
     return [
         f"  compute: MFU {100 * s.mfu:.3g}% of {b_gpu.name}'s "
-        f"{'fp16' if base.precision == 'fp16' else 'bf16'} peak (measured compute "
+        f"{'fp16' if base.scenario.precision == 'fp16' else 'bf16'} peak (measured compute "
         f"{measured.compute_s:.4g} s per step)",
         f"  PCIe: d2h {link.d2h_bytes_per_s / 1e9:.2f} GB/s (x{s.d2h:.3g} of {b_link.name}), "
         f"h2d {link.h2d_bytes_per_s / 1e9:.2f} GB/s (x{s.h2d:.3g}), fixed cost per copy "
@@ -185,7 +185,8 @@ def report(base: SimSettings, measured: Breakdown, fits: list[Fit], rows: list[d
              f", io {measured.io_s:.4g} s"
              + (f" (d2h {measured.d2h_s:.4g} + h2d {measured.h2d_s:.4g})" if measured.split
                 else "") + f", stall {measured.stall_s:.4g} s, step {measured.step_s:.4g} s",
-             f"inferred on {base.gpus} x {base.gpu}, PCIe {base.pcie}, host {base.host} "
+             f"inferred on {base.machine.gpus} x {base.machine.gpu}, PCIe {base.machine.pcie}, "
+             f"host {base.machine.host} "
              f"({fits[0].case}, {fits[0].iterations} rounds):"]
     lines += describe_fit(fits[0], base, measured)
     if len(fits) > 1:
@@ -215,7 +216,7 @@ def paper(given: dict, workdir: Path, quiet: bool, models: tuple[str, ...] | Non
         # DeepSpeed's default for ZeRO stage 2 is off (docs/published.md)
         knobs = {"model": bar["model"], "gpus": data["gpus"], "overlap_comm": False,
                  **{k: node[k] for k in ("gpu", "pcie", "host", "net")}, **given}
-        base = SimSettings(**knobs)
+        base = SimSettings.from_knobs(**knobs)
         measured = Breakdown(bar["compute_s"], bar["io_s"], bar["stall_s"],
                              source="paper Figure 1")
         sub = workdir / f"{bar['gpu']}-{bar['model']}"
@@ -276,7 +277,7 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
             if args.node:
                 raise CliError("--node: --paper simulates each bar on the node of the "
                                "paper's figure; leave --node out")
-            SimSettings(**given)  # the flags' values checked before any work
+            SimSettings.from_knobs(**given)  # the flags' values checked before any work
         else:
             if args.from_run is not None:
                 measured, settings, measured_zenflow = predict_inputs.read_run(args.from_run)
@@ -291,7 +292,7 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
                 knobs = on_node(args.node, knobs)
             if knobs.get("precision") == "fp32":  # the fit finds compute: no peak needed
                 knobs = on_hardware_file(knobs, Path(workdir.name) / "presets.json")
-            base = SimSettings(**knobs)
+            base = SimSettings.from_knobs(**knobs)
     except (CliError, SimSettingsError, ValueError) as err:
         return fail(err)
     head = {"provenance": provenance(argv, PROG)}
@@ -339,7 +340,7 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
             if f.reached or f is fits[0]:
                 name = "inferred_hardware.json" if f is fits[0] else \
                     f"inferred_hardware.{f.case}.json"
-                extras[name] = Path(f.settings.hardware).read_text()
+                extras[name] = Path(f.settings.machine.hardware).read_text()
         try:
             write_outputs(args.out, json_ready(head), rows, results, extras)
         except OSError as err:
@@ -372,8 +373,8 @@ def run_host_note(settings: dict, base: SimSettings) -> str | None:
     threads = settings.get("run_host_threads")
     if settings.get("emulated") or not threads:
         return None
-    host = base.parts()[2]
-    cores = base.host_cores or host.cores
+    host = base.machine.parts()[2]
+    cores = base.machine.host_cores or host.cores
     if threads >= cores:
         return None
     machine = (f" of {settings['run_cpu_count']} cores" if settings.get("run_cpu_count")

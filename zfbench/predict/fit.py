@@ -164,9 +164,9 @@ def on_hardware_file(knobs: dict, path: Path) -> dict:
     names: the same node, on which a run may also be fp32 (inference fits its compute,
     so the presets' 16-bit peaks do not decide it)."""
     defaults = SimSettings()
-    named = {"gpus": knobs.get("gpu", defaults.gpu),
-             "host_links": knobs.get("pcie", defaults.pcie),
-             "hosts": knobs.get("host", defaults.host)}
+    named = {"gpus": knobs.get("gpu", defaults.machine.gpu),
+             "host_links": knobs.get("pcie", defaults.machine.pcie),
+             "hosts": knobs.get("host", defaults.machine.host)}
     entries = {section: {str(name).lower(): hardware.entry_of(
         section, hardware.lookup(section, name))} for section, name in named.items()}
     path.write_text(json.dumps({"description": "presets copied by zfbench.predict",
@@ -180,7 +180,7 @@ def write_hardware(path: Path, base: SimSettings, scales: Scales, how: dict[str,
     """The preset parts of `base` scaled by `scales`, written as a hardware file; returns
     the settings that simulate on it and the entries written. `copy_latency`: (seconds,
     source) of a measured fixed cost per copy, in place of the link preset's."""
-    gpu, link, host, _ = base.parts()
+    gpu, link, host, _ = base.machine.parts()
     g = hardware.entry_of("gpus", gpu)
     g["default_mfu"] = {"value": scales.mfu, "source": how["mfu"]}
     ln = hardware.entry_of("host_links", link)
@@ -230,10 +230,10 @@ def _how(measured: Breakdown, case: str, scales: Scales, base: SimSettings) -> d
             "h2d-only": "only h2d scaled", "split": "each direction on its own"}[case]
     return {"mfu": f"inferred from {src}: measured compute {measured.compute_s:.4g} s "
                    f"per step",
-            "d2h": f"inferred from {src}: {io} ({link}); x{scales.d2h:.4g} of {base.pcie}",
-            "h2d": f"inferred from {src}: {io} ({link}); x{scales.h2d:.4g} of {base.pcie}",
+            "d2h": f"inferred from {src}: {io} ({link}); x{scales.d2h:.4g} of {base.machine.pcie}",
+            "h2d": f"inferred from {src}: {io} ({link}); x{scales.h2d:.4g} of {base.machine.pcie}",
             "host": f"inferred from {src}: measured stall {measured.stall_s:.4g} s; "
-                    f"x{scales.host:.4g} of {base.host}",
+                    f"x{scales.host:.4g} of {base.machine.host}",
             "latency": f"inferred from {src}: {io} is shorter than the fixed costs of the "
                        f"simulated copies allow, so the whole copy time (fixed cost per "
                        f"copy and bytes) is scaled; x{scales.latency:.4g} of its fixed cost"}
@@ -269,11 +269,11 @@ def fit(base: SimSettings, measured: Breakdown, case: str, workdir: Path,
     last two rounds) and rescales the rate to match, and a bracket of rates known too
     fast and too slow (bisected when a step would leave it, and forgotten when another
     rate moved) keeps the steps from overshooting where the hidden share changes."""
-    gpu = base.parts()[0]
+    gpu = base.machine.parts()[0]
     latency = None if measured.copy_latency_s is None else (
         measured.copy_latency_s, f"measured by {measured.source or 'the run'}: the "
         f"intercept of copy time against bytes over its copies")
-    scales = Scales(mfu=base.mfu if base.mfu is not None else gpu.default_mfu)
+    scales = Scales(mfu=base.machine.mfu if base.machine.mfu is not None else gpu.default_mfu)
     path = workdir / f"inferred_hardware.{case}.json"
     moves = {"stall_s": ("host",), **_MOVES[case]}
     brackets = {names: [SCALE_LIMITS[0], SCALE_LIMITS[1]] for names in moves.values()}
@@ -291,8 +291,9 @@ def fit(base: SimSettings, measured: Breakdown, case: str, workdir: Path,
         if mfu > 1:
             raise SimSettingsError(
                 f"measured compute {measured.compute_s:.4g} s per step is faster than "
-                f"{gpu.name}'s peak allows for {base.model} at micro-batch {base.micro_batch} "
-                f"x seq {base.seq} (MFU would be {mfu:.2f}); check --gpu, --model, "
+                f"{gpu.name}'s peak allows for {base.scenario.model} at micro-batch "
+                f"{base.scenario.micro_batch} x seq {base.scenario.seq} (MFU would be "
+                f"{mfu:.2f}); check --gpu, --model, "
                 f"--micro-batch, --seq and --gpus")
         changes = {"mfu": mfu}
         stuck = True

@@ -237,7 +237,7 @@ def measured_rows(run: RunPlan, ex: Execution, peak: float | None) -> list[dict]
     spec, shape = run.spec, run.spec.shape()
     windows = {s: measurement_window(c) for s, c in run.configs.items()}
     skip = max(w[0] for w in windows.values())  # the same steps left out of every row
-    tokens = spec.batch * spec.grad_accum * spec.seq
+    tokens = spec.micro_batch * spec.grad_accum * spec.seq
     flops = (shape.forward_flops_per_token(spec.seq) +
              shape.backward_flops_per_token(spec.seq)) * tokens
     precision = run.configs[run.strategies[0]].precision
@@ -306,7 +306,7 @@ def run_settings(run: RunPlan, ranks: int) -> dict:
     """The run's own settings as summary.json records them (the configs sit beside)."""
     spec, shape = run.spec, run.spec.shape()
     return {"model": spec.model, "layers": spec.layers, "shape": shape.name,
-            "params": shape.total_params, "ranks": ranks, "micro_batch": spec.batch,
+            "params": shape.total_params, "ranks": ranks, "micro_batch": spec.micro_batch,
             "grad_accum": spec.grad_accum, "seq": spec.seq, "steps": spec.steps,
             "seed": spec.seed, "device": spec.device, "device_threads":
             spec.device_threads, "host_threads": spec.host_threads, "text": spec.text,

@@ -41,7 +41,7 @@ def gpu_sized(spec, strategies, world: int, quiet: bool = False):
 
     def sized(model: str, batch: int, seq: int):
         # (with no config, overlap_comm is on on CUDA: real/runner.py)
-        return replace(spec, model=model, layers=None, batch=batch, seq=seq,
+        return replace(spec, model=model, layers=None, micro_batch=batch, seq=seq,
                        precision=DEFAULT_PRECISION, grad_accum=None, config=None,
                        world=world)
 

@@ -53,10 +53,10 @@ def print_header(plan, ranks: int) -> None:
     if plan.proxy is not None:
         from zfbench.run.proxy import describe_proxy
 
-        for line in describe_proxy(plan.proxy, spec.batch, spec.seq):
+        for line in describe_proxy(plan.proxy, spec.micro_batch, spec.seq):
             print(line, file=sys.stderr)
     print(f"{shape.name}: {shape.total_params / 1e6:.1f}M parameters, {ranks} rank(s) x "
-          f"batch {spec.batch} x seq {spec.seq}, {spec.steps} optimizer steps per "
+          f"batch {spec.micro_batch} x seq {spec.seq}, {spec.steps} optimizer steps per "
           f"strategy (measured)", file=sys.stderr)
     if plan.scenario_probe is not None:
         print("  " + describe_scenario(plan.scenario_probe), file=sys.stderr)

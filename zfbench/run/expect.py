@@ -156,9 +156,9 @@ def expect_here(spec, configs: dict, strategies: list[str], profiles: dict,
     rows = []
     for strategy in strategies:
         settings = for_engine_run(configs[strategy], model=spec.model, layers=spec.layers,
-                                  gpus=ranks, micro_batch=spec.batch, seq=spec.seq,
+                                  gpus=ranks, micro_batch=spec.micro_batch, seq=spec.seq,
                                   profile=str(profiles[strategy]), steps=spec.steps)
-        settings = settings.with_(steps=max(settings.steps, steps_needed(settings)))
+        settings = settings.with_(steps=max(settings.measurement.steps, steps_needed(settings)))
         rows.append(summary_row(simulate(settings, strategy)))
     return rows
 

@@ -149,7 +149,7 @@ def spec_and_configs(args, world: int = 1, strategies=STRATEGIES
     check_out_dir(args.out)
     if (args.profile or args.project) and args.out is None:
         check_out_dir(Path("runs/profile"), "--profile (no --out: runs/profile)")
-    spec = RunSpec(model=model, layers=layers, batch=args.batch,
+    spec = RunSpec(model=model, layers=layers, micro_batch=args.batch,
                    seq=DEFAULT_SEQ if args.seq is None else args.seq,
                    steps=RunSpec.steps if args.steps is None else args.steps,
                    seed=args.seed, device=args.device,
@@ -210,7 +210,7 @@ def size_and_precision(args, spec: RunSpec, strategies: list[str], use_cuda: boo
         spec = gpu_sized(spec, strategies, world, args.quiet)
         why["sizing"] = why["precision"] = (
             f"GPU-sized default (no shape flag on CUDA): {spec.model}, batch "
-            f"{spec.batch} x seq {spec.seq}, {spec.precision}")
+            f"{spec.micro_batch} x seq {spec.seq}, {spec.precision}")
     if proxy is None and is_default_scenario(args, use_cuda, world):  # sized here
         scenario = size_default(spec, quiet=args.quiet)
         spec = replace(spec, seq=scenario["seq"], precision=scenario["precision"])

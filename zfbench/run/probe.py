@@ -49,7 +49,7 @@ def size_default(spec, quiet: bool = False) -> dict:
 
     dev, host = default_thread_split()
     shape = spec.shape()
-    candidates = [(shape, spec.batch, DEFAULT_SEQ), (shape, spec.batch, 1)]
+    candidates = [(shape, spec.micro_batch, DEFAULT_SEQ), (shape, spec.micro_batch, 1)]
     result = size_scenario(candidates, spec.device_threads or dev,
                            spec.host_threads or host, precision=spec.precision)
     from zfbench.run.proxy import node_regime
@@ -95,7 +95,7 @@ def decide_precision(spec, shape, use_cuda: bool, world: int, launched: bool,
 
     threads = spec.device_threads or (rank_threads(world)[0] if world > 1
                                       else default_thread_split()[0])
-    probe = choose_precision(shape, spec.batch, spec.seq, threads)
+    probe = choose_precision(shape, spec.micro_batch, spec.seq, threads)
     if not quiet:
         print(f"precision {probe['precision']}: forward+backward measured "
               f"{probe['fp32_forward_backward_s'] * 1e3:.0f} ms in fp32, "

@@ -143,7 +143,7 @@ def node_regime(model: str = "llama2-7b", ranks: int = 4) -> float:
     from zfbench.sims.simulator import simulate, steps_needed
     from zfbench.simulation import summary_row
 
-    settings = SimSettings(model=model, gpus=ranks)
+    settings = SimSettings.from_knobs(model=model, gpus=ranks)
     settings = settings.with_(steps=max(steps_needed(settings), 8))
     row = summary_row(simulate(settings, "zero-offload"))
     return regime(row, get_model(model).total_params)
@@ -163,16 +163,17 @@ def project_to_node(record: dict, configs: dict, strategies: list[str],
     per_core = record["host_accum_elems_per_s"] / record["threads"]
     zf_cfg = windowed_of(configs)
     knobs = zenflow_knobs(zf_cfg.zenflow if zf_cfg is not None else None)
-    settings = SimSettings(model=record["model"], gpus=ranks, host_accum_per_core=per_core,
-                           **knobs)
-    settings = settings.with_(steps=max(settings.steps, steps_needed(settings)))
+    settings = SimSettings.from_knobs(model=record["model"], gpus=ranks,
+                                      host_accum_per_core=per_core, **knobs)
+    settings = settings.with_(steps=max(settings.measurement.steps, steps_needed(settings)))
     rows = [{**summary_row(simulate(settings, s)), "model": record["model"],
              "projected": True} for s in strategies]
     add_speedups(rows)
-    node = {"gpu": settings.gpu, "gpus": settings.gpus, "pcie": settings.pcie,
-            "host": settings.host, "micro_batch": settings.micro_batch,
-            "seq": settings.seq, "precision": settings.precision,
-            "select_interval": settings.select_interval,
+    m = settings.machine
+    node = {"gpu": m.gpu, "gpus": m.gpus, "pcie": m.pcie,
+            "host": settings.machine.host, "micro_batch": settings.scenario.micro_batch,
+            "seq": settings.scenario.seq, "precision": settings.scenario.precision,
+            "select_interval": settings.zenflow.select_interval,
             "host_accum_per_core": per_core,
             "preset_host_accum_per_core": CostModel(settings.with_(
                 host_accum_per_core=None)).accum_units_per_core_s}
@@ -228,7 +229,7 @@ def proxy_spec(spec, configs: dict, use_cuda: bool, err, steps_given: bool):
         (os.cpu_count() or 1)
     record = proxy_record(named, proxy, bound, {"budget_adam_params_per_s": rate,
                           "threads": threads}, budget, why, world, cores, steps,
-                          spec.batch * spec.grad_accum, spec.seq)
+                          spec.micro_batch * spec.grad_accum, spec.seq)
     return replace(spec, model=proxy.name, layers=None, steps=steps), record
 
 

@@ -26,25 +26,24 @@ from pathlib import Path
 
 from zfbench.analysis.breakdown import step_breakdown, summarize
 from zfbench.core.config import EngineConfig
-from zfbench.core.strategies import (FIXED_RUN_STEPS, FIXED_SKIP_STEPS, device_adamw, has_windows,
-                                     zero_offload)
-from zfbench.core.schedule import AUTO_ASSUMED_WINDOW_STEPS
+from zfbench.core.strategies import device_adamw, has_windows, zero_offload
+from zfbench.core.schedule import assumed_window_steps
+from zfbench.core.schedule import measurement_window as steps_left_out
 from zfbench.core.trace import merge_chrome_traces, write_json_atomic
 from zfbench.report import (add_speedups, complete_row, json_ready, land, staging_dir,
                             steps_rows, write_steps, write_summary)
 
 
 def measurement_window(cfg: EngineConfig) -> tuple[int, int]:
-    """(steps left out at the start, steps the whole run needs) for one strategy: zenflow
-    leaves out its warm-up and two update windows and needs one more to measure; the
-    others leave out 2 steps (the delayed update's first lag) and need 2 more."""
+    """(steps left out at the start, steps the whole run needs) for one strategy's config,
+    by zfbench.core.schedule.measurement_window: with a ZenFlow section its warm-up and
+    two update windows (an "auto" window assumed, `assumed_window_steps`), else the
+    fixed rule."""
     zf = cfg.zenflow
     if zf is None:
-        return FIXED_SKIP_STEPS, FIXED_RUN_STEPS
-    window = (AUTO_ASSUMED_WINDOW_STEPS if zf.update_interval == "auto"
-              else int(zf.update_interval))
-    skip = zf.full_warm_up_rounds + 2 * window
-    return skip, skip + window
+        return steps_left_out(False, 0, ())
+    window = assumed_window_steps(zf.update_interval)
+    return steps_left_out(True, zf.full_warm_up_rounds, (window,))
 
 
 def describe_config(cfg: EngineConfig, threads: tuple[int, int] | None = None,
@@ -238,11 +237,11 @@ def project(spec, shape, strategies: list[str], profile_path: Path,
 
     full = shape.name.split("[")[0]
     settings = for_engine_run(config or spec.engine_config("zenflow"), model=full, layers=None,
-                              gpus=1, micro_batch=spec.batch, seq=spec.seq,
+                              gpus=1, micro_batch=spec.micro_batch, seq=spec.seq,
                               profile=str(profile_path), steps=max(spec.steps, 24))
     need = steps_needed(settings)
     rows = [{**simulated_row(simulate(settings, strategy)), "model": full,
-             "steps_needed": need, "too_short": settings.steps < need}
+             "steps_needed": need, "too_short": settings.measurement.steps < need}
             for strategy in strategies]
     add_speedups(rows)
     return rows

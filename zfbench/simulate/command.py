@@ -37,9 +37,9 @@ from zfbench.cli_checks import (ZENFLOW_KNOBS, CliError, OneLineParser, check_ou
                                 check_profile, fail, zenflow_flags)
 from zfbench.core.provenance import machine
 from zfbench.report import format_table, staging_dir
-from zfbench.simulation import (DEFAULTS, KNOBS, TRACE_STEPS_DEFAULT, FilePlan, TraceRule,
-                                auto_jobs, case_label, parse_value, run, too_short_warning,
-                                write_outputs)
+from zfbench.simulation import (DEFAULT_KNOBS, DEFAULTS, KNOBS, TRACE_STEPS_DEFAULT, FilePlan,
+                                TraceRule, auto_jobs, case_label, parse_value, run,
+                                too_short_warning, write_outputs)
 from zfbench.core.trace import columnar_format
 from zfbench.validate.calibrated import mark
 
@@ -80,7 +80,7 @@ def build_parser() -> OneLineParser:
     p = OneLineParser(prog=PROG, description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     for name in KNOBS:
-        default = getattr(DEFAULTS, name)
+        default = DEFAULT_KNOBS[name]
         extra = {"update_interval": " (steps, or auto)",
                  "auto_windows": " (with update_interval auto: N, N1,N2,... or a "
                                  "windows.csv; default: an assumed constant 4-step window)",
@@ -176,7 +176,7 @@ def build_cases(given: dict, sweeps: list[tuple[str, list]],
                 "auto_windows" not in labels:  # --auto-windows is for the auto cases
             knobs_of_case.pop("auto_windows", None)
         try:
-            cases.append((labels, SimSettings(**knobs_of_case)))
+            cases.append((labels, SimSettings.from_knobs(**knobs_of_case)))
         except SimSettingsError as err:
             raise SimSettingsError(f"{case_label(labels) + ': ' if labels else ''}{err}") \
                 from None
@@ -185,7 +185,7 @@ def build_cases(given: dict, sweeps: list[tuple[str, list]],
 
 def check_zero_stage(cases, strategies: list[str]) -> None:
     """--zero-stage 3 with only strategies it does not apply to is an error."""
-    if any(case.zero_stage == 3 for _, case in cases) and \
+    if any(case.zenflow.zero_stage == 3 for _, case in cases) and \
             not any(s in ZERO_STAGE_STRATEGIES for s in strategies):
         raise SimSettingsError(
             f"--zero-stage 3 applies to {', '.join(ZERO_STAGE_STRATEGIES)} (zero-infinity "
@@ -212,7 +212,7 @@ def check_fits(settings: SimSettings, strategies: list[str]) -> None:
         parts.append(f"host needs {fit['host_bytes'] / gib:.1f} GiB, it has "
                      f"{fit['host_capacity_bytes'] / gib:.1f} GiB")
     stage3 = ", --zero-stage 3" if strategies[0] in ZERO_STAGE_STRATEGIES and \
-        settings.zero_stage == 2 else ""
+        settings.zenflow.zero_stage == 2 else ""
     raise SimSettingsError(f"{strategies[0]} does not fit: {'; '.join(parts)}. Try more "
                            f"--gpus, a smaller --micro-batch or --seq, "
                            f"--activation-checkpointing true{stage3}, or an offload "
@@ -230,7 +230,7 @@ def zero3_where_needed(cases, strategies: list[str], given: dict, sweeps
         return cases, []
     out, notes, gib = [], [], 2 ** 30
     for labels, case in cases:
-        if case.zero_stage == 2 and case.profile is None:
+        if case.zenflow.zero_stage == 2 and case.machine.profile is None:
             two = CostModel(case, chosen[0]).fits(chosen[0])
             stage3 = case.with_(zero_stage=3)
             three = CostModel(stage3, chosen[0]).fits(chosen[0])
@@ -242,7 +242,7 @@ def zero3_where_needed(cases, strategies: list[str], given: dict, sweeps
                     f"{two['host_bytes'] / gib:.0f} GiB; the GPU has "
                     f"{two['device_capacity_bytes'] / gib:.1f} GiB, the host "
                     f"{two['host_capacity_bytes'] / gib:.0f} GiB): simulated on ZeRO-3 "
-                    f"(--zero-stage 3: parameters partitioned over the {case.ranks} GPUs, "
+                    f"(--zero-stage 3: parameters partitioned over the {case.machine.ranks} GPUs, "
                     f"{three['device_bytes_per_rank'] / gib:.1f} GiB per GPU)")
                 case = stage3
         out.append((labels, case))
@@ -252,7 +252,7 @@ def zero3_where_needed(cases, strategies: list[str], given: dict, sweeps
 def accumulating(cases, strategies: list[str], every: bool) -> list[str]:
     """With --grad-accum above 1, the strategies whose accumulation is simulated: `all`
     keeps those (and says which it leaves out); one named that is not is an error."""
-    if all(case.grad_accum == 1 for _, case in cases):
+    if all(case.scenario.grad_accum == 1 for _, case in cases):
         return strategies
     kept = [s for s in strategies if s in GRAD_ACCUM_STRATEGIES]
     left = [s for s in strategies if s not in kept]
@@ -268,39 +268,39 @@ def accumulating(cases, strategies: list[str], every: bool) -> list[str]:
 def auto_resolution(case: SimSettings) -> dict | None:
     """What update_interval "auto" resolved to in this case (None with a fixed one)."""
     plan = case.window_plan()
-    return plan.describe(case.steps, case.full_warm_up_rounds, case.select_interval) \
-        if plan.auto else None
+    return plan.describe(case.measurement.steps, case.zenflow.full_warm_up_rounds,
+                         case.zenflow.select_interval) if plan.auto else None
 
 
 def header(case: SimSettings, flags: set, sweeps, node: str | None = None) -> str:
     """The settings line (and the sweep's), printed above the table."""
-    s = case
-    where = f"the machine measured in {s.profile}" if s.profile else \
-        f"{s.gpus} x {s.gpu}, PCIe {s.pcie}, host {s.host}" if s.nodes == 1 and \
-        s.gpus_per_node is None else \
-        f"{s.nodes} nodes x {s.gpus_on_node} x {s.gpu} ({s.inter_net} between nodes), " \
-        f"PCIe {s.pcie}, host {s.host} per node"
+    m, sc, zf, inf = case.machine, case.scenario, case.zenflow, case.infinity
+    where = f"the machine measured in {m.profile}" if m.profile else \
+        f"{m.gpus} x {m.gpu}, PCIe {m.pcie}, host {m.host}" if m.nodes == 1 and \
+        m.gpus_per_node is None else \
+        f"{m.nodes} nodes x {m.gpus_on_node} x {m.gpu} ({m.inter_net} between nodes), " \
+        f"PCIe {m.pcie}, host {m.host} per node"
     if node is not None:
         where += f" (node {node})"
-    precision = s.precision + (" (the profile's)" if s.profile and "precision" not in flags
-                               else "")
-    interval = s.window_plan().rule if s.update_interval == "auto" else s.update_interval
-    line = (f"{s.model}{'' if s.layers is None else f'[{s.layers}L]'} on {where}; "
-            f"micro-batch {s.micro_batch} x seq {s.seq}"
-            + (f" x {s.grad_accum} micro-steps" if s.grad_accum > 1 else "")
+    precision = sc.precision + (" (the profile's)" if m.profile and "precision" not in flags
+                                else "")
+    interval = case.window_plan().rule if zf.update_interval == "auto" else zf.update_interval
+    line = (f"{sc.model}{'' if sc.layers is None else f'[{sc.layers}L]'} on {where}; "
+            f"micro-batch {sc.micro_batch} x seq {sc.seq}"
+            + (f" x {sc.grad_accum} micro-steps" if sc.grad_accum > 1 else "")
             + f", {precision}; zenflow topk "
-            f"{s.topk_ratio}, U={interval}, overlap={s.overlap_step}"
-            + (", moments offloaded" if s.offload else "") + "; zero-infinity "
-            f"parameters on {'gpu' if s.offload_params == 'none' else s.offload_params}, "
-            f"optimizer state on {s.optimizer_placement}"
-            + (f" ({s.nvme_drives} x {s.nvme})"
-               if "nvme" in (s.offload_params, s.optimizer_placement) else "")
-            + f", prefetch {s.prefetch_buckets}"
-            + (", activation checkpoints on the host" if s.offload_activations else "")
-            + (f", Linears in {s.tiling} tiles" if s.tiling > 1 else "")
+            f"{zf.topk_ratio}, U={interval}, overlap={zf.overlap_step}"
+            + (", moments offloaded" if zf.offload else "") + "; zero-infinity "
+            f"parameters on {'gpu' if inf.offload_params == 'none' else inf.offload_params}, "
+            f"optimizer state on {inf.optimizer_placement}"
+            + (f" ({m.nvme_drives} x {m.nvme})"
+               if "nvme" in (inf.offload_params, inf.optimizer_placement) else "")
+            + f", prefetch {inf.prefetch_buckets}"
+            + (", activation checkpoints on the host" if inf.offload_activations else "")
+            + (f", Linears in {inf.tiling} tiles" if inf.tiling > 1 else "")
             + (f"; {', '.join(ZERO_STAGE_STRATEGIES)} on ZeRO-3 (parameters partitioned)"
-               if s.zero_stage == 3 else "")
-            + f"; {s.steps} steps (simulated)")
+               if zf.zero_stage == 3 else "")
+            + f"; {case.measurement.steps} steps (simulated)")
     if sweeps:
         line += "\nsweep: " + " x ".join(f"{k}={','.join(map(str, v))}" for k, v in sweeps)
     return line
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             mark(rows, cases)
             print(format_table(rows, [k for k, _ in sweeps]))
             chose = {"zero_stage": 3} if notes and all(
-                case.zero_stage == 3 for _, case in cases) else {}  # every case switched
+                case.zenflow.zero_stage == 3 for _, case in cases) else {}  # every case switched
             write_outputs(args.out, {**summary_head(argv, {**given, **chose}, sweeps, cases,
                                                     node), "notes": notes}, rows,
                           results, trace=trace, fmt=fmt, staging=stage)
@@ -377,13 +377,14 @@ def summary_head(argv, given: dict, sweeps, cases, node: str | None = None) -> d
         if node is not None:
             shared["node"] = node
     if "nodes" not in knobs and "gpus_per_node" not in knobs:  # `gpus` is one node's
-        shared["ranks"] = cases[0][1].ranks
+        shared["ranks"] = cases[0][1].machine.ranks
     return {"settings": shared,  # every case's; the swept knobs are under "sweep"
             "sweep": {k: v for k, v in sweeps},
             "update_interval_auto": auto_resolution(cases[0][1]),
-            "cases": [{"labels": labels, "steps": case.steps, "ranks": case.ranks,
+            "cases": [{"labels": labels, "steps": case.measurement.steps,
+                       "ranks": case.machine.ranks,
                        "steps_needed": steps_needed(case),
-                       "too_short": case.steps < steps_needed(case),
+                       "too_short": case.measurement.steps < steps_needed(case),
                        "update_interval_auto": auto_resolution(case)}
                       for labels, case in cases],
             "provenance": provenance(argv, PROG)}

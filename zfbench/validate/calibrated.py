@@ -95,7 +95,8 @@ def write_judged_hardware(calibrations, path: Path) -> str:
 
 def knobs_of(settings: SimSettings) -> tuple:
     """The values of `SETTING_KNOBS` in `settings`."""
-    return tuple(getattr(settings, k) for k in SETTING_KNOBS)
+    knobs = {**settings.as_dict(), "gpus_on_node": settings.machine.gpus_on_node}
+    return tuple(knobs[k] for k in SETTING_KNOBS)
 
 
 def same_setting(settings: SimSettings, strategy: str, row: dict,
@@ -103,10 +104,10 @@ def same_setting(settings: SimSettings, strategy: str, row: dict,
     """Whether the case (`settings`, `strategy`) is the setting `row` (a calibration
     row, its columns as zfbench.validate.rows.read_rows gives them) was calibrated on
     (module docstring)."""
-    if strategy != row["strategy"] or settings.profile is not None or \
-            settings.hardware is not None:
+    if strategy != row["strategy"] or settings.machine.profile is not None or \
+            settings.machine.hardware is not None:
         return False
-    if calibration.field == "default_mfu" and settings.mfu is not None:
+    if calibration.field == "default_mfu" and settings.machine.mfu is not None:
         return False
     return knobs_of(settings) == knobs_of(row_settings(row))
 

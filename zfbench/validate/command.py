@@ -77,7 +77,7 @@ def simulate_cell(spec: RunSpec, strategy: str, pair, profile_path: Path, skip: 
     config = replace(spec, overrides=zenflow_overrides(*pair)).engine_config("zenflow")
     # every strategy with the pair's ZenFlow knobs, as before (only zenflow reads them)
     settings = for_engine_run(config, model=spec.model, layers=spec.layers, gpus=1,
-                              micro_batch=spec.batch, seq=spec.seq,
+                              micro_batch=spec.micro_batch, seq=spec.seq,
                               profile=str(profile_path), steps=spec.steps,
                               precision=spec.engine_config(strategy).precision)
     sim = simulate(settings, strategy).timeline
@@ -128,10 +128,10 @@ def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool,
                   f"{head['left_out']['run_them_with']}", file=sys.stderr)
             break
         shape_started = time.perf_counter()
-        print(f"shape {done}/{len(shapes)}: {shape_name} ({regime}), batch {spec.batch} x "
+        print(f"shape {done}/{len(shapes)}: {shape_name} ({regime}), batch {spec.micro_batch} x "
               f"seq {spec.seq}", file=sys.stderr)
         # the 4-token sizing profile is this shape's "before" profile when they coincide
-        before = low if (spec.batch, spec.seq) == (1, SIZING_SEQ[0]) else None
+        before = low if (spec.micro_batch, spec.seq) == (1, SIZING_SEQ[0]) else None
         shape_rows, shape_failures, shape_ops = validate_shape(
             spec, shape_name, regime, pairs, out, skip, progress, before)
         rows += shape_rows
@@ -193,7 +193,7 @@ def validate_shape(spec: RunSpec, shape_name: str, regime: str, pairs, out: Path
         write_json_atomic(out / "traces" / f"{cell}.json", merge_chrome_traces(
             {f"{cell} measured": measured_tl, f"{cell} simulated": sim_tl}))
         for p in ([pair] if has_windows(strategy) else pairs):
-            rows.append({"shape": shape_name, "regime": regime, "batch": spec.batch,
+            rows.append({"shape": shape_name, "regime": regime, "batch": spec.micro_batch,
                          "seq": spec.seq, "host_adam_over_compute": ratio,
                          "cell_host_adam_params_per_s": rates["host_adam_params_per_s"],
                          "topk_ratio": p[0], "update_interval": p[1],
@@ -229,6 +229,10 @@ def write_results(out: Path, rows: list[dict], failures: list[str], shapes_done:
 
 
 PROG = "python -m zfbench.validate"
+# `skip`: the --skip default, steps left out of both sides' averages of one shape. Not
+# zfbench.core.schedule.measurement_window: validate runs every strategy of a shape over
+# one fixed window, chosen to cover ZenFlow's warm-up and first windows at these shapes
+# (a CLI default, which --skip changes)
 FULL = {"steps": 24, "skip": 8}  # with the RunSpec default model and layers
 QUICK = {"model": "tiny", "layers": 2, "steps": 14, "skip": 6}
 QUICK_MAX_TOKENS = 256  # --quick's shapes stay seconds long, however noisy their sizing
@@ -320,7 +324,7 @@ def checked_args(argv: list[str] | None):
         raise CliError(str(err)) from None
     if args.precision is None:  # as the run decides it: bf16 on CUDA, measured on a CPU
         args.precision = DEFAULT_PRECISION if on_cuda else measured_precision(args)
-    base = RunSpec(model=args.model, layers=args.layers, batch=1, seq=32, steps=args.steps,
+    base = RunSpec(model=args.model, layers=args.layers, micro_batch=1, seq=32, steps=args.steps,
                    device=args.device, device_threads=args.device_threads,
                    host_threads=args.host_threads, precision=args.precision)
     try:

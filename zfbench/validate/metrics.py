@@ -45,9 +45,9 @@ class Unsupported(ValueError):
 def counted_flops(settings: SimSettings, costs: CostModel) -> float:
     """FLOPs per GPU per step by the counting rule (module docstring)."""
     s = settings
-    factor = 4.0 if s.activation_checkpointing else 3.0
-    return (factor * costs.shape.forward_flops_per_token(s.seq)
-            * s.micro_batch * s.seq * s.grad_accum)
+    factor = 4.0 if s.runtime.activation_checkpointing else 3.0
+    return (factor * costs.shape.forward_flops_per_token(s.scenario.seq)
+            * s.scenario.micro_batch * s.scenario.seq * s.scenario.grad_accum)
 
 
 def work_per_step(settings: SimSettings, costs: CostModel, metric: str) -> float:
@@ -57,9 +57,9 @@ def work_per_step(settings: SimSettings, costs: CostModel, metric: str) -> float
     if metric == "tflops_per_gpu":
         return counted_flops(s, costs) / 1e12
     if metric == "pflops_total":
-        return counted_flops(s, costs) * s.ranks / 1e15
-    samples = s.ranks * s.micro_batch * s.grad_accum
-    return samples * (s.seq if metric == "tokens_per_s" else 1)
+        return counted_flops(s, costs) * s.machine.ranks / 1e15
+    samples = s.machine.ranks * s.scenario.micro_batch * s.scenario.grad_accum
+    return samples * (s.scenario.seq if metric == "tokens_per_s" else 1)
 
 
 def implied_step_s(settings: SimSettings, costs: CostModel, metric: str,

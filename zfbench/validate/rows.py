@@ -19,7 +19,8 @@ from pathlib import Path
 from zfbench.cli_checks import CliError
 from zfbench.sims.costs import STRATEGIES, SimSettings, SimSettingsError
 from zfbench.sims.partitioning import ZERO2_STRATEGIES
-from zfbench.core.strategies import (FIXED_RUN_STEPS, FIXED_SKIP_STEPS, ZERO_OFFLOAD_STRATEGIES,
+from zfbench.core.schedule import FIXED_RUN_STEPS, FIXED_SKIP_STEPS
+from zfbench.core.strategies import (ZERO_OFFLOAD_STRATEGIES,
                                      offloads_params, windowed_measure)
 from zfbench.sims.settings import node_knobs
 from zfbench.sims.simulator import default_skip_steps, steps_needed
@@ -35,7 +36,9 @@ COLUMNS = ("id", "source", "metric", "value", "strategy", "hardware", "gpu", "gp
 REQUIRED = ("id", "source", "metric", "value", "strategy", "hardware", "gpus", "model",
             "micro_batch", "seq")
 FUSED_UPLOAD_STRATEGIES = ZERO_OFFLOAD_STRATEGIES
-STEPS, SKIP_STEPS = FIXED_RUN_STEPS, FIXED_SKIP_STEPS  # steps simulated per row and left out of the averages
+# steps simulated per row and left out of its averages where the strategy's rule is the
+# fixed one (zfbench.core.schedule.measurement_window; windowed rows: `skip_of`)
+STEPS, SKIP_STEPS = FIXED_RUN_STEPS, FIXED_SKIP_STEPS
 
 # -- reading ------------------------------------------------------------------------
 def bundled_path() -> Path:
@@ -144,7 +147,7 @@ def row_settings(row: dict, hardware_file: str | None = None) -> SimSettings:
                 raise Unsupported("offload_activations is a zero-infinity setting "
                                   "(DeepSpeed's cpu_checkpointing); leave it empty")
             knobs["offload_activations"] = True
-        settings = SimSettings(**knobs, steps=STEPS)
+        settings = SimSettings.from_knobs(**knobs, steps=STEPS)
         if windowed_measure(row["strategy"]):  # its windows: warm-up, two skipped, one measured
             settings = settings.with_(steps=steps_needed(settings))
         return settings
@@ -153,4 +156,5 @@ def row_settings(row: dict, hardware_file: str | None = None) -> SimSettings:
 
 
 def skip_of(settings: SimSettings, strategy: str) -> int:
-    return default_skip_steps(settings) if windowed_measure(strategy) else SKIP_STEPS
+    """Steps of `strategy`'s simulated row left out of its averages: its own rule."""
+    return default_skip_steps(settings, windowed_measure(strategy))

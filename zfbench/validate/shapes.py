@@ -54,7 +54,7 @@ def sizing_profiles(base: RunSpec, measure, attempts: int = SIZING_ATTEMPTS,
     clamped slope would ask for the largest shape there is (hours on a CPU lane)."""
     shape = base.shape()
     for attempt in range(1, attempts + 1):
-        low, high = (measure(replace(base, batch=1, seq=n)) for n in SIZING_SEQ)
+        low, high = (measure(replace(base, micro_batch=1, seq=n)) for n in SIZING_SEQ)
         c_lo, c_hi = compute_s(low, shape), compute_s(high, shape)
         if c_hi > c_lo:
             return low, high
@@ -109,7 +109,7 @@ def sized_shapes(base: RunSpec, low: dict, high: dict, max_seq: int,
         # beyond the model's positions the batch grows (a GPU needs many tokens before
         # its forward+backward is as long as the host Adam)
         batch = -(-tokens // max_seq)
-        out[f"ratio{target:.3g}"] = replace(base, batch=batch, seq=-(-tokens // batch))
+        out[f"ratio{target:.3g}"] = replace(base, micro_batch=batch, seq=-(-tokens // batch))
     return out
 
 
@@ -126,12 +126,12 @@ def fitting(spec: RunSpec) -> RunSpec:
                                                               cfg.overlap_comm)
     while True:
         try:
-            check_fits(shape, list(STRATEGIES), spec.batch, spec.seq, elem, on_cuda,
+            check_fits(shape, list(STRATEGIES), spec.micro_batch, spec.seq, elem, on_cuda,
                        bucketed=bucketed)
             return spec
         except InsufficientMemoryError:
-            if spec.batch == 1:
+            if spec.micro_batch == 1:
                 raise
-            print(f"batch {spec.batch} x seq {spec.seq} does not fit: batch "
-                  f"{spec.batch // 2}", file=sys.stderr)
-            spec = replace(spec, batch=spec.batch // 2)
+            print(f"batch {spec.micro_batch} x seq {spec.seq} does not fit: batch "
+                  f"{spec.micro_batch // 2}", file=sys.stderr)
+            spec = replace(spec, micro_batch=spec.micro_batch // 2)
