@@ -28,7 +28,7 @@ from zfbench.core.memory_model import PRECISIONS
 # the run's model, batch, precision and ZenFlow knobs, and the default scenario's values
 from zfbench.core.scenario import (GPU_NODE, SCENARIO_FIELDS, ZENFLOW_FIELDS, Scenario,
                                    ZenFlowScenario, zenflow_scenario)
-# Every strategy; zero-infinity is simulated only (the real engine has no ZeRO-3 path).
+# Every strategy; zero-infinity is simulated only (the real engine runs ZeRO-3 for zenflow only).
 from zfbench.core.strategies import SIM_STRATEGIES as STRATEGIES  # noqa: F401
 # The ZeRO stages ZenFlow can be simulated on (`zero_stage`).
 ZERO_STAGES = (2, 3)

@@ -216,3 +216,12 @@ def test_ranged_buckets_cover_the_run_in_aligned_pieces(total, bucket):
     assert [b.offset for b in pieces] == [sum(p.numel for p in pieces[:i])
                                           for i in range(len(pieces))]
     assert all(b.offset % ALIGN == 0 and 0 < b.numel <= max(ALIGN, bucket) for b in pieces)
+
+
+def test_simulate_takes_the_offload_flag_on_zero2(capsys):
+    """`--zenflow.offload true` is simulated on ZeRO-2 (the ZeRO-3 switch leaves it)."""
+    from zfbench.simulate.command import main
+
+    main(["--zenflow.offload", "true", "--strategy", "zenflow", "--steps", "12"])
+    out = capsys.readouterr().out
+    assert "moments offloaded" in out and "zenflow" in out.splitlines()[-1]

@@ -61,7 +61,7 @@ STRATEGY = {s.name: s for s in STRATEGY_LIST}
 
 # Every strategy zfbench knows, in display order: what the simulator can run.
 SIM_STRATEGIES = tuple(STRATEGY)
-# zero-infinity is simulated only: the real engine (real/) has no ZeRO-3 path.
+# zero-infinity is simulated only: the real engine (real/) runs ZeRO-3 for zenflow only.
 SIMULATED_ONLY = tuple(s.name for s in STRATEGY_LIST if not s.engine)
 # What the real engine implements (a valid `zfbench.strategy` of a config).
 ENGINE_STRATEGIES = tuple(s for s in SIM_STRATEGIES if s not in SIMULATED_ONLY)
