@@ -217,11 +217,15 @@ class CostModel:
         """zenflow.offload: the bytes of the selected columns' m and v that live in each
         rank's host memory and cross the link each way per device update (0 without it).
         fp32 in zfbench's engine (a profile); in the weights' dtype from presets, as
-        DeepSpeed allocates them (zenflow_stage_1_and_2.py, `exp_avg_cpu_data`)."""
+        DeepSpeed allocates them (zenflow_stage_1_and_2.py, `exp_avg_cpu_data`). On ZeRO-3
+        a rank keeps the moments of its partition's share of the selected elements."""
         if not self.settings.zenflow.offload:
             return 0.0
         per_elem = 4 if self.calibration is not None else self.elem_bytes
-        return 2.0 * per_elem * self.selected_params
+        selected = self.selected_params
+        if self.strategy is not None and self.on_zero3(self.strategy):
+            selected = self.share(selected)
+        return 2.0 * per_elem * selected
 
     def share(self, numel: float) -> float:
         """Elements of `numel` that one rank owns under ZeRO-2 partitioning."""
@@ -509,6 +513,8 @@ class CostModel:
             device = device_memory.zero_offload_device_bytes(p, b, act)
         elif self.on_zero3(strategy):  # ZenFlow on ZeRO-3: partitioned, gathered per block
             device = zero3.zenflow_device_bytes(self)
+            if moments:  # on the host; one bucket's at a time on the device (staging)
+                device += moments * (min(1.0, device_memory.REDUCE_BUCKET_ELEMS / part) - 1.0)
         else:  # zenflow: device Adam state for the selected slice
             sel = self.selected_params
             device = p * b + p * b + sel * 12 + act

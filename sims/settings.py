@@ -200,10 +200,6 @@ def _check_scenario(sc: Scenario) -> None:
     if zf.zero_stage not in ZERO_STAGES:
         raise SimSettingsError(f"zero_stage must be one of {', '.join(map(str, ZERO_STAGES))} "
                                f"(the ZeRO stage ZenFlow runs on), got {zf.zero_stage!r}")
-    if zf.zero_stage == 3 and zf.offload:
-        raise SimSettingsError(
-            "offload (zenflow.offload, the moments in host memory) is simulated on "
-            "ZeRO-2 only: give zero_stage 2 or offload false")
     try:  # one set of ZenFlow rules, shared with the engine's config
         zenflow_from_dict({**zf.config_keys(), "select_strategy": "step"}, prefix="zenflow")
     except ConfigError as err:

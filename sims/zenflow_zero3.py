@@ -116,4 +116,9 @@ def zenflow_zero3_step(sim, t: int):
             st["pending"] = landed
         else:
             yield from sim.apply_update(t, landed)
+    moments = c.offloaded_moment_bytes  # zenflow.offload: the share's m and v up and back
+    if moments:
+        yield sim.transfer(sim.h2d, "h2d_moments", t, moments, [])
     yield from sim.compute("device_optim", t, c.device_optim_s(c.share(c.selected_params)))
+    if moments:
+        yield sim.transfer(sim.d2h, "d2h_moments", t, moments, [])

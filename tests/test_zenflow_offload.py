@@ -225,3 +225,24 @@ def test_simulate_takes_the_offload_flag_on_zero2(capsys):
     main(["--zenflow.offload", "true", "--strategy", "zenflow", "--steps", "12"])
     out = capsys.readouterr().out
     assert "moments offloaded" in out and "zenflow" in out.splitlines()[-1]
+
+
+def test_on_zero3_the_simulator_moves_each_ranks_share_of_the_moments():
+    from zfbench.sims.costs import CostModel, SimSettings
+    from zfbench.sims.simulator import simulate
+
+    steps = 12
+    settings = SimSettings.from_knobs(steps=steps, offload=True, zero_stage=3)
+    cost = CostModel(settings, "zenflow")
+    per_rank = 2 * 2 * cost.selected_params / settings.machine.ranks  # bf16 m and v
+    assert cost.offloaded_moment_bytes == pytest.approx(per_rank)
+    spans = simulate(settings, "zenflow").timeline.spans_frame()
+    for op in ("h2d_moments", "d2h_moments"):
+        per_step = spans[spans["op"] == op].groupby(["rank", "step"])["bytes"].sum()
+        assert len(per_step) == settings.machine.ranks * steps
+        assert per_step.to_numpy() == pytest.approx(per_rank)
+    plain = CostModel(SimSettings.from_knobs(zero_stage=3), "zenflow").memory_per_rank("zenflow")
+    offloaded = cost.memory_per_rank("zenflow")
+    assert offloaded["host_bytes"] - plain["host_bytes"] == pytest.approx(
+        settings.machine.ranks * per_rank)
+    assert offloaded["device_bytes_per_rank"] <= plain["device_bytes_per_rank"]

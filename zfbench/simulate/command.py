@@ -230,9 +230,7 @@ def zero3_where_needed(cases, strategies: list[str], given: dict, sweeps
         return cases, []
     out, notes, gib = [], [], 2 ** 30
     for labels, case in cases:
-        # (zenflow.offload is simulated on ZeRO-2 only: such a case stays there)
-        if case.zenflow.zero_stage == 2 and case.machine.profile is None and \
-                not case.zenflow.offload:
+        if case.zenflow.zero_stage == 2 and case.machine.profile is None:
             two = CostModel(case, chosen[0]).fits(chosen[0])
             stage3 = case.with_(zero_stage=3)
             three = CostModel(stage3, chosen[0]).fits(chosen[0])
