@@ -4,7 +4,8 @@
 - the pt_reserved_cores_perc split rule (test_ds_zf.py::test_split_affinity) equals
   DeepSpeed's `_split_affinity` on every core count and share, not only the five cases;
 - zfbench's device update of the selected columns and 1-D parameters equals DeepSpeed's
-  ZenFlowSelectiveAdamW fed the same columns and gradient / U (what
+  ZenFlowSelectiveAdamW (ZeRO-2) and ZenFlowSelectiveAdamW_stage3 (ZeRO-3, one rank) fed
+  the same columns and gradient / U, with and without `offload` (what
   test_ds_zf_torch_adam.py ports);
 - each config difference the ports mark expected-different is real: DeepSpeed 0.19.5's
   config classes accept the config zfbench refuses.
@@ -97,3 +98,50 @@ def test_deepspeed_accepts_what_the_ports_mark_expected_different():
     with pytest.raises(ConfigError):
         zenflow_from_dict(payload)
     assert DsZenFlow(topk_ratio=1.0).topk_ratio == 1.0  # 0.19.5 accepts 1.0 as zfbench does
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_zero3_selected_columns_follow_deepspeeds_stage3_selective_adamw(offload):
+    """ZeRO-3 (one rank: the partition is the whole model), three steps before the first
+    window closes: the engine's selected columns of a (4, 6) weight and its (6,) bias equal
+    DeepSpeed's ZenFlowSelectiveAdamW_stage3 stepping the same partition (its `ds_tensor`
+    the weight transposed, a selected column a row of it) with the same gradients / U;
+    with `offload` both keep the moments in host memory."""
+    from deepspeed.ops.adam import ZenFlowSelectiveAdamW_stage3
+    U = 4
+    model = GradProbe({"w": (4, 6), "b": (6,)})
+    w0, b0 = model.w.detach().clone(), model.b.detach().clone()
+    engine = make_engine(model, probe_config(stage=3, topk_ratio=0.5, update_interval=U,
+                                             offload=offload))
+    twin_w = torch.nn.Parameter(w0.clone())
+    twin_w.ds_shape, twin_w.ds_tensor = (6, 4), w0.T.contiguous().view(-1)
+    twin_b = torch.nn.Parameter(b0.clone())
+    twin_b.ds_shape, twin_b.ds_tensor = (6,), b0.clone()
+    for twin in (twin_w, twin_b):
+        twin.complete_column_offset, twin.complete_numel, twin.group_id = 0, twin.numel(), 0
+        if offload:  # DeepSpeed's stage-3 optimizer allocates them at the first step
+            numel = 4 * 3 if twin is twin_w else 6
+            twin.exp_avg_cpu_data = torch.zeros(numel)
+            twin.exp_avg_sq_cpu_data = torch.zeros(numel)
+    ds = ZenFlowSelectiveAdamW_stage3([twin_w, twin_b], lr=1e-3, weight_decay=0.01,
+                                      offload=offload, bucket_size=1)
+    gen = torch.Generator().manual_seed(8)
+    for _ in range(3):
+        gw, gb = torch.randn(4, 6, generator=gen), torch.randn(6, generator=gen)
+        engine.backward(engine(gw, gb))
+        engine.step()
+        idx = engine.strategy.selected["w"]
+        rows = twin_w.ds_tensor.view(6, 4)
+        twin_w.selected_indices = idx
+        twin_w.selected_grad = (gw[:, idx] / U).T.contiguous()
+        twin_w.temp_selected_param = rows[idx, :].clone()
+        twin_b.selected_indices = torch.arange(6)
+        twin_b.selected_grad = gb / U
+        twin_b.temp_selected_param = twin_b.ds_tensor.clone()
+        ds.step()
+        ours = engine.zero3.owned_view("w")
+        torch.testing.assert_close(ours[:, idx], rows[idx, :].T, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(engine.zero3.owned_view("b"), twin_b.ds_tensor,
+                                   rtol=1e-6, atol=1e-7)
+    assert (engine.zero3.owned_view("w")[:, idx] != w0[:, idx]).all()  # they were stepped
+    engine.close()
