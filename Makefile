@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test figures bench clean gpu-check wheels stability conformance
+.PHONY: setup demo test figures bench clean gpu-check wheels wheels-deepspeed stability conformance
 
 setup: $(STAMP)
 
@@ -93,3 +93,15 @@ wheels:
 	  --python-version 3.10 --implementation py -d wheels \
 	  'simpy>=4.1,<5' 'tqdm>=4.60' 'hypothesis>=6.80' sortedcontainers attrs \
 	  'pytest>=7' iniconfig pluggy packaging pygments 'setuptools>=64' wheel
+
+# DeepSpeed 0.19.5 for gpu-check's deepspeed_side step (bench/ds_gpu_side.py), into
+# ./wheels/deepspeed: its wheel built here from the sdist with no ops compiled (they are
+# built on first use on the GPU machine), and the dependencies a GPU image may lack, for
+# that machine's Python (GPU_PYVER, default 3.12; pydantic-core is compiled: manylinux).
+GPU_PYVER ?= 3.12
+wheels-deepspeed: setup
+	DS_BUILD_OPS=0 $(PY) -m pip wheel --quiet --no-deps --no-build-isolation \
+	  -w wheels/deepspeed deepspeed==0.19.5
+	$(PY) -m pip download --quiet --only-binary=:all: --python-version $(GPU_PYVER) \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d wheels/deepspeed hjson 'pydantic>=2'

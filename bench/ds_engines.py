@@ -29,8 +29,10 @@ INSTALL_HINT = (f"DeepSpeed is not installed. This benchmark is an optional extr
 
 
 # ------------------------------------------------------------------ DeepSpeed setup
-def import_deepspeed(any_version: bool):
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+def import_deepspeed(any_version: bool, device: str = "cpu"):
+    """DeepSpeed imported on `device`'s accelerator ("cpu": gloo; "cuda": nccl), in a
+    one-rank process group unless one exists."""
+    os.environ.setdefault("DS_ACCELERATOR", device)
     try:
         import deepspeed
     except ImportError:
@@ -50,7 +52,7 @@ def import_deepspeed(any_version: bool):
             port = s.getsockname()[1]
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
                           WORLD_SIZE="1", LOCAL_RANK="0")
-        deepspeed.init_distributed(dist_backend="gloo")
+        deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
     return deepspeed
 
 
@@ -146,14 +148,20 @@ def make_zf(model: nn.Module, cfg: dict, device_threads: int, host_threads: int)
                            host_threads=host_threads)
 
 
-def train_step(engine, batch, phases: list | None = None) -> float:
-    """forward, backward, step; appends (forward_s, backward_s, step_s) to `phases`."""
+def train_step(engine, batch, phases: list | None = None, sync=None) -> float:
+    """forward, backward, step; appends (forward_s, backward_s, step_s) to `phases`.
+    `sync` (torch.cuda.synchronize on a GPU) ends each phase's clock when its queued work
+    is done, not when it was issued."""
+    sync = sync or (lambda: None)
     t0 = time.perf_counter()
     loss = engine(batch["input_ids"], batch["labels"])
+    sync()
     t1 = time.perf_counter()
     engine.backward(loss)
+    sync()
     t2 = time.perf_counter()
     engine.step()
+    sync()
     if phases is not None:
         phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
     return float(loss.detach())

@@ -54,7 +54,7 @@ from ds_wallclock_summary import pool, report, summarize  # noqa: E402
 
 ENGINES = ("zero_offload", "zenflow_seq", "zenflow_overlap")
 DEFAULT_SHAPES = "opt-350m[1L]:1:32,opt-350m[2L]:1:128,opt-350m[4L]:1:64,tinyllama-1.1b[1L]:1:32"
-CSV_FIELDS = ("shape", "engine", "mode", "repeat", "dtype", "batch", "seq", "step", "steady",
+CSV_FIELDS = ("shape", "engine", "mode", "repeat", "device", "dtype", "batch", "seq", "step", "steady",
               "update", "step_s", "fwd_s", "bwd_s", "opt_s", "foreign_cpu_s", "own_cpu_s",
               "runq_wait_s")
 
@@ -94,6 +94,7 @@ def run_one(ds, args, spec: tuple, engine: str, rep: int, data: list, bar) -> tu
     tag = f"{name.replace('[', '-').replace(']', '')}_b{batch}_s{seq}__{engine}"
     log_path = args.out / f"{tag}{f'__r{rep}' if args.repeats > 1 else ''}.log"
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    sync = torch.cuda.synchronize if args.device == "cuda" else None
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     model = build_model(shape, dtype=dtype, seed=0)
@@ -109,12 +110,12 @@ def run_one(ds, args, spec: tuple, engine: str, rep: int, data: list, bar) -> tu
                 update = dse.is_gradient_accumulation_boundary()
                 busy0, own0, wait0 = cpu_sample(_pids(dse))
                 phases: list = []
-                loss = train_step(dse, b, phases)
+                loss = train_step(dse, to_device(b, args.device), phases, sync)
                 fwd_s, bwd_s, opt_s = phases[0]
                 busy1, own1, wait1 = cpu_sample(_pids(dse))  # its optimizer process is ours
                 step_s = fwd_s + bwd_s + opt_s
                 rows.append({"shape": name, "engine": engine, "mode": mode, "repeat": rep,
-                             "dtype": args.dtype, "batch": batch, "seq": seq, "step": t,
+                             "device": args.device, "dtype": args.dtype, "batch": batch, "seq": seq, "step": t,
                              "steady": t >= warm, "update": bool(update), "step_s": step_s,
                              "fwd_s": fwd_s, "bwd_s": bwd_s, "opt_s": opt_s,
                              "foreign_cpu_s": max(0.0, (busy1 - busy0) - (own1 - own0)),
@@ -133,14 +134,20 @@ def run_one(ds, args, spec: tuple, engine: str, rep: int, data: list, bar) -> tu
     if engine != "zero_offload":
         summary["timers_note"] = (f"fwd/bwd/bwd_inner/bwd_allreduce/step (no _microstep) are "
                                   f"printed once per window and sum its {U} micro-steps")
-    summary.update(shape=name, batch=batch, seq=seq, engine=engine, mode=mode, repeat=rep,
-                   n_params=n_params, dtype=args.dtype, log=log_path.name, init_s=init_s,
-                   run_s=run_s, warmup_steps=warm, update_interval=U,
+    summary.update(shape=name, device=args.device, batch=batch, seq=seq, engine=engine,
+                   mode=mode, repeat=rep, n_params=n_params, dtype=args.dtype,
+                   log=log_path.name, init_s=init_s, run_s=run_s, warmup_steps=warm, update_interval=U,
                    loadavg_after=list(os.getloadavg()), deepspeed_config=cfg,
                    threads={"torch_threads": threads, "cores": cores,
                             "training_affinity_during_run": ds_affinity,
                             "optimizer_process_affinity": opt_affinity})
     return rows, summary
+
+
+def to_device(batch: dict, device: str) -> dict:
+    """The batch's tensors on `device` (DeepSpeed moves the model at initialize, not the
+    inputs)."""
+    return batch if device == "cpu" else {k: v.to(device) for k, v in batch.items()}
 
 
 def _pids(engine) -> tuple:
@@ -163,11 +170,13 @@ def parse_shapes(text: str) -> list[tuple]:
 def main(argv=None) -> int:
     from zfbench.core.config_zenflow import SCENARIO_ZENFLOW
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--shapes", default=DEFAULT_SHAPES,
                     help="comma list of NAME:BATCH:SEQ (NAME from zfbench.core.models)")
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="DeepSpeed's accelerator: cpu (gloo) or cuda (nccl, one GPU)")
     ap.add_argument("--topk-ratio", type=float, default=SCENARIO_ZENFLOW["topk_ratio"])
     ap.add_argument("--update-interval", type=int, default=SCENARIO_ZENFLOW["update_interval"])
     ap.add_argument("--select-interval", type=int, default=SCENARIO_ZENFLOW["select_interval"])
@@ -194,7 +203,7 @@ def main(argv=None) -> int:
     from vs_deepspeed import environment
     from zfbench.core.models import get_model
 
-    ds = import_deepspeed(args.any_version)  # exits with the install hint if missing
+    ds = import_deepspeed(args.any_version, args.device)  # exits with the hint if missing
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # cleanup runs on kill too
     args.out.mkdir(parents=True, exist_ok=True)
     n_steps = (args.warmup_windows + args.windows) * args.update_interval

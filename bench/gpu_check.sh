@@ -34,13 +34,19 @@
 #   kernel_census/             bench/kernel_census.py: the kernels one decoder layer launches
 #                              and the host time to issue them (one- and two-layer slices of
 #                              llama2-7b, qwen2.5-1.5b and opt-1.3b at micro-batch 1)
+#   deepspeed_side/            bench/ds_gpu_side.py: DeepSpeed 0.19.5's ZeRO-Offload and
+#                              overlapped ZenFlow beside zfbench's, MODEL at SEQ, bf16,
+#                              micro-batch 1, the same config (issue 45); DeepSpeed comes
+#                              from ./wheels/deepspeed (`make wheels-deepspeed`) when the
+#                              python lacks it, its CPU Adam built there with g++/ninja
 #   status.txt                 each step's exit code (a failed step does not stop the rest)
 # DEFAULT_STEPS=N gives run_default --steps N (the shape stays the GPU-sized default);
 # GPU_PRESET (default: the preset of the GPU torch names, else h100-sxm) is predict's --gpu.
 # PACK=FILE.tgz packs bench/results/gpu/<gpu-name>/ into one file at the end (a lent
 # machine whose files come back a few at a time).
 # ONLY="profile validate" runs only the named steps (cuda_tests op_efficiency
-# reference_step kernel_census run_default run_model host_share profile predict contention validate), e.g. to fit each call of a
+# reference_step kernel_census run_default run_model host_share profile predict contention
+# deepspeed_side validate), e.g. to fit each call of a
 # time-limited session.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -157,6 +163,15 @@ step profile $PY -m zfbench.run --device cuda --model "$MODEL" --seq "$SEQ" \
 step predict $PY -m zfbench.predict --from-run "$OUT/run_$MODEL" --gpu "$GPU_PRESET" \
   --quiet --out "$OUT/predict"
 step contention $PY bench/link_host_contention.py --out "$OUT/contention"
+if { [ -z "$ONLY" ] || [[ " $ONLY " == *" deepspeed_side "* ]]; } &&
+   ! $PY -c "import deepspeed" 2>/dev/null && [ -d wheels/deepspeed ]; then
+  DS_SITE="$PWD/.gpu-site"  # the carried wheels, no index: `make wheels-deepspeed`
+  echo "gpu-check: installing DeepSpeed from ./wheels/deepspeed into $DS_SITE"
+  $PY -m pip install -q --no-index --no-deps --no-compile --target "$DS_SITE" \
+    wheels/deepspeed/*.whl && export PYTHONPATH="$DS_SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+step deepspeed_side $PY bench/ds_gpu_side.py --model "$MODEL" --seq "$SEQ" \
+  --out "$OUT/deepspeed_side"
 step validate $PY -m zfbench.validate --device cuda --budget-min "$VALIDATE_MIN" --quiet \
   --out "$OUT/validate"
 echo "== gpu-check: wrote $OUT (exit codes in status.txt)"
