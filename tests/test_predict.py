@@ -449,3 +449,32 @@ def test_predict_spells_the_zenflow_knobs_as_every_command_does():
         args = build_parser().parse_args(["--paper", flag, "0.2",
                                           "--zenflow.update-interval", "8"])
         assert given_knobs(args) == {"topk_ratio": 0.2, "update_interval": 8}
+
+
+H200_RUN = Path(__file__).parents[1] / "bench" / "results" / "gpu" / "NVIDIA-H200" / \
+    "2026-11-27" / "run_qwen2.5-1.5b"
+
+
+def test_predict_from_the_h200_run_simulates_its_host_lane(tmp_path, capsys):
+    """Issue 44: the committed H200 run (16-vCPU host; zero-offload on 16 threads, ZenFlow
+    on 8) is predicted on 16 cores with ZenFlow's 0.5 share, and its accumulation from the
+    fitted AdamW's streaming rate, as inferred.json records."""
+    from zfbench.sims import host_traffic
+    out = tmp_path / "pred"
+    assert main(["--from-run", str(H200_RUN), "--gpu", "h200", "--steps", "12", "--quiet",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "from that run's host: 16 host cores" in printed
+    inferred = json.loads((out / "inferred.json").read_text())
+    knobs = inferred["settings"]
+    assert knobs["host_cores"] == 16 and knobs["pt_reserved_cores_perc"] == 0.5
+    host = inferred["fits"][0]["hardware"]["hosts"]["inferred-host"]
+    adam = host["adam_params_per_s_per_core"]["value"]
+    note = inferred["host_note"]
+    expected = host_traffic.accum_elems_per_s(adam)
+    assert f"host accumulation {expected / 1e6:.4g} M elements/s per core" in note
+    # the flag keeps its word: no accumulation from the lane when it is given
+    assert main(["--from-run", str(H200_RUN), "--gpu", "h200", "--steps", "12", "--quiet",
+                 "--host-accum-per-core", "8.85e8", "--host-cores", "8"]) == 0
+    printed = capsys.readouterr().out
+    assert "host accumulation" not in printed and "16 host cores" not in printed

@@ -5,7 +5,9 @@ prediction. A measured ZeRO-Offload step (GPU compute, exposed PCIe transfer, st
 the GPU's MFU, the effective PCIe rates and the host's AdamW rate on the named node
 (zfbench.predict.fit scales each until the simulated parts equal the measured ones); every
 strategy, ZenFlow included, is then simulated on the fitted node, with the range the data
-leaves open (how the exposed transfer splits between the directions).
+leaves open (how the exposed transfer splits between the directions). A run on a GPU
+also gives its host lane (`run_host_knobs`) and, through the fitted AdamW, the rate of
+ZenFlow's host accumulation (`with_lane_accumulation`).
 
 Baselines (one of):
   --from-breakdown compute=S,io=S,stall=S   seconds per ZeRO-Offload step
