@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings as hsettings, strategies as st
 
 from zfbench.sims.costs import STRATEGIES, SimSettings
-from zfbench.predict.fit import Breakdown, Scales, baseline_parts, fit, infer, write_hardware
+from zfbench.predict.fit import (Breakdown, Fit, Scales, baseline_parts, fit, infer,
+                                 write_hardware)
 from zfbench.predict import inputs as predict_inputs
 from zfbench.predict.command import main
 
@@ -363,19 +364,80 @@ def test_a_slower_inferred_cpu_adam_leaves_the_dram_a_faster_one_raises_it(tmp_p
     assert adam == pytest.approx(0.7 * host.adam_params_per_s_per_core)
 
 
-def test_a_gpu_run_on_a_smaller_host_than_the_preset_is_told_what_the_preset_decides():
+def test_a_gpu_run_predicts_on_its_own_host_lane_and_zenflow_share():
+    """Issue 44: the run's host-lane threads and ZenFlow's share of them are facts of the
+    run (its rows' host_threads), taken unless a flag gives them; none for a CPU lane."""
+    from zfbench.core.config_zenflow import split_cores
+    from zfbench.predict.command import run_host_knobs
+    h200 = {"emulated": False, "run_host_threads": 16, "run_cpu_count": 16}
+    zenflow = {"host_threads": 8}
+    knobs = run_host_knobs(h200, zenflow, {})
+    assert knobs == {"host_cores": 16, "pt_reserved_cores_perc": 0.5}
+    assert split_cores(16, knobs["pt_reserved_cores_perc"])[1] == 8
+    for threads, zf in ((16, 4), (12, 9), (8, 5)):  # the share gives back the row's threads
+        got = run_host_knobs({**h200, "run_host_threads": threads}, {"host_threads": zf}, {})
+        assert split_cores(threads, got["pt_reserved_cores_perc"])[1] == zf
+    # the H100 run's engine gave both lanes 8 threads: ZenFlow on all of them
+    assert run_host_knobs({**h200, "run_host_threads": 8}, zenflow, {}) == {"host_cores": 8}
+    assert run_host_knobs(h200, None, {}) == {"host_cores": 16}
+    assert run_host_knobs(h200, zenflow, {"host_cores": 32, "pt_reserved_cores_perc": 0.25}) == {}
+    assert run_host_knobs(h200, zenflow, {"host_cores": 12}) == {
+        "pt_reserved_cores_perc": pytest.approx(1 / 3)}
+    assert run_host_knobs({**h200, "emulated": True}, zenflow, {}) == {}
+    assert run_host_knobs({**h200, "run_host_threads": None}, zenflow, {}) == {}
+
+
+def test_host_accumulation_from_the_lane_streams_its_bytes_at_the_adam_streaming_rate():
+    """zfbench.sims.host_traffic: 10 B an element at ACCUM_OVER_ADAM_STREAM of the 28 B a
+    parameter the fitted AdamW streams; the cost model takes it per core, NUMA and all."""
+    from zfbench.sims import host_traffic
+    from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel
+    adam = 3.0e8
+    assert host_traffic.lane_stream_bytes_per_s(adam) == pytest.approx(8.4e9)
+    expected = adam * ADAM_BYTES_PER_PARAM * host_traffic.ACCUM_OVER_ADAM_STREAM / \
+        ACCUM_BYTES_PER_ELEMENT
+    assert host_traffic.accum_elems_per_s(adam) == pytest.approx(expected)
+    assert host_traffic.accum_elems_per_s(adam, ratio=1.0) == pytest.approx(adam * 2.8)
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="ratio"):
+            host_traffic.accum_elems_per_s(adam, ratio=bad)
+    with pytest.raises(ValueError, match="adam_params_per_s"):
+        host_traffic.lane_stream_bytes_per_s(0.0)
+    base = SimSettings.from_knobs(model="qwen2.5-1.5b", gpus=1, host_cores=16)
+    c = CostModel(base.with_(host_accum_per_core=host_traffic.accum_elems_per_s(adam)))
+    assert c.accum_units_per_core_s == pytest.approx(expected * c.numa_factor)
+
+
+def test_a_fit_on_a_zfbench_row_costs_the_accumulation_from_its_fitted_adam(tmp_path):
+    from zfbench.predict.command import with_lane_accumulation
+    from zfbench.sims import host_traffic
+    base = SimSettings.from_knobs(model="qwen2.5-1.5b", gpus=1, host_cores=16)
+    how = dict.fromkeys(("mfu", "d2h", "h2d", "host"), "test")
+    settings, entries = write_hardware(tmp_path / "hw.json", base,
+                                       Scales(mfu=0.1, host=18.0), how)
+    f = Fit("split", Scales(mfu=0.1, host=18.0), settings, {}, 1, True, entries=entries)
+    assert f.settings.machine.host_accum_per_core is None  # the preset's judgment
+    with_lane_accumulation(f)
+    adam = f.settings.machine.parts()[2].adam_params_per_s_per_core
+    assert adam == pytest.approx(18.0 * base.machine.parts()[2].adam_params_per_s_per_core)
+    assert f.settings.machine.host_accum_per_core == pytest.approx(
+        host_traffic.accum_elems_per_s(adam))
+
+
+def test_a_gpu_run_is_told_what_came_from_its_host_and_what_from_the_preset():
     from zfbench.predict.command import run_host_note
     base = SimSettings.from_knobs(model="qwen2.5-1.5b", gpus=1, host="epyc-7763-milan")
     gpu_run = {"emulated": False, "run_host_threads": 8, "run_cpu_count": 16}
-    note = run_host_note(gpu_run, base)
-    assert "8 threads of 16 cores" in note and "epyc-7763-milan (128 cores)" in note
-    assert run_host_note({**gpu_run, "emulated": True}, base) is None  # its own note
-    assert run_host_note({**gpu_run, "run_host_threads": 128}, base) is None
-    assert run_host_note({**gpu_run, "run_host_threads": None}, base) is None
-    assert "--host-cores 8" in note  # the flag that takes the run's threads
-    assert "--pt-reserved-cores-perc 0.5" in note  # and the engine's ZenFlow share
-    assert run_host_note(gpu_run, base.with_(host_cores=8)) is None  # taken already
-    assert "(16 cores)" in run_host_note(gpu_run, base.with_(host_cores=16))
+    note = run_host_note(gpu_run, base, {}, None)
+    assert "8 threads of 16 cores" in note and "128 cores" in note
+    assert run_host_note({**gpu_run, "emulated": True}, base, {}, None) is None
+    assert run_host_note({**gpu_run, "run_host_threads": 128}, base, {}, None) is None
+    assert run_host_note({**gpu_run, "run_host_threads": None}, base, {}, None) is None
+    taken = base.with_(host_cores=8, pt_reserved_cores_perc=0.5)
+    note = run_host_note(gpu_run, taken, {"host_cores": 8, "pt_reserved_cores_perc": 0.5},
+                         None)
+    assert "8 host cores (its zero-offload row's host lane of 16 cores)" in note
+    assert "pt_reserved_cores_perc 0.5" in note and "threads of" not in note
 
 
 def test_predict_spells_the_zenflow_knobs_as_every_command_does():
@@ -387,3 +449,32 @@ def test_predict_spells_the_zenflow_knobs_as_every_command_does():
         args = build_parser().parse_args(["--paper", flag, "0.2",
                                           "--zenflow.update-interval", "8"])
         assert given_knobs(args) == {"topk_ratio": 0.2, "update_interval": 8}
+
+
+H200_RUN = Path(__file__).parents[1] / "bench" / "results" / "gpu" / "NVIDIA-H200" / \
+    "2026-11-27" / "run_qwen2.5-1.5b"
+
+
+def test_predict_from_the_h200_run_simulates_its_host_lane(tmp_path, capsys):
+    """Issue 44: the committed H200 run (16-vCPU host; zero-offload on 16 threads, ZenFlow
+    on 8) is predicted on 16 cores with ZenFlow's 0.5 share, and its accumulation from the
+    fitted AdamW's streaming rate, as inferred.json records."""
+    from zfbench.sims import host_traffic
+    out = tmp_path / "pred"
+    assert main(["--from-run", str(H200_RUN), "--gpu", "h200", "--steps", "12", "--quiet",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "from that run's host: 16 host cores" in printed
+    inferred = json.loads((out / "inferred.json").read_text())
+    knobs = inferred["settings"]
+    assert knobs["host_cores"] == 16 and knobs["pt_reserved_cores_perc"] == 0.5
+    host = inferred["fits"][0]["hardware"]["hosts"]["inferred-host"]
+    adam = host["adam_params_per_s_per_core"]["value"]
+    note = inferred["host_note"]
+    expected = host_traffic.accum_elems_per_s(adam)
+    assert f"host accumulation {expected / 1e6:.4g} M elements/s per core" in note
+    # the flag keeps its word: no accumulation from the lane when it is given
+    assert main(["--from-run", str(H200_RUN), "--gpu", "h200", "--steps", "12", "--quiet",
+                 "--host-accum-per-core", "8.85e8", "--host-cores", "8"]) == 0
+    printed = capsys.readouterr().out
+    assert "host accumulation" not in printed and "16 host cores" not in printed

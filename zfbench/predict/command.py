@@ -5,7 +5,9 @@ prediction. A measured ZeRO-Offload step (GPU compute, exposed PCIe transfer, st
 the GPU's MFU, the effective PCIe rates and the host's AdamW rate on the named node
 (zfbench.predict.fit scales each until the simulated parts equal the measured ones); every
 strategy, ZenFlow included, is then simulated on the fitted node, with the range the data
-leaves open (how the exposed transfer splits between the directions).
+leaves open (how the exposed transfer splits between the directions). A run on a GPU
+also gives its host lane (`run_host_knobs`) and, through the fitted AdamW, the rate of
+ZenFlow's host accumulation (`with_lane_accumulation`).
 
 Baselines (one of):
   --from-breakdown compute=S,io=S,stall=S   seconds per ZeRO-Offload step
@@ -32,7 +34,9 @@ import pandas as pd
 from zfbench.sims.costs import STRATEGIES, SimSettings, SimSettingsError
 from zfbench.sims.settings import on_node
 from zfbench.predict.fit import Breakdown, Fit, infer, on_hardware_file
+from zfbench.sims import host_traffic
 from zfbench.sims.simulator import steps_needed
+from zfbench.core.config_zenflow import split_cores
 from zfbench.core.strategies import BASELINE, has_windows
 from zfbench.predict import inputs as predict_inputs
 from zfbench.cli_checks import (ZENFLOW_KNOBS, CliError, OneLineParser, check_out_dir,
@@ -92,9 +96,41 @@ def run_knobs(settings: dict) -> dict:
     return out
 
 
+def run_host_knobs(settings: dict, zenflow_row: dict | None, given: dict) -> dict:
+    """The host facts a zfbench run on a GPU recorded, as knobs the flags did not give:
+    `host_cores`, the zero-offload row's host-lane threads (the preset's cores stand for
+    a node the run did not have), and `pt_reserved_cores_perc`, the share of them ZenFlow's
+    row left to the device lane (its host_threads fewer than zero-offload's, the engine's
+    `pt_reserved_cores_perc` split: zfbench.core.config_zenflow.split_cores). None of
+    these is fitted: the run says them. Empty for a CPU-emulated run or an old summary."""
+    threads = settings.get("run_host_threads")
+    if settings.get("emulated") or not threads:
+        return {}
+    out = {} if "host_cores" in given else {"host_cores": int(threads)}
+    cores = int(given.get("host_cores", threads))
+    zf = (zenflow_row or {}).get("host_threads")
+    if "pt_reserved_cores_perc" not in given and zf and int(zf) < cores:
+        reserve = 1.0 - int(zf) / cores
+        if split_cores(cores, reserve)[1] == int(zf):
+            out["pt_reserved_cores_perc"] = reserve
+    return out
+
+
+def with_lane_accumulation(f: Fit) -> None:
+    """Cost the fitted host's accumulation from its bytes at the streaming rate its
+    fitted AdamW reaches (zfbench.sims.host_traffic), in place of the preset's per-core
+    judgment: for a zero-offload row measured on zfbench's engine, whose accumulation
+    the ratio was measured on."""
+    host = f.settings.machine.parts()[2]
+    f.settings = f.settings.with_(
+        host_accum_per_core=host_traffic.accum_elems_per_s(host.adam_params_per_s_per_core))
+
+
 def predict(base: SimSettings, measured: Breakdown, workdir: Path, quiet: bool = True,
-            strategies: tuple[str, ...] = STRATEGIES):
+            strategies: tuple[str, ...] = STRATEGIES, lane_accumulation: bool = False):
     """(fits, nominal rows with their ranges, nominal results, every case's rows).
+    `lane_accumulation`: the host accumulation costed from the fitted AdamW's streaming
+    rate (`with_lane_accumulation`; a zfbench run's row, no --host-accum-per-core).
 
     The first case (nominal, or split) is predicted whether its fit reached the
     measurement or not: its step range is widened by the seconds the fit stays off the
@@ -103,6 +139,8 @@ def predict(base: SimSettings, measured: Breakdown, workdir: Path, quiet: bool =
     left out. Each row's range spans the cases kept."""
     fit_base = base.with_(steps=min(base.measurement.steps, max(steps_needed(base), 12)))
     fits = infer(fit_base, measured, workdir)
+    for f in fits if lane_accumulation else ():
+        with_lane_accumulation(f)
     cases = [({}, fits[0])] + [({"case": f.case}, f) for f in fits[1:] if f.reached]
     rows = []
     for labels, f in cases:
@@ -272,7 +310,7 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
         if args.skip_steps < 0:
             raise CliError("--skip-steps must be >= 0")
         given = given_knobs(args)
-        measured_zenflow = None
+        measured_zenflow, from_host, lane_accumulation = None, {}, False
         if args.paper:
             if args.node:
                 raise CliError("--node: --paper simulates each bar on the node of the "
@@ -281,7 +319,10 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
         else:
             if args.from_run is not None:
                 measured, settings, measured_zenflow = predict_inputs.read_run(args.from_run)
-                knobs = {**run_knobs(settings), **given}
+                from_host = run_host_knobs(settings, measured_zenflow, given)
+                knobs = {**run_knobs(settings), **from_host, **given}
+                lane_accumulation = bool(settings.get("run_host_threads")) and not \
+                    settings["emulated"] and "host_accum_per_core" not in given
             else:
                 measured = (predict_inputs.parse_breakdown(args.from_breakdown)
                             if args.from_breakdown is not None else
@@ -309,7 +350,8 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
                      "rows": rows, "bars": records}))
                 print(f"wrote {args.out}/paper.csv, paper.json")
             return 0
-        fits, rows, results, all_rows = predict(base, measured, Path(tmp), args.quiet)
+        fits, rows, results, all_rows = predict(base, measured, Path(tmp), args.quiet,
+                                                lane_accumulation=lane_accumulation)
     except SimSettingsError as err:
         return fail(err)
     print(report(base, measured, fits, rows))
@@ -321,7 +363,8 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
         print("note: that run's accelerator was the CPU-emulated lane, whose compute and host "
               "share cores; the prediction treats them as a GPU and a host that do not "
               "(python -m zfbench.validate checks the emulated engine against the simulator)")
-    host_note = run_host_note(settings, base) if args.from_run is not None else None
+    host_note = run_host_note(settings, base, from_host, fits[0] if lane_accumulation
+                              else None) if args.from_run is not None else None
     if host_note is not None:
         print(host_note)
         head["host_note"] = host_note
@@ -364,33 +407,49 @@ def calibration_note(base: SimSettings) -> str | None:
             f"this measurement's, so no predicted number is calibrated on it)")
 
 
-def run_host_note(settings: dict, base: SimSettings) -> str | None:
-    """For a run on a real GPU whose host lane had fewer threads than the --host preset
-    has cores: what the prediction takes from the preset. A ZeRO-Offload row pins the
-    host's AdamW rate, not its memory streaming, so ZenFlow's per-step host accumulation
-    runs at the preset's DRAM bandwidth on all its cores (on a 16-core H200 machine the
-    prediction was 0.22 s against 1.34 s measured, bench/results/gpu/NVIDIA-H200)."""
+def run_host_note(settings: dict, base: SimSettings, from_host: dict,
+                  fit: Fit | None) -> str | None:
+    """For a run on a real GPU: what the prediction took from the run's host
+    (`run_host_knobs`: its host-lane threads, ZenFlow's share of them) and how it costs
+    the host accumulation (`fit` given: from the fitted AdamW's streaming rate,
+    zfbench.sims.host_traffic); or, where the flags kept a larger preset host, that a
+    ZeRO-Offload row cannot measure its memory streaming (before these defaults, the
+    preset's 128 cores put ZenFlow 71-73% too fast on the lent H200 and H100 machines,
+    docs/results.md)."""
     threads = settings.get("run_host_threads")
     if settings.get("emulated") or not threads:
         return None
     host = base.machine.parts()[2]
     cores = base.machine.host_cores or host.cores
-    if threads >= cores:
-        return None
     machine = (f" of {settings['run_cpu_count']} cores" if settings.get("run_cpu_count")
                else "")
-    return (f"note: that run's host lane had {threads} threads{machine}; the prediction's "
-            f"host is the --host preset {host.name} ({cores} cores), whose AdamW rate the "
-            f"ZeRO-Offload row scales but whose memory bandwidth it cannot measure: ZenFlow's "
-            f"host accumulation every step is taken at the preset's, so the prediction can "
-            f"be far too fast for a smaller host. --host-cores {threads} predicts on the "
-            f"run's host-lane threads at the preset's rates per core (one H100 machine: "
-            f"-73% -> -54% against its ZenFlow row), and --pt-reserved-cores-perc 0.5 "
-            f"gives ZenFlow's host work the share the engine's ZenFlow ran on (its "
-            f"pt_reserved_cores_perc, DeepSpeed's 0.5 unless the config says); for that "
-            f"run's own host rates: python "
-            f"-m zfbench.run --profile --out DIR, then python -m zfbench.simulate --profile "
-            f"DIR/profile.json")
+    took = []
+    if "host_cores" in from_host:
+        took.append(f"{from_host['host_cores']} host cores (its zero-offload row's host "
+                    f"lane{machine})")
+    if "pt_reserved_cores_perc" in from_host:
+        took.append(f"pt_reserved_cores_perc {from_host['pt_reserved_cores_perc']:.3g} "
+                    f"(its zenflow row's host lane had fewer threads)")
+    lines = []
+    if took:
+        lines.append(f"note: from that run's host: {', '.join(took)}; the --host preset "
+                     f"{host.name} gives the rest (--host-cores, --pt-reserved-cores-perc "
+                     f"override)")
+    if fit is not None:
+        f_host = fit.settings.machine.parts()[2]
+        lines.append(
+            f"note: host accumulation {fit.settings.machine.host_accum_per_core / 1e6:.4g} M "
+            f"elements/s per core: its bytes at {host_traffic.ACCUM_OVER_ADAM_STREAM} of "
+            f"the streaming rate the fitted AdamW reaches ("
+            f"{f_host.adam_params_per_s_per_core / 1e6:.4g} M params/s per core x "
+            f"28 B; zfbench.sims.host_traffic); --host-accum-per-core overrides")
+    if threads < cores:
+        lines.append(
+            f"note: that run's host lane had {threads} threads{machine}; the prediction's "
+            f"host has {cores} cores, whose memory streaming a ZeRO-Offload row cannot "
+            f"measure; for that run's own host rates: python -m zfbench.run --profile "
+            f"--out DIR, then python -m zfbench.simulate --profile DIR/profile.json")
+    return "\n".join(lines) or None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,50 @@
+"""Host memory traffic: a host streaming pass's rate from its bytes and the streaming
+rate the same host lane was measured to reach in its CPU-Adam.
+
+One concept: where a ZeRO-Offload step measured on zfbench's engine pins the host lane's
+AdamW rate (zfbench.predict's fit), ZenFlow's host gradient accumulation on that lane is
+costed from its bytes (`ACCUM_BYTES_PER_ELEMENT`) at the bytes per second the AdamW moved
+(`ADAM_BYTES_PER_PARAM` a parameter), times the share of that streaming rate the
+engine's accumulation reaches on the same threads (`ACCUM_OVER_ADAM_STREAM`). Without it
+the accumulation ran at the preset's per-core judgment (zfbench.sims.host_step
+`ACCUM_ELEMS_PER_CORE_S`, ~8.9 GB/s a core), independent of the measured host: on the
+lent H200 and H100 machines' 16-core VM hosts that judgment is 1.6x the engine's measured
+accumulation per core, and the predicted ZenFlow step was 71-73% too fast
+(docs/results.md, "the H100/H200 node's host work"). DeepSpeed's CPU-Adam presets are
+whole-node throughputs calibrated on published rows (host_step `calibrated_adam_rate`),
+not a lane's streaming rate, so the presets keep the per-core judgment.
+"""
+
+from __future__ import annotations
+
+from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM
+
+# The engine's host accumulation's bytes per second over its AdamW pass's, same host lane
+# and threads, from zfbench.real.rate_probe (`host_accum_elems_per_s` x 10 B over
+# `host_adam_params_per_s` x 28 B) in the profiles committed with their machines:
+# bench/results/gpu/NVIDIA-H200/2026-11-27/profile/profile.json 0.42 (8 threads) and 0.45
+# (its 16-thread zero-offload lane), bench/results/gpu/NVIDIA-H100-80GB-HBM3/profile/
+# profile.json 0.46 (8 threads), bench/results/first_command_ranks_expect/profile.json
+# 0.58 and bench/results/noflag_run_expect/profile.json 0.61 (AMD EPYC Zen 4, 1 thread).
+# Judgment: 0.5, the middle of 0.42-0.61 on two hosts. The H200 and H100 values come from
+# the machines whose runs check it (docs/results.md says so); the EPYC values alone
+# (0.6) are out of sample.
+ACCUM_OVER_ADAM_STREAM = 0.5
+
+
+def lane_stream_bytes_per_s(adam_params_per_s: float) -> float:
+    """Bytes per second a host lane streams in its AdamW pass at `adam_params_per_s`."""
+    if not adam_params_per_s > 0:
+        raise ValueError(f"adam_params_per_s must be > 0, got {adam_params_per_s!r}")
+    return adam_params_per_s * ADAM_BYTES_PER_PARAM
+
+
+def accum_elems_per_s(adam_params_per_s: float,
+                      ratio: float = ACCUM_OVER_ADAM_STREAM) -> float:
+    """Elements per second of the host gradient accumulation (16-bit gradient into the
+    fp32 window: `ACCUM_BYTES_PER_ELEMENT`) on a lane whose AdamW runs at
+    `adam_params_per_s` (per core in, per core out): its bytes at `ratio` of the lane's
+    AdamW streaming rate."""
+    if not 0 < ratio <= 1:
+        raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
+    return lane_stream_bytes_per_s(adam_params_per_s) * ratio / ACCUM_BYTES_PER_ELEMENT
