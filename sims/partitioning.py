@@ -25,7 +25,7 @@ from __future__ import annotations
 import simpy
 
 from zfbench.core.strategies import STRATEGY_LIST, ZERO_OFFLOAD_STRATEGIES
-from zfbench.sims import zero3
+from zfbench.sims import zero2_reduce
 
 # DeepSpeed's ZeRO-2 strategies (from presets): they reduce-scatter their gradient buckets
 # and follow `overlap_comm`; the offloading ones copy their partitions down (`device`,
@@ -91,18 +91,25 @@ def owners(c, i: int) -> list[int]:
     return [r for r in range(first, c.gpus) if r * size < end]
 
 
+def owned_runs(c, i: int) -> list[float]:
+    """Elements of each owner's run of bucket i, in rank order: the slices DeepSpeed's
+    `average_tensor` reduces one by one (zfbench.sims.zero2_reduce)."""
+    return [owned_numel(c, r, i) for r in owners(c, i)]
+
+
 def reduce_bucket(sim, t: int, i: int, reduced: list, deps=()) -> simpy.Event | None:
     """Rank `sim` (a RankSim) reduces bucket i's gradient once `deps` have fired; the event
     is kept in `reduced` and returned (None on one GPU). DeepSpeed's ZeRO-2
-    (`sim.reduce_scatters`, from presets) reduce-scatters it to the partitions' owners;
-    zfbench's engine all-reduces it."""
+    (`sim.reduce_scatters`, from presets) reduces it to the partitions' owners as the
+    settings' DeepSpeed does (`zero2_reduce`: per owner, or all-reduced); zfbench's
+    engine all-reduces it."""
     c = sim.costs
     nbytes = c.buckets[i].numel * c.elem_bytes
     if c.gpus == 1:
         red = None
-    elif sim.reduce_scatters:
-        red = sim.net.submit(zero3.REDUCE_SCATTER_OP, t, list(deps),
-                             seconds=zero3.reduce_scatter_s(c, nbytes),
+    elif sim.reduce_scatters:  # as the settings' DeepSpeed reduces (sims/zero2_reduce.py)
+        red = sim.net.submit(zero2_reduce.REDUCE_OP, t, list(deps),
+                             seconds=zero2_reduce.bucket_reduce_s(c, i, owned_runs(c, i)),
                              nbytes=int(round(nbytes)))
     else:
         red = sim.collective("allreduce", t, nbytes, list(deps))

@@ -43,6 +43,10 @@ def check_int(section, name: str, minimum: int) -> None:
         raise SimSettingsError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
+# `Runtime.zero2_reduce`'s values (zfbench.sims.zero2_reduce says what each costs).
+ZERO2_REDUCES = ("allreduce", "reduce", "reduce-scatter")
+
+
 def _one_of(name: str, value, allowed: tuple) -> None:
     if value not in allowed:
         raise SimSettingsError(f"{name} {value!r} is not known; choose one of: "
@@ -173,6 +177,14 @@ class Runtime:
     # Adam runs, with no host conversion pass. False: DeepSpeed since PR #3097 (2023), the
     # blocking conversion then one upload. fp16 only; zero-offload and its delayed update.
     fused_param_upload: bool = False
+    # How DeepSpeed's ZeRO-2 reduces a gradient bucket to its partitions' owners
+    # (zfbench.sims.zero2_reduce): "allreduce", DeepSpeed since PR #4695 (0.12.4, its
+    # `use_multi_rank_bucket_allreduce` default); "reduce", one NCCL reduce per owner
+    # (DeepSpeed 0.3 to 0.12.3, the ZeRO papers' rows); "reduce-scatter", the ideal one.
+    zero2_reduce: str = "allreduce"
+
+    def __post_init__(self) -> None:
+        _one_of("zero2_reduce", self.zero2_reduce, ZERO2_REDUCES)
 
 
 @dataclass(frozen=True)

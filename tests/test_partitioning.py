@@ -54,7 +54,7 @@ def test_only_presets_partition():
 
 
 def test_owners_copy_their_partition_after_a_reduce_scatter():
-    s = _settings(4)
+    s = _settings(4, zero2_reduce="reduce-scatter")  # the ideal one (sims/zero2_reduce.py)
     result = simulate(s, "zero-offload")
     c = result.costs
     spans = result.timeline.spans_frame()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel, SimSettings
+from zfbench.sims import partitioning, zero2_reduce
 from zfbench.sims.settings import fixed_interval
 from zfbench.sims.host_step import CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM
 
@@ -84,14 +85,17 @@ class _Terms:
         return self._xfer(numel, self.rh)
 
     def ar(self, k: int):
-        """Bucket k's reduction: DeepSpeed's ZeRO-2 reduce-scatter where the strategy has
-        it (`reduce_scatter`, set by steady_state; zfbench.sims.partitioning), else an
-        all-reduce."""
+        """Bucket k's reduction: DeepSpeed's ZeRO-2 reduction to the owners where the
+        strategy has it (`reduce_scatter`, set by steady_state; its seconds by the
+        settings' `zero2_reduce`, zfbench.sims.zero2_reduce, checked by hand in
+        tests/test_zero2_reduce.py), else an all-reduce."""
         if self.gpus == 1:
             return None
-        nbytes = self.numel[k] * 2
-        return (0.0, self.c.allgather_s(nbytes) if self.reduce_scatter
-                else self.c.allreduce_s(nbytes))
+        if self.reduce_scatter:
+            i = self.order[k]  # k counts in backward order
+            return (0.0, zero2_reduce.bucket_reduce_s(self.c, i,
+                                                      partitioning.owned_runs(self.c, i)))
+        return (0.0, self.c.allreduce_s(self.numel[k] * 2))
 
     def ag(self, k: int):
         return None if self.gpus == 1 else (0.0, self.c.allgather_s(self.numel[k] * 2))

@@ -127,6 +127,8 @@ def row_settings(row: dict, hardware_file: str | None = None) -> SimSettings:
                      pin_memory=_bool(row, "pin_memory", True),
                      overlap_comm=_bool(row, "overlap_comm", True),
                      fused_param_upload=_bool(row, "fused_param_upload", False))
+        if knobs["fused_param_upload"]:  # DeepSpeed 0.3-0.8, whose ZeRO-2 reduces each
+            knobs["zero2_reduce"] = "reduce"  # owner's run (zfbench.sims.zero2_reduce)
         if row["precision"]:
             knobs["precision"] = row["precision"]
         if not knobs["overlap_comm"] and row["strategy"] not in ZERO2_STRATEGIES:
