@@ -1,20 +1,22 @@
-"""Compute time of a model block from its matrix multiplies and its elementwise traffic.
+"""Compute time of a model block: its elementwise traffic and the host's launch floor.
 
-A block takes
+From presets a block takes
 
-    seconds = FLOPs / (peak x gemm_efficiency) + elementwise bytes / HBM bandwidth,
+    seconds = max(GEMM and attention seconds on the measured curve by size
+                  (zfbench.sims.op_curve) + elementwise bytes / HBM bandwidth,
+                  its kernels x the host's seconds per kernel),
 
 the elementwise bytes being the passes that do none of the counted FLOPs but move
 activations through HBM (norms, activations, residual adds, dropout, the scores' mask and
 softmax, layout copies). So the model's MFU rises with the hidden size (matrix FLOPs grow
 as h^2 per token, elementwise bytes as h), as the ZeRO-Offload paper's Figures 8 and 9
-show (hidden 2048 at 31-36 TFLOPS, 3072-4096 at 36-42 on the same V100), which one MFU
-per GPU cannot give. This module owns the per-style census of those bytes
-(`OPT_FORWARD`, `LLAMA_FORWARD` and kin, with their sources), the loss over the vocabulary on the head
-block (`LOSS_FORWARD`, `LOSS_BACKWARD`), `gemm_efficiency` (the one constant per GPU,
-solved so the GPU's `default_mfu` holds at its `mfu_reference` shape) and the host's
-kernel-launch floor (`KERNEL_CENSUS`, `launch_floor_s`). Not counted: the embedding
-lookup and its gradient, tile and wave quantization.
+show. This module owns the per-style census of those bytes (`OPT_FORWARD`,
+`LLAMA_FORWARD` and kin, with their sources), the loss over the vocabulary on the head
+block (`LOSS_FORWARD`, `LOSS_BACKWARD`), the host's kernel-launch floor (`KERNEL_CENSUS`,
+`launch_floor_s`), and, for a GPU that gives a measured whole-model MFU instead of the
+census (`GPU.default_mfu`: a profile's or predict's inferred GPU; no preset does),
+`gemm_efficiency`, the one matrix efficiency that gives it at `mfu_reference`. Not
+counted: the embedding lookup and its gradient.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from zfbench.core import models
 
 # The rows of the bundled published dataset that set a GPU constant: row id -> (GPU
 # preset, field). `python -m zfbench.validate --published` marks them and leaves them out
-# of the error.
-CALIBRATION_ROWS = {"zo-fig8-10b": ("v100-sxm3-32g", "default_mfu")}
+# of the error. None since the census (issue 44): zo-fig8-10b, which set the V100's MFU
+# until then, is an ordinary row, a check of the census on a V100.
+CALIBRATION_ROWS: dict[str, tuple[str, str]] = {}
 
 # Bytes of HBM traffic of one decoder layer per token, by op, in units of the hidden size
 # (per hidden element of a token) or per attention-score element, 16-bit activations

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from zfbench.sims import (collectives, compute_efficiency, device_memory, device_step,
-                          host_step, pageable, zero3)
+                          host_step, op_curve, pageable, zero3)
 from zfbench.sims.settings import (OFFLOAD_PARAMS, PRECISIONS, STRATEGIES, TRANSFER_MODES,
                            SimSettings, SimSettingsError, load_calibration,
                            strategy_host_lane)
@@ -102,20 +102,34 @@ class CostModel:
         self.inter_net = s.machine.inter_link()
         peak = gpu.peak_flops_per_s("bf16" if sc.precision == "fp32" else sc.precision)
         bwd_factor = 3.0 if s.runtime.activation_checkpointing else 2.0  # recompute adds a forward
-        # One MFU for every block where one is given (--mfu, an anchor) or the blocks'
-        # times are measured; from presets the matrix multiplies run at the GPU's GEMM
-        # efficiency and the elementwise passes at its HBM bandwidth
-        # (zfbench.sims.compute_efficiency)
+        # One MFU for every block where one is given (--mfu, an anchor), the GPU gives a
+        # measured one (a profile's or predict's inferred GPU: `default_mfu`) or the blocks'
+        # times are measured; from presets each block is its census: GEMMs and attention on
+        # the measured curve by size (zfbench.sims.op_curve), elementwise passes at HBM
+        # bandwidth, the host's launch floor (zfbench.sims.compute_efficiency)
         by_shape = s.machine.mfu is None and self.calibration is None
-        self.gemm_efficiency = (self._gemm_efficiency(gpu, peak) if by_shape else
-                                s.machine.mfu if s.machine.mfu is not None else gpu.default_mfu)
+        census = s.machine.mfu is None and gpu.default_mfu is None
+        if census:
+            self.gemm_efficiency = 0.0  # set below: the census's share of peak
+        elif by_shape:  # a measured MFU held at its reference shape
+            self.gemm_efficiency = self._gemm_efficiency(gpu, peak)
+        else:
+            self.gemm_efficiency = (s.machine.mfu if s.machine.mfu is not None
+                                    else gpu.default_mfu)
+        scale = op_curve.share_scale(gpu) if census else 1.0
         self.buckets = []
-        flops_total = compute_total = 0.0
+        flops_total = compute_total = matrix_total = 0.0
         for block in self.shape.blocks():
             flops = block.forward_flops(s.scenario.seq, s.scenario.micro_batch)
-            fwd = flops / (peak * self.gemm_efficiency)
-            bwd = fwd * bwd_factor
-            if by_shape:
+            if census:
+                fwd, bwd = op_curve.block_matrix_s(
+                    self.shape, block, s.scenario.seq, s.scenario.micro_batch,
+                    s.runtime.activation_checkpointing, peak, scale)
+            else:
+                fwd = flops / (peak * self.gemm_efficiency)
+                bwd = fwd * bwd_factor
+            matrix_total += fwd + bwd
+            if by_shape or census:
                 moved = compute_efficiency.block_traffic(self.shape, block, s.scenario.seq,
                                                          s.scenario.micro_batch,
                                                          s.runtime.activation_checkpointing)
@@ -135,13 +149,16 @@ class CostModel:
                                          s.zenflow.topk_ratio)
             self.buckets.append(Bucket(block.name, block.kind, block.numel, matrix_numel,
                                        selected, fwd, bwd))
+        if census:  # the matrix multiplies' and attention's share of peak, model-wide
+            self.gemm_efficiency = flops_total / (peak * matrix_total)
         # the whole model's MFU at this shape (the given one with --mfu or a profile)
-        self.mfu = flops_total / (peak * compute_total) if by_shape else self.gemm_efficiency
+        self.mfu = (flops_total / (peak * compute_total) if by_shape or census
+                    else self.gemm_efficiency)
         self.flops_per_s = peak * self.mfu
 
     def _gemm_efficiency(self, gpu: hardware.GPU, peak: float) -> float:
-        """The GPU's matrix-multiply efficiency: what gives its `default_mfu` at its
-        reference shape (zfbench.sims.compute_efficiency)."""
+        """The matrix-multiply efficiency that gives the GPU's measured `default_mfu` at
+        its reference shape (zfbench.sims.compute_efficiency)."""
         if gpu.mfu_reference:
             model, micro_batch, seq = compute_efficiency.parse_reference(gpu.mfu_reference)
         else:

@@ -67,8 +67,9 @@ def test_simulation_matches_oracle_where_exact(s, strategy):
 # -- hand-picked exact cases, one per strategy and regime ---------------------------------
 # (host_cores 32-42 where 16 gave the regime at the earlier 29.5 M/core: the Milan
 # preset's calibrated rate with its unbound threads is 11.4 M/core, sims/host_step.py)
-# A flat MFU (the A100's 0.50): the regimes were picked at it, and a 350M model's compute
-# by shape (zfbench.sims.compute_efficiency) is slower, which would move them
+# A flat MFU (0.50, the A100 judgment before the op census): the regimes were picked at
+# it, and a 350M model's compute by shape (zfbench.sims.op_curve) is slower, which would
+# move them
 OPT1 = dict(model="opt-350m", layers=1, gpus=1, mfu=0.5)
 CASES = {
     "device, 1 GPU": ("device", SimSettings.from_knobs(**OPT1), ""),

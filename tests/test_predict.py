@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings as hsettings, strategies as st
 
 from zfbench.sims.costs import STRATEGIES, SimSettings
-from zfbench.predict.fit import (Breakdown, Fit, Scales, baseline_parts, fit, infer,
+from zfbench.predict.fit import (Breakdown, Fit, Scales, baseline_parts, fit, infer, start_mfu,
                                  write_hardware)
 from zfbench.predict import inputs as predict_inputs
 from zfbench.predict.command import main
@@ -266,7 +266,7 @@ def test_an_unreached_fit_still_predicts_with_its_range_widened_by_the_miss(
     from zfbench.predict.command import predict, report
 
     base = SimSettings.from_knobs(model="llama2-7b", gpus=4, steps=12)
-    mfu = base.machine.parts()[0].default_mfu
+    mfu = start_mfu(base)
     measured = measured_from(base, Scales(mfu=mfu, d2h=1.2, h2d=1.2, host=1.2), tmp_path,
                              split=True)
     one_round = fit(base, measured, "split", tmp_path, max_iter=1)

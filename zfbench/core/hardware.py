@@ -54,11 +54,16 @@ class GPU:
     fp16_flops_per_s: float
     memory_bytes: float
     hbm_bytes_per_s: float
-    default_mfu: float
+    # A measured whole-model MFU standing in for the op census (a profile's or predict's
+    # inferred GPU); None (every preset): compute from the census (zfbench.sims.op_curve)
+    default_mfu: float | None
     native_pcie: str
     # The shape `default_mfu` holds at, MODEL@MICRO_BATCHxSEQ with activation checkpointing
     # (zfbench.sims.compute_efficiency); empty: the simulator's default scenario.
     mfu_reference: str = ""
+    # The best matmul rate measured on this GPU over its datasheet peak (MAMF / peak): how
+    # the census's curve carries to it (zfbench.sims.op_curve); None: the curve's own GPU's
+    matmul_achievable_share: float | None = None
     sources: Mapping[str, str] = _sources_field()
 
     def peak_flops_per_s(self, precision: str) -> float:
@@ -236,7 +241,7 @@ _KIND = {"gpus": "gpu", "host_links": "host link", "hosts": "host",
 # section -> (numeric fields, string fields); every entry may also carry a "note" string.
 _SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gpus": (("bf16_flops_per_s", "fp16_flops_per_s", "memory_bytes", "hbm_bytes_per_s",
-              "default_mfu"), ("native_pcie", "mfu_reference")),
+              "default_mfu", "matmul_achievable_share"), ("native_pcie", "mfu_reference")),
     "host_links": (("h2d_theoretical_bytes_per_s", "d2h_theoretical_bytes_per_s",
                     "h2d_bytes_per_s", "d2h_bytes_per_s", "h2d_factor_when_d2h_busy",
                     "d2h_factor_when_h2d_busy", "setup_latency_s"), ()),
@@ -249,11 +254,14 @@ _SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                                                           "nvme", "inter_net")),
 }
 # Fields an entry may leave out: a node without NVMe (e.g. a measured profile's node) or
-# without a network to other nodes; a GPU without bf16 tensor cores (V100).
+# without a network to other nodes; a GPU without bf16 tensor cores (V100), or computing
+# from the census (no default_mfu).
 _OPTIONAL = {"nodes": frozenset({"nvme", "nvme_drives", "inter_net"}),
-             "gpus": frozenset({"bf16_flops_per_s", "mfu_reference"}),
+             "gpus": frozenset({"bf16_flops_per_s", "mfu_reference", "default_mfu",
+                                "matmul_achievable_share"}),
              "hosts": frozenset({"dispatch_s_per_kernel"})}
-_FRACTIONS = {"default_mfu", "h2d_factor_when_d2h_busy", "d2h_factor_when_h2d_busy",
+_FRACTIONS = {"default_mfu", "matmul_achievable_share", "h2d_factor_when_d2h_busy",
+              "d2h_factor_when_h2d_busy",
               "dram_triad_fraction", "efficiency"}
 _INTEGERS = {"cores_per_socket", "sockets", "gpus", "gpus_per_switch", "nvme_drives"}
 _ZERO_OK = {"setup_latency_s", "latency_s"}

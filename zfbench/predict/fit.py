@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zfbench.analysis.breakdown import summarize
-from zfbench.sims.costs import SimSettings, SimSettingsError
+from zfbench.sims.costs import CostModel, SimSettings, SimSettingsError
 from zfbench.sims.simulator import simulate
 from zfbench.core import hardware
+from zfbench.core.scenario import GPU_NODE
 
 PARTS = ("compute_s", "io_s", "stall_s")
 NAMES = {"gpus": "inferred-gpu", "host_links": "inferred-link", "hosts": "inferred-host"}
@@ -174,6 +175,23 @@ def on_hardware_file(knobs: dict, path: Path) -> dict:
     return {**knobs, "hardware": str(path)}
 
 
+def start_mfu(base: SimSettings) -> float:
+    """The MFU a fit starts from: the one given, the GPU's measured one, or (a preset GPU
+    gives none) its census's MFU at the shape an inferred GPU's MFU is held at (the
+    default scenario's model, micro-batch and sequence, checkpointed, no launch floor:
+    zfbench.sims.compute_efficiency.gemm_efficiency's reference), so the first round
+    simulates the preset's compute there."""
+    gpu = base.machine.parts()[0]
+    if base.machine.mfu is not None:
+        return base.machine.mfu
+    if gpu.default_mfu is not None:
+        return gpu.default_mfu
+    reference = base.with_(model=GPU_NODE.model, layers=None, micro_batch=GPU_NODE.micro_batch,
+                           seq=GPU_NODE.seq, activation_checkpointing=True,
+                           dispatch_s_per_kernel=0.0)
+    return CostModel(reference).mfu
+
+
 def write_hardware(path: Path, base: SimSettings, scales: Scales, how: dict[str, str],
                    copy_latency: tuple[float, str] | None = None
                    ) -> tuple[SimSettings, dict]:
@@ -273,7 +291,7 @@ def fit(base: SimSettings, measured: Breakdown, case: str, workdir: Path,
     latency = None if measured.copy_latency_s is None else (
         measured.copy_latency_s, f"measured by {measured.source or 'the run'}: the "
         f"intercept of copy time against bytes over its copies")
-    scales = Scales(mfu=base.machine.mfu if base.machine.mfu is not None else gpu.default_mfu)
+    scales = Scales(mfu=start_mfu(base))
     path = workdir / f"inferred_hardware.{case}.json"
     moves = {"stall_s": ("host",), **_MOVES[case]}
     brackets = {names: [SCALE_LIMITS[0], SCALE_LIMITS[1]] for names in moves.values()}
