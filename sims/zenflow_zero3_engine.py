@@ -94,8 +94,8 @@ def engine_zero3_step(sim, t: int):
 
 def _pass(sim, t: int, op: str, order):
     """Forward or backward over the blocks in `order`, each gathered first (with several
-    ranks the next one's gather issued as a block starts), its unpacking copy inside the
-    block's compute."""
+    ranks the next one's gather issued as a block starts), what the gathers add to the
+    block's pass (`gather_overhead_s`) inside its compute."""
     c = sim.costs
     order = list(order)
     gathers = {order[0]: _gather(sim, t, order[0])}

@@ -80,6 +80,7 @@ def test_on_one_rank_the_stage3_simulation_differs_from_stage2_by_the_selection_
     assert ops(measured3) - ops(measured2) == {("h2d", "select")}
 
 
+@pytest.mark.slow
 def test_stage3_takes_a_profile_but_not_the_shipped_path(tiny_profile_path):
     settings = SimSettings.from_knobs(model="tiny", layers=2, gpus=1, zero_stage=3,
                                       precision="fp32",
