@@ -35,13 +35,13 @@ from zfbench.real.profile import with_rates  # noqa: E402
 from zfbench.real.runner import RunSpec  # noqa: E402
 from zfbench.sims.settings import for_engine_run  # noqa: E402
 from zfbench.sims.simulator import simulate  # noqa: E402
-from zfbench.validate.command import zenflow_overrides  # noqa: E402
+from zfbench.validate.command import cell_name, zenflow_overrides  # noqa: E402
 
 
-def cell_name(row) -> str:
-    if row["strategy"] != "zenflow":
-        return f"{row['shape']}.{row['strategy']}"
-    return f"{row['shape']}.zenflow.topk{row['topk_ratio']}-U{int(row['update_interval'])}"
+def zero_stage(row) -> int:
+    """The row's ZeRO stage (2 in runs from before validate's ZeRO-3 cells)."""
+    stage = row.get("zero_stage", 2)
+    return 2 if pd.isna(stage) else int(stage)
 
 
 def replay(run_dir: Path, extra: dict) -> pd.DataFrame:
@@ -49,21 +49,23 @@ def replay(run_dir: Path, extra: dict) -> pd.DataFrame:
     settings = summary["settings"]
     base = RunSpec(**{**settings["base_run"], "overrides": {}})
     skip = settings["skip"]
-    table = pd.read_csv(run_dir / "validate.csv").drop_duplicates(
-        ["shape", "strategy", "measured_step_time_s"])
+    table = pd.read_csv(run_dir / "validate.csv")
+    if "zero_stage" not in table:
+        table["zero_stage"] = 2
+    table = table.drop_duplicates(["shape", "strategy", "zero_stage", "measured_step_time_s"])
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for _, row in table.iterrows():
-            cell = cell_name(row)
+            pair = (float(row["topk_ratio"]), int(row["update_interval"]))
+            cell = cell_name(row["shape"], row["strategy"], pair, zero_stage(row))
             profile = json.loads((run_dir / "profiles" / f"{cell}.json").read_text())
             if extra:
                 profile = with_rates(profile, extra)
             path = Path(tmp) / f"{cell}.json"
             write_json_atomic(path, profile)
-            pair = (float(row["topk_ratio"]), int(row["update_interval"]))
             spec = replace(base, micro_batch=int(row["batch"]), seq=int(row["seq"]))
-            config = replace(spec, overrides=zenflow_overrides(*pair)).engine_config(
-                "zenflow")
+            config = replace(spec, overrides=zenflow_overrides(
+                *pair, zero_stage(row))).engine_config("zenflow")
             sim_settings = for_engine_run(
                 config, model=spec.model, layers=spec.layers, gpus=1,
                 micro_batch=spec.micro_batch, seq=spec.seq, profile=str(path), steps=spec.steps,

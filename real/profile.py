@@ -5,7 +5,8 @@
 lanes, thread split, gradient path (`zfbench.real.inplace_grads`) and kernels
 (`zfbench.real.kernels`; tests/test_kernel_identity.py checks they are the same):
 - forward and backward seconds of each block kind (embedding, one decoder layer, head
-  with the loss), from module hooks around a real training step, median of repeats;
+  with the loss), from module hooks around a real training step, median of repeats, and
+  what ZeRO-3's gathers and releases on one rank add to them (`zero3_hooks`);
 - the device optimizer rate on the selected columns, the selection cost, ZenFlow's column
   gather/scatter, the non-finite check, the clipping norm and the gradients' zeroing;
 - the link and host-lane rates (`zfbench.real.rate_probe.RateProbe`): d2h and h2d alone
@@ -46,10 +47,12 @@ from zfbench.core.schedule import topk_count
 
 
 def block_times(model, data, repeats: int, inplace: InplaceGrads,
-                flat_grads: torch.Tensor, device=None) -> dict[str, dict[str, float]]:
+                flat_grads: torch.Tensor, device=None,
+                passes=lambda name: contextlib.nullcontext()) -> dict[str, dict[str, float]]:
     """Median forward/backward seconds per block kind, from hooks on a training step run
     as the engine runs it (gradients accumulated in place into `flat_grads`); the hooks
-    mark `Clock(device)` time: perf_counter on the CPU, CUDA events on a GPU."""
+    mark `Clock(device)` time: perf_counter on the CPU, CUDA events on a GPU. `passes(name)`:
+    the context each pass runs in ("forward", "backward"; ZeRO-3's gathers)."""
     clock = Clock(device)
     stamps: list[tuple[str, str, float]] = []
     blocks = [("embedding", model.embed), *[("decoder", m) for m in model.layers],
@@ -70,10 +73,11 @@ def block_times(model, data, repeats: int, inplace: InplaceGrads,
         for _ in range(repeats):
             batch = next(data)
             stamps.clear()
-            with inplace:
+            with inplace, passes("forward"):
                 loss = model(batch["input_ids"], batch["labels"])
             mid = clock.mark()
-            loss.backward()
+            with passes("backward"):
+                loss.backward()
             end = clock.mark()
             flat_grads.zero_()
             *marks, mid, end = clock.seconds([s[2] for s in stamps] + [mid, end])
@@ -102,6 +106,39 @@ def block_times(model, data, repeats: int, inplace: InplaceGrads,
 
 
 WIDE_TOPK_RATIO = 0.3  # the second ratio of the column gather/scatter measurement
+
+
+def zero3_hooks(model, data, repeats: int, inplace, flat_params: torch.Tensor,
+                flat_grads: torch.Tensor, named, layout, prefetch_elems: int, plain: dict,
+                device=None) -> dict[str, dict[str, float]]:
+    """What ZeRO-3's gathers and releases (real/zero3.py on one rank: each unit's hooks,
+    its shard copied into a buffer of its own, released after) add to each block kind's
+    forward and backward seconds: `block_times` under them minus `plain` (without), at
+    least 0; seconds per block, not scaled by tokens (the copies and hooks do not
+    depend on them). The parameters are views of the flat buffer again after."""
+    import time
+
+    from zfbench.real.zero3 import Zero3Params
+
+    stand_in = SimpleNamespace(  # one rank of the engine, as Zero3Params reads it
+        backend=SimpleNamespace(name=lambda tensor, _name: tensor,
+                                access=lambda *_a, **_k: None),
+        dist=SimpleNamespace(active=False), shard_lo=0, shard_hi=layout.total,
+        flat_params=flat_params, config=SimpleNamespace(
+            prefetch_elems=prefetch_elems), layout=layout, named_params=named, model=model,
+        recorder=SimpleNamespace(now=time.perf_counter, add=lambda *_a: None), t=0)
+    views = [p.data for _, p in named]
+    zero3 = Zero3Params(stand_in)
+    zero3.release_all()
+    try:
+        block_times(model, data, 2, inplace, flat_grads, device, zero3.pass_of)  # warm-up
+        hooked = block_times(model, data, repeats, inplace, flat_grads, device, zero3.pass_of)
+    finally:
+        zero3.close()
+        for (_, p), view in zip(named, views):
+            p.data = view
+    return {kind: {name: max(0.0, hooked[kind][name] - plain[kind][name])
+                   for name in ("forward_s", "backward_s")} for kind in plain}
 
 
 def _selected_columns(mats, dtype, ratio: float, importance: str = "l1"):
@@ -188,6 +225,8 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
         data = ({k: v.to(device) for k, v in batch.items()} for batch in data)
     block_times(model, data, 2, inplace, flat_grads, device)  # warm-up
     blocks = block_times(model, data, repeats, inplace, flat_grads, device)
+    hooks = zero3_hooks(model, data, repeats, inplace, flat_params, flat_grads, named, layout,
+                        spec.engine_config("zenflow").prefetch_elems, blocks, device)
     tokens = spec.micro_batch * spec.seq
     for kind, block in zip(("embedding", "decoder", "head"),
                            (shape.blocks()[0], shape.blocks()[1], shape.blocks()[-1])):
@@ -281,7 +320,7 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
         "select_s_per_elem": select_s / mat_elems,
         "grad_check_s_per_elem": check_s / total, "grad_zero_s_per_elem": zero_s / total,
         "grad_norm_s_per_elem": norm_s / total,
-        "device_copy_s_per_elem": apply_s / total,
+        "device_copy_s_per_elem": apply_s / total, "zero3_hooks": hooks,
         **rates}, describe_device(device))
 
 

@@ -119,12 +119,12 @@ class SimSettings:
     def _check_across(self) -> None:
         """The checks that join two sections."""
         zf, m = self.zenflow, self.machine
-        if zf.zero_stage == 3 and (m.profile is not None or
-                                   self.measurement.transfers == "shipped"):
+        if zf.zero_stage == 3 and self.measurement.transfers == "shipped":
             raise SimSettingsError(
-                "zero_stage 3 simulates DeepSpeed's ZenFlow on ZeRO-3 from presets with the "
-                "design or full data path: give no --profile (zfbench's engine has no "
-                "ZeRO-3 path to measure) and --transfers design or full, or zero_stage 2")
+                "zero_stage 3 simulates ZenFlow on ZeRO-3 with the design or full data path "
+                "(DeepSpeed's from presets, zfbench's engine's from a measured --profile: "
+                "full); the shipped path is ZeRO-2's: give --transfers design or full, or "
+                "zero_stage 2")
         if self.infinity.offload_activations and (
                 not self.runtime.activation_checkpointing or m.profile is not None):
             raise SimSettingsError("offload_activations moves zero-infinity's activation "
@@ -235,13 +235,15 @@ def for_engine_run(config, steps_per_epoch: int | None = None, **fields) -> SimS
     """Settings that simulate a run of zfbench's engine with `config`
     (zfbench.core.config.EngineConfig) on a measured profile: its precision, every
     gradient down and parameter up as the engine's lanes move them (`transfers` "full"),
-    its ZenFlow knobs (`zenflow_knobs`), one rank per "switch" (on the CPU lanes a rank's
+    its ZenFlow knobs (`zenflow_knobs`) and ZeRO stage (3 where the config's is: ZenFlow
+    on ZeRO-3, zfbench.sims.zenflow_zero3_engine; else 2), one rank per "switch" (on the CPU lanes a rank's
     copies are its own threads' memory copies, as a profile's node says, not a link
     shared with another rank); `fields` (model, layers, gpus, micro_batch, seq, profile,
     steps, ...) give the rest. Built through the Scenario: the config's precision and
     ZenFlow knobs, then the scenario's fields in `fields`, over the GPU node's."""
     knobs = {"precision": config.precision, "transfers": "full", "gpus_per_switch": 1,
-             **zenflow_knobs(config.zenflow, steps_per_epoch), **fields}
+             **zenflow_knobs(config.zenflow, steps_per_epoch),
+             "zero_stage": 3 if config.zero_stage == 3 else 2, **fields}
     scenario = Scenario.from_flat(knobs, GPU_NODE)
     rest = {k: v for k, v in knobs.items() if k not in scenario.flat()}
     return SimSettings.from_scenario(scenario, **rest)

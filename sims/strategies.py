@@ -255,8 +255,9 @@ class RankSim:
         return done
 
     def host_update(self, step: int, deps, elems_of, up_bytes_of, convert_of=None,
-                    zero_of=None):
-        """Host Adam chunk by chunk, each chunk's parameters up (and all-gathered) after it;
+                    zero_of=None, gather: bool = True):
+        """Host Adam chunk by chunk, each chunk's parameters up (and, with `gather`,
+        all-gathered: not on ZeRO-3, whose next use gathers them) after it;
         returns the event of the last upload and each bucket's host event (its last
         chunk's: with a profile of the engine each bucket is cut into the engine's host
         chunks, `CostModel.host_chunk_elems`). `convert_of(i)`:
@@ -278,9 +279,9 @@ class RankSim:
                                    [chunks[i]])
                 deps = ()
             # emulated, the engine gathers the whole buffer once every chunk is up
-            last = (up if self.emulated else
+            last = (up if self.emulated or not gather else
                     self.gather_when_ready(step, c.buckets[i].numel * c.elem_bytes, up) or up)
-        if self.emulated:
+        if self.emulated and gather:
             last = self.gather_when_ready(step, c.model_bytes, last) or last
         return last, chunks
 

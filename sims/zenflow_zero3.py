@@ -8,6 +8,8 @@ memory are zfbench.sims.zero3's (`zenflow_*`), every other cost `CostModel`'s.
 with the mechanisms of zero-infinity's parameter traffic (zfbench.sims.zero_infinity: the
 fetch order, the reduce-scatter) and ZenFlow's selection and windows
 (zfbench.core.schedule, zfbench.sims.update_windows). Its docstring states each rule.
+A measured profile of zfbench's engine is simulated as that engine runs ZeRO-3 instead
+(zfbench.sims.zenflow_zero3_engine).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from zfbench.core.schedule import is_selection_step, is_warmup
 from zfbench.sims import host_step, zero3
 from zfbench.sims.lanes import all_done
+from zfbench.sims.zenflow_zero3_engine import engine_zero3_step
 from zfbench.sims.zero_infinity import op_buckets, reduce_scatter
 
 
@@ -45,7 +48,8 @@ def host_update(sim, step: int, deps, warm_up: bool):
 
 
 def zenflow_zero3_step(sim, t: int):
-    """Rank `sim`'s step t of ZenFlow on ZeRO-3, its order and dependencies:
+    """Rank `sim`'s step t of ZenFlow on ZeRO-3, its order and dependencies (from
+    presets; a profile of zfbench's engine: `engine_zero3_step`):
 
     - Each rank keeps its 16-bit partition (1/N of every parameter) on its GPU: ZenFlow
       offloads the optimizer, not the parameters (DeepSpeed's `offload_param` none). The
@@ -73,6 +77,9 @@ def zenflow_zero3_step(sim, t: int):
       down (fp32 from presets), DeepSpeed's host step over the partition, the whole share
       up, and the device waits for it.
     """
+    if sim.costs.engine_grad_passes:  # a profile of zfbench's engine: its schedule
+        yield from engine_zero3_step(sim, t)
+        return
     c, s, st, env = sim.costs, sim.costs.settings, sim.state, sim.env
     warm_up = is_warmup(t, s.zenflow.full_warm_up_rounds)
     ops = op_buckets(sim.nb)

@@ -40,6 +40,9 @@ def test_profile_is_a_hardware_profile_with_calibration(profile_path):
         assert cal[key] > 0, key
     for key in ("compute_factor_when_host_busy", "host_factor_when_compute_busy"):
         assert 0 < cal[key] <= 1, key
+    # what ZeRO-3's gathers and releases add to each block's passes (at least 0)
+    assert set(cal["zero3_hooks"]) == {"embedding", "decoder", "head"}
+    assert all(v >= 0 for b in cal["zero3_hooks"].values() for v in b.values())
     raw = json.loads(profile_path.read_text())
     assert all(v["source"] for v in raw["host_links"]["measured-link"].values()
                if isinstance(v, dict))
@@ -221,6 +224,10 @@ def test_quick_validate_matches_schedules_within_loose_bounds(tmp_path):
     table = pd.read_csv(tmp_path / "validate.csv")
     assert set(table["strategy"]) == {"device", "zero-offload", "zero-offload-dpu", "zenflow"}
     assert (table["schedule_diffs"] == 0).all()
+    # every shape has its ZenFlow-on-ZeRO-3 cell, at the pair, with its own summary
+    zero3 = table[table["zero_stage"] == 3]
+    assert list(zero3["strategy"]) == ["zenflow"] * 3 and zero3["shape"].nunique() == 3
+    assert (zero3["topk_ratio"] == 0.1).all() and (zero3["update_interval"] == 4).all()
     summary = json.loads((tmp_path / "validate_summary.json").read_text())
     assert summary["schedule_mismatches"] == 0 and summary["complete"] is True
     assert list(table["regime"].unique()) == ["longer", "equal", "shorter"]
@@ -228,20 +235,23 @@ def test_quick_validate_matches_schedules_within_loose_bounds(tmp_path):
     # validate's); here, what holds on any machine: the summary is the table's
     assert summary["step_time_mape"] == pytest.approx(
         table["rel_error_step_time_s"].abs().mean())
+    assert summary["zero3_cells"] == 3 and summary["zero3_step_time_mape"] == pytest.approx(
+        zero3["rel_error_step_time_s"].abs().mean())
     assert (table["simulated_step_time_s"] > 0).all()
     assert (table["measured_step_time_s"] > 0).all()
-    assert len(list((tmp_path / "traces").glob("*.json"))) >= 12
+    assert len(list((tmp_path / "traces").glob("*.json"))) >= 15
+    assert len(list((tmp_path / "traces").glob("*.zenflow.zero3.topk0.1-U4.json"))) == 3
     # a profile per shape and one per cell (host and link rates measured around it)
-    assert len(list((tmp_path / "profiles").glob("*.json"))) == 3 + 3 * 4
+    assert len(list((tmp_path / "profiles").glob("*.json"))) == 3 + 3 * 5
     # every cell's busy seconds per op, both sides: the compute ops of every cell, and
     # the host optimizer of each offloading cell, measured and simulated
     ops = pd.read_csv(tmp_path / "ops.csv")
-    assert ops.groupby("shape")["cell"].nunique().tolist() == [4, 4, 4]
+    assert ops.groupby("shape")["cell"].nunique().tolist() == [5, 5, 5]
     fwd = ops[ops["op"] == "forward"]
-    assert len(fwd) == 12 and (fwd["measured_s_per_step"] > 0).all() \
+    assert len(fwd) == 15 and (fwd["measured_s_per_step"] > 0).all() \
         and (fwd["simulated_s_per_step"] > 0).all()
     host = ops[(ops["op"] == "host_optim") & ~ops["cell"].str.endswith(".device")]
-    assert len(host) == 9 and (host["simulated_s_per_step"] > 0).all()
+    assert len(host) == 12 and (host["simulated_s_per_step"] > 0).all()
     # bench/trace_ops.py reads the same table back from the traces (older runs' only
     # record), and bench/validate_replay.py simulates the kept profiles to the same steps
     bench = Path(__file__).resolve().parents[1] / "bench"
@@ -263,7 +273,7 @@ def test_quick_validate_matches_schedules_within_loose_bounds(tmp_path):
                                                        abs=1e-6)
     replayed = validate_replay.replay(tmp_path, {})
     assert len(replayed) == len(table.drop_duplicates(
-        ["shape", "strategy", "measured_step_time_s"]))
+        ["shape", "strategy", "zero_stage", "measured_step_time_s"]))
     assert replayed["simulated_now_step_time_s"].to_numpy() == pytest.approx(
         replayed["simulated_then_step_time_s"].to_numpy(), rel=1e-9)
     assert (table["cell_host_adam_params_per_s"] > 0).all()
@@ -272,6 +282,8 @@ def test_quick_validate_matches_schedules_within_loose_bounds(tmp_path):
     assert (settings["model"], settings["layers"], settings["steps"], settings["skip"]) == \
         ("tiny", 2, 14, 6)
     assert settings["zenflow_pairs"] == [{"topk_ratio": 0.1, "update_interval_steps": 4}]
+    assert settings["zero3_cells"] == [{"strategy": "zenflow", "topk_ratio": 0.1,
+                                        "update_interval_steps": 4}]
     assert settings["shapes"] == ["longer", "equal", "shorter"]
     assert summary["provenance"]["command_line"] == \
         f"python -m zfbench.validate --quick --quiet --out {tmp_path}"
@@ -300,7 +312,7 @@ def test_validate_runs_a_subset_of_shapes_and_keeps_finished_shapes_when_stopped
                        str(tmp_path)])
     table = pd.read_csv(tmp_path / "validate.csv")
     assert set(table["shape"]) == {calls[0]} and set(table["regime"]) == {"equal"}
-    assert len(table) == 4  # one pair in --quick: one row per strategy
+    assert len(table) == 5  # one pair in --quick: one row per strategy, and ZeRO-3's
     summary = json.loads((tmp_path / "validate_summary.json").read_text())
     assert summary["shapes_done"] == [calls[0]] and summary["complete"] is False
     assert not list(tmp_path.glob("*.tmp"))
@@ -560,3 +572,26 @@ def test_fitting_halves_the_batch_until_every_strategy_fits(monkeypatch):
     assert got.seq == 2048 and 64 % got.micro_batch == 0 and fits(got.micro_batch)
     assert got.micro_batch == 64 or not fits(got.micro_batch * 2)
     assert fits(64) or got.micro_batch < 64
+
+
+def test_every_shape_runs_zenflow_on_zero3_too():
+    """validate's cells: each strategy on ZeRO-2 (zenflow at every pair), then zenflow on
+    ZeRO-3 at the first pair, in --quick (one pair) and in the full run (two); the
+    ZeRO-3 cell's name, files and engine config say stage 3."""
+    from dataclasses import replace
+
+    from zfbench.real.runner import RunSpec
+    from zfbench.validate.command import PAIRS, cell_name, cell_plan, zenflow_overrides
+
+    for pairs in (PAIRS[:1], PAIRS):
+        plan = cell_plan(pairs)
+        assert [c for c in plan if c[2] == 3] == [("zenflow", pairs[0], 3)]
+        assert len(plan) == 3 + len(pairs) + 1
+    assert cell_name("s", "zenflow", (0.1, 4), 3) == "s.zenflow.zero3.topk0.1-U4"
+    assert cell_name("s", "zenflow", (0.1, 4)) == "s.zenflow.topk0.1-U4"
+    spec = RunSpec(model="tiny", layers=2, micro_batch=1, seq=8, device="cpu",
+                   precision="fp32")
+    for stage in (2, 3):
+        config = replace(spec, overrides=zenflow_overrides(0.1, 4, stage)).engine_config(
+            "zenflow")
+        assert config.zero_stage == stage

@@ -238,11 +238,6 @@ def test_bad_zero_stage_is_one_clear_error(argv, needle, capsys):
     assert len(err) == 1 and needle in err[0]
 
 
-def test_zero_stage_3_refuses_a_profile():
-    with pytest.raises(SimSettingsError, match="give no --profile"):
-        SimSettings.from_knobs(zero_stage=3, profile="x.json")
-
-
 def test_the_schedule_gathers_each_block_twice_before_its_ops():
     """Each forward and backward op of a block runs after that block's all-gather of its
     step (prefetch 1: issued one op ahead), and the step's first gather before it starts

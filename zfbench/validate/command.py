@@ -5,8 +5,8 @@ bf16 on the device lane), sized from two calibrations (4 and 256 tokens) so that
 Adam is longer than, about equal to, and shorter than forward+backward on this machine
 (each shape's measured ratio printed as `host_adam_over_compute`); for each shape a
 profile is measured (`zfbench.real.profile`) and every strategy runs on the engine, zenflow
-at two (topk_ratio, update_interval) pairs; the simulator then runs the same cells with
-that shape's profile, its host and link rates measured again around each cell.
+at two (topk_ratio, update_interval) pairs and on ZeRO-3 at the first (`cell_plan`); the
+simulator runs the same cells with that profile, host and link rates measured around each.
 Written to `--out` (default runs/validate): `validate.csv`, `ops.csv` (busy seconds per
 step by lane and op, measured beside simulated), `validate_summary.json`, `profiles/` and
 `traces/`; rewritten as each shape finishes. A cell whose schedule signature differs
@@ -40,7 +40,7 @@ from zfbench.analysis.validation import (compare_ops, compare_rows, error_summar
                                          schedule_signature, signature_diff)
 from zfbench.real.engine import resolve_device
 from zfbench.real.memory import InsufficientMemoryError
-from zfbench.core.strategies import has_windows
+from zfbench.core.strategies import has_windows, zero_stage_chosen
 from zfbench.real.flat import device_dtype
 from zfbench.real.profile import mean_profile, measure_profile, with_rates
 from zfbench.real.rate_probe import RateProbe, strategy_threads_of
@@ -58,23 +58,47 @@ from zfbench.validate.shapes import (REGIMES, SIZING_SEQ, NoisySizingError, comp
 PAIRS = ((SCENARIO_ZENFLOW["topk_ratio"], SCENARIO_ZENFLOW["update_interval"]),  # the scenario
          (0.25, 2))
 PROBE_REPEATS = 3  # host and link rates measured before and after each cell
-def zenflow_overrides(topk: float, interval: int) -> dict:
-    """zfbench's ZenFlow scenario with one (topk_ratio, update_interval) pair."""
-    return {**SCENARIO_ZENFLOW, "topk_ratio": topk, "update_interval": interval}
+# the strategies validated on ZeRO-3 too (the engine's `zero_optimization.stage` 3), at
+# the first pair: those whose stage the simulator's `zero_stage` knob chooses (zenflow)
+STAGE3 = tuple(s for s in STRATEGIES if zero_stage_chosen(s))
 
 
-def measure_cell(spec: RunSpec, strategy: str, pair, progress: bool):
+def zenflow_overrides(topk: float, interval: int, zero_stage: int = 2) -> dict:
+    """zfbench's ZenFlow scenario with one (topk_ratio, update_interval) pair; on ZeRO-3
+    with `zero_stage` 3 (the engine's `zero_optimization.stage`)."""
+    return {**SCENARIO_ZENFLOW, "topk_ratio": topk, "update_interval": interval,
+            **({"zero_stage": 3} if zero_stage == 3 else {})}
+
+
+def cell_name(shape_name: str, strategy: str, pair, zero_stage: int = 2) -> str:
+    """A cell's name: its profile's and trace's file name, `ops.csv`'s `cell`."""
+    return f"{shape_name}.{strategy}" + (".zero3" if zero_stage == 3 else "") + (
+        f".topk{pair[0]}-U{pair[1]}" if has_windows(strategy) else "")
+
+
+def cell_plan(pairs) -> list[tuple[str, tuple, int]]:
+    """A shape's cells in the order they run, as (strategy, pair, ZeRO stage): every
+    strategy on ZeRO-2 (zenflow at each pair), then `STAGE3`'s on ZeRO-3 at the first."""
+    plan = [(strategy, pair, 2) for strategy in STRATEGIES
+            for pair in (pairs if has_windows(strategy) else pairs[:1])]
+    return plan + [(strategy, pairs[0], 3) for strategy in STAGE3]
+
+
+def measure_cell(spec: RunSpec, strategy: str, pair, progress: bool, zero_stage: int = 2):
     """Run one cell on the engine; its timeline (the engine itself is let go)."""
-    spec = replace(spec, overrides=zenflow_overrides(*pair) if has_windows(strategy) else {})
+    spec = replace(spec, overrides=zenflow_overrides(*pair, zero_stage)
+                   if has_windows(strategy) else {})
     return train(spec, strategy, progress=progress).timeline
 
 
-def simulate_cell(spec: RunSpec, strategy: str, pair, profile_path: Path, skip: int, tl):
+def simulate_cell(spec: RunSpec, strategy: str, pair, profile_path: Path, skip: int, tl,
+                  zero_stage: int = 2):
     """Simulate one cell with the shape's profile; compare it with the measured timeline:
     the summary row, the schedule differences, the simulated timeline and the per-op
     seconds of both (`compare_ops`)."""
     measured = summarize(tl.spans_frame(), tl.steps_frame(), skip)
-    config = replace(spec, overrides=zenflow_overrides(*pair)).engine_config("zenflow")
+    config = replace(spec, overrides=zenflow_overrides(*pair, zero_stage)).engine_config(
+        "zenflow")
     # every strategy with the pair's ZenFlow knobs, as before (only zenflow reads them)
     settings = for_engine_run(config, model=spec.model, layers=spec.layers, gpus=1,
                               micro_batch=spec.micro_batch, seq=spec.seq,
@@ -144,7 +168,7 @@ def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool,
                                                ops=ops)
         slowest = max(slowest, time.perf_counter() - shape_started)
     show = unique[["shape", "regime", "seq", "host_adam_over_compute", "strategy",
-                   "topk_ratio", "update_interval", "measured_step_time_s",
+                   "zero_stage", "topk_ratio", "update_interval", "measured_step_time_s",
                    "simulated_step_time_s", "rel_error_step_time_s",
                    "measured_stall_fraction", "simulated_stall_fraction", "schedule_diffs"]]
     print(show.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -170,25 +194,23 @@ def validate_shape(spec: RunSpec, shape_name: str, regime: str, pairs, out: Path
                       device=resolve_device(spec.device),
                       strategy_threads=strategy_threads_of(cal))
     cells = []
-    for strategy in STRATEGIES:
-        for pair in (pairs if has_windows(strategy) else pairs[:1]):
-            ahead = probe.measure(PROBE_REPEATS)
-            timeline = measure_cell(spec, strategy, pair, progress)
-            rates = mean_profile([ahead, probe.measure(PROBE_REPEATS)])
-            cells.append((strategy, pair, timeline, rates))
+    for strategy, pair, stage in cell_plan(pairs):
+        ahead = probe.measure(PROBE_REPEATS)
+        timeline = measure_cell(spec, strategy, pair, progress, stage)
+        rates = mean_profile([ahead, probe.measure(PROBE_REPEATS)])
+        cells.append((strategy, pair, stage, timeline, rates))
     probe.close()
     del probe
     profile = mean_profile([before, measure_profile(spec)])
     write_json_atomic(out / "profiles" / f"{shape_name}.json", profile)
     ratio = host_adam_s(profile, shape) / compute_s(profile, shape)
     rows, failures, ops = [], [], []
-    for strategy, pair, measured_tl, rates in cells:
-        cell = f"{shape_name}.{strategy}" + (
-            f".topk{pair[0]}-U{pair[1]}" if has_windows(strategy) else "")
+    for strategy, pair, stage, measured_tl, rates in cells:
+        cell = cell_name(shape_name, strategy, pair, stage)
         profile_path = out / "profiles" / f"{cell}.json"
         write_json_atomic(profile_path, with_rates(profile, rates))
         row, diffs, sim_tl, cell_ops = simulate_cell(spec, strategy, pair, profile_path,
-                                                     skip, measured_tl)
+                                                     skip, measured_tl, stage)
         ops.append(cell_ops.assign(shape=shape_name, cell=cell))
         write_json_atomic(out / "traces" / f"{cell}.json", merge_chrome_traces(
             {f"{cell} measured": measured_tl, f"{cell} simulated": sim_tl}))
@@ -197,7 +219,8 @@ def validate_shape(spec: RunSpec, shape_name: str, regime: str, pairs, out: Path
                          "seq": spec.seq, "host_adam_over_compute": ratio,
                          "cell_host_adam_params_per_s": rates["host_adam_params_per_s"],
                          "topk_ratio": p[0], "update_interval": p[1],
-                         "strategy": strategy, "schedule_diffs": len(diffs), **row})
+                         "strategy": strategy, "zero_stage": stage,
+                         "schedule_diffs": len(diffs), **row})
         failures.extend(f"{cell}: {d}" for d in diffs[:3])
     return rows, failures, ops
 
@@ -209,12 +232,18 @@ def write_results(out: Path, rows: list[dict], failures: list[str], shapes_done:
     by lane and op, measured beside simulated) for the shapes finished so far (each
     written whole through a rename); `complete` is false until the last shape is in."""
     table = pd.DataFrame(rows)
-    # each (shape, pair) group ranks all four strategies; the shared baselines appear in
-    # every pair's group, so the error statistics count each real cell once
-    summary = error_summary(table, ["shape", "topk_ratio", "update_interval"])
-    unique = table.drop_duplicates(["shape", "strategy", "measured_step_time_s"])
+    # each (shape, pair) group ranks all four strategies on ZeRO-2; the shared baselines
+    # appear in every pair's group, so the error statistics count each real cell once
+    # (the ZeRO-3 cells among them, also summarised on their own: `zero3_*`)
+    stage2 = table[table["zero_stage"] == 2]
+    summary = error_summary(stage2, ["shape", "topk_ratio", "update_interval"])
+    unique = table.drop_duplicates(["shape", "strategy", "zero_stage", "measured_step_time_s"])
     summary.update({k: v for k, v in error_summary(unique, ["shape"]).items()
                     if k.startswith(("step_time", "stall", "cells"))})
+    stage3 = unique[unique["zero_stage"] == 3]
+    if len(stage3):
+        summary.update({f"zero3_{k}": v for k, v in error_summary(stage3, ["shape"]).items()
+                        if k.startswith(("step_time", "stall", "cells"))})
     summary["schedule_mismatches"] = len(failures)
     summary["shapes_done"] = shapes_done
     summary["complete"] = complete
@@ -348,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                 "shapes": list(regimes), "zenflow_pairs": [
                     {"topk_ratio": k, "update_interval_steps": u} for k, u in pairs],
+                "zero3_cells": [{"strategy": name, "topk_ratio": pairs[0][0],
+                                 "update_interval_steps": pairs[0][1]} for name in STAGE3],
                 "probe_repeats": PROBE_REPEATS, "sizing_seq_tokens": list(SIZING_SEQ),
                 "base_run": {k: v for k, v in asdict(base).items()
                              if isinstance(v, (int, float, str, bool, type(None)))}}
