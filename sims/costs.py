@@ -16,18 +16,17 @@ import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from zfbench.sims import (collectives, compute_efficiency, device_memory, device_step,
-                          host_step, op_curve, pageable, zero3)
+from zfbench.sims import (collectives, compute_efficiency, device_step, host_step, op_curve,
+                          pageable, rank_memory)
 from zfbench.sims.settings import (OFFLOAD_PARAMS, PRECISIONS, STRATEGIES, TRANSFER_MODES,
                            SimSettings, SimSettingsError, load_calibration,
                            strategy_host_lane)
 from zfbench.core import hardware, models
 from zfbench.core.config_zenflow import split_cores
-from zfbench.core.memory_model import (activation_bytes, element_bytes, engine_device_bytes,
-                                       host_bytes_per_param)
+from zfbench.core.memory_model import activation_bytes, element_bytes
 from zfbench.core.scenario import GPU_NODE
-from zfbench.core.strategies import (ENGINE_HOST_CHUNK_ELEMS, STRATEGY, buckets_on, has_windows,
-                                     zero_offload, zero_stage_chosen, zero_stage_of)
+from zfbench.core.strategies import (ENGINE_HOST_CHUNK_ELEMS, has_windows, zero_stage_chosen,
+                                     zero_stage_of)
 from zfbench.core.schedule import selected_elements
 
 __all__ = ["STRATEGIES", "TRANSFER_MODES", "PRECISIONS", "OFFLOAD_PARAMS", "SimSettings",
@@ -511,40 +510,9 @@ class CostModel:
         return total if self.nodes == 1 else total / self.nodes
 
     def memory_per_rank(self, strategy: str) -> dict[str, float]:
-        """Device bytes per rank, host bytes and NVMe bytes for one node (of `nodes`, each
-        holding its ranks' share), by strategy (zero-infinity: zfbench.sims.zero3.memory)."""
-        rule = STRATEGY[strategy].memory
-        if rule == "zero3":
-            return zero3.memory(self)
-        p, b = self.params, self.elem_bytes
-        part = self.share(p)
-        act = self.activation_bytes()
-        moments = self.offloaded_moment_bytes if has_windows(strategy) else 0.0
-        if self.calibration is not None:  # zfbench's engine, as it allocates
-            device = engine_device_bytes(strategy, p, b, self.selected_params, act,
-                                         moments_offloaded=moments > 0)
-        elif rule == "device-adam":  # ZeRO-2 at its step's peak (zfbench.sims.device_memory)
-            device = device_memory.device_strategy_bytes(p, part, b, act)
-        elif zero_offload(strategy):
-            # DeepSpeed's: params + two gradient buckets
-            device = device_memory.zero_offload_device_bytes(p, b, act)
-        elif self.on_zero3(strategy):  # ZenFlow on ZeRO-3: partitioned, gathered per block
-            device = zero3.zenflow_device_bytes(self)
-            if moments:  # on the host; one bucket's at a time on the device (staging)
-                device += moments * (min(1.0, device_memory.REDUCE_BUCKET_ELEMS / part) - 1.0)
-        else:  # zenflow: device Adam state for the selected slice
-            sel = self.selected_params
-            device = p * b + p * b + sel * 12 + act
-            if moments:  # on the host; one bucket's at a time on the device (staging)
-                bucket = min(1.0, device_memory.REDUCE_BUCKET_ELEMS / p)
-                device += moments * (bucket - 1.0)
-        # the node's ranks' host state as the engine allocates it (zfbench.core.memory_model:
-        # fp32 master, m, v, the strategy's fp32 gradient buffers and 16-bit wires; none
-        # for device), with gradient buckets where the schedule has them (copy engines)
-        bucketed = buckets_on(self.settings.scenario.precision, not self.emulated)
-        host = float(self.per_node(p * host_bytes_per_param(strategy, b, bucketed)
-                                   + self.gpus * moments))
-        return {"device_bytes_per_rank": device, "host_bytes": host, "nvme_bytes": 0.0}
+        """Device bytes per rank, host and NVMe bytes for one node, by strategy
+        (zfbench.sims.rank_memory)."""
+        return rank_memory.memory_per_rank(self, strategy)
 
     def on_zero3(self, strategy: str) -> bool:
         """Whether `strategy` runs on ZeRO-3 here because the `zero_stage` knob says so
@@ -553,12 +521,6 @@ class CostModel:
             zero_stage_of(strategy, self.settings.zenflow.zero_stage) == 3
 
     def fits(self, strategy: str) -> dict[str, float | bool]:
-        mem = self.memory_per_rank(strategy)
-        dev_cap = float(self.node.gpu.memory_bytes)
-        host_cap = float(self.node.host.memory_bytes)
-        s = self.settings
-        nvme_cap = float(s.machine.nvme_drive().capacity_bytes * s.machine.nvme_drives)
-        return {**mem, "device_capacity_bytes": dev_cap, "host_capacity_bytes": host_cap,
-                "nvme_capacity_bytes": nvme_cap,
-                "fits": mem["device_bytes_per_rank"] <= dev_cap and mem["host_bytes"] <= host_cap
-                and mem["nvme_bytes"] <= nvme_cap}
+        """`memory_per_rank` beside the node's capacities, and whether it fits
+        (zfbench.sims.rank_memory)."""
+        return rank_memory.fits(self, strategy)

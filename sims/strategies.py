@@ -3,9 +3,9 @@
 Each rank's process is its compute stream: it runs forward, backward (bucket by bucket, in
 reverse) and device optimizer ops itself and submits transfers, host work and collectives
 to its lanes with the dependencies the real engine has. This module owns those schedules
-(`RankSim`, one step method per strategy: `device`, `zero-offload`, `zero-offload-dpu`,
-`zenflow`; `zero-infinity`'s is `sims/zero_infinity.py`, ZenFlow on ZeRO-3's
-`sims/zenflow_zero3.py`), gradient accumulation's
+(`RankSim`, one step method per strategy: `device`, `zero-offload`, `zero-offload-dpu`;
+ZenFlow's are `sims/zenflow_zero2.py` and `sims/zenflow_zero3.py`, zero-infinity's
+`sims/zero_infinity.py`, each a function of a `RankSim`), gradient accumulation's
 micro-steps (`accumulate`, as DeepSpeed's ZeRO-2 CPU offload accumulates), and the
 variants for pageable buffers, `overlap_comm` off and the CPU-emulated accelerator.
 `RankSim`'s docstring states each strategy's schedule; the costs come from `CostModel`,
@@ -29,9 +29,9 @@ from zfbench.sims import host_step, pageable, partitioning
 from zfbench.sims.fluid import FluidPool, Job
 from zfbench.sims.host_step import CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM
 from zfbench.sims.lanes import Lane, all_done, all_of, run_compute
+from zfbench.sims.zenflow_zero2 import zenflow_zero2_step
 from zfbench.sims.zenflow_zero3 import zenflow_zero3_step
 from zfbench.sims.zero_infinity import zero_infinity_step
-from zfbench.core.schedule import is_selection_step, is_warmup
 from zfbench.core.strategies import (STRATEGY_LIST, device_adamw, offloads_params,
                                      zero_stage_chosen, zero_stage_of)
 from zfbench.core.trace import Timeline
@@ -68,12 +68,7 @@ class RankSim:
     - `zero-infinity`: ZeRO-3 with parameters (and optimizer state) offloaded: every bucket
       fetched before its forward and again before its backward, gradients reduce-scattered
       and sent down, host Adam, no upload (`sims/zero_infinity.py`).
-    - `zenflow` (on ZeRO-2; with `zero_stage` 3 `sims/zenflow_zero3.py`'s step): warm-up
-      steps are zero-offload steps; then every step sends the unselected
-      share of each gradient down and accumulates it on the host while the device updates
-      the selected columns; at each update boundary the host Adam runs over the window and its
-      parameters go up. With `overlap_step` the device waits, at the next boundary, for the
-      previous window's update only (one window stale); without it, at once.
+    - `zenflow`: zfbench.sims.zenflow_zero2 (ZeRO-2), zfbench.sims.zenflow_zero3 (ZeRO-3).
 
     With gradient accumulation (`grad_accum` A > 1; device, zero-offload and zero-offload-dpu
     here, zero-infinity in zfbench.sims.zero_infinity the same way) a step is A micro-steps:
@@ -292,7 +287,7 @@ class RankSim:
         if c.deepspeed_host_step:
             return host_step.deepspeed_update(self, step, deps)
         shard = lambda i: c.share(c.buckets[i].numel)  # noqa: E731
-        return self.host_update(step, deps, shard, self._shard_bytes, shard)
+        return self.host_update(step, deps, shard, self.shard_bytes, shard)
 
     # -- strategies -------------------------------------------------------------------
     def run(self, strategy: str, steps: int):
@@ -334,8 +329,8 @@ class RankSim:
             yield from all_done(self.env, reduced)
             return
         deps_of = self._accumulated_up(t, micro)
-        down = yield from self._grads_down(t, self._shard_bytes, deps_of, reduce=False)
-        yield from self._copy_grads_down(t, self._shard_bytes)
+        down = yield from self.grads_down(t, self.shard_bytes, deps_of, reduce=False)
+        yield from self.copy_grads_down(t, self.shard_bytes)
         st["accum_down"] = down
         yield from all_done(self.env, self.reduced)
 
@@ -346,7 +341,7 @@ class RankSim:
         if micro == 0 or self.emulated:
             return lambda i: ()
         previous = self.state.get("accum_down", {})
-        return lambda i: [self.transfer(self.h2d, "h2d_param", t, self._shard_bytes(i),
+        return lambda i: [self.transfer(self.h2d, "h2d_param", t, self.shard_bytes(i),
                                         [previous.get(i)])]
 
     def _final_micro_deps(self, t: int):
@@ -380,7 +375,7 @@ class RankSim:
             return self.owned_numels[i]
         return c.share(c.buckets[i].numel)
 
-    def _shard_bytes(self, i: int) -> float:
+    def shard_bytes(self, i: int) -> float:
         """Bytes of this rank's share of bucket i's gradient or parameters."""
         return self._shard_numel(i) * self.costs.elem_bytes
 
@@ -389,10 +384,10 @@ class RankSim:
         at the step's end (`CostModel.grad_wire_bytes`: fp32 from presets)."""
         return self._shard_numel(i) * self.costs.grad_wire_bytes
 
-    def _grads_down(self, t: int, bytes_of, extra_deps_of=lambda i: (), reduce=True):
+    def grads_down(self, t: int, bytes_of, extra_deps_of=lambda i: (), reduce=True):
         """Backward with each bucket's gradient reduced, then sent down (`bytes_of(i)`)
         once `extra_deps_of(i)` have fired too; returns each bucket's event. Emulated:
-        backward only (returns none); `_copy_grads_down` sends them."""
+        backward only (returns none); `copy_grads_down` sends them."""
         down: dict[int, simpy.Event] = {}
         self.reduced = []
         # every rank runs the same backward passes, so the count names them alike
@@ -414,10 +409,10 @@ class RankSim:
         yield from self.backward(t, (lambda i: None) if self.emulated else after, reduce)
         return down
 
-    def _copy_grads_down(self, t: int, bytes_of, extra_deps_of=lambda i: ()):
+    def copy_grads_down(self, t: int, bytes_of, extra_deps_of=lambda i: ()):
         """Emulated: every gradient down in one copy by the device thread, once every
         `extra_deps_of(i)` has fired (the staging buffer is free); with copy engines
-        `_grads_down` has sent them already."""
+        `grads_down` has sent them already."""
         if not self.emulated:
             return
         deps = dict.fromkeys(d for i in range(self.nb) for d in extra_deps_of(i))
@@ -427,8 +422,8 @@ class RankSim:
     def offload_step(self, t: int):
         c = self.costs
         yield from self.compute("forward", t, c.forward_s)
-        down = yield from self._grads_down(t, self._grad_wire_bytes, self._final_micro_deps(t))
-        yield from self._copy_grads_down(t, self._grad_wire_bytes)
+        down = yield from self.grads_down(t, self._grad_wire_bytes, self._final_micro_deps(t))
+        yield from self.copy_grads_down(t, self._grad_wire_bytes)
         landed, _ = self.offload_update(t, list(down.values()))
         yield from all_done(self.env, [landed])
 
@@ -442,92 +437,15 @@ class RankSim:
             return [prev_chunks.get(i)]
         # with copy engines the buckets land in the other of two alternating buffers
         # (real/strategies.py), free since the update of step t-2 was applied
-        down = yield from self._grads_down(t, self._grad_wire_bytes, self._final_micro_deps(t))
+        down = yield from self.grads_down(t, self._grad_wire_bytes, self._final_micro_deps(t))
         if self.emulated:  # the device thread applies it before its gradients go down
             yield from self.apply_update(t, stale)
             stale = None
-        yield from self._copy_grads_down(t, self._grad_wire_bytes, consumed)
+        yield from self.copy_grads_down(t, self._grad_wire_bytes, consumed)
         last, chunks = self.offload_update(t, list(down.values()))
         st[("chunks", t)], st[("landed", t)] = chunks, last
         # The next forward needs the update of step t-1: the step ends when it has landed.
         yield from self.apply_update(t, stale)
-
-    def zenflow_step(self, t: int):
-        c, s, st = self.costs, self.costs.settings, self.state
-        W, S = s.zenflow.full_warm_up_rounds, s.zenflow.select_interval
-        if is_warmup(t, W):
-            yield from self.offload_step(t)
-            return
-        shipped = s.measurement.transfers == "shipped"
-        unselected = [b.numel - b.selected_numel for b in c.buckets]
-        if s.measurement.transfers == "full":  # the whole gradient down, whole parameters up
-            unselected = [b.numel for b in c.buckets]
-        window_start = st.get("window_start", t)
-        st["window_start"] = window_start
-        round_trip = {}
-        if shipped and t > window_start:  # the shipped path brings the accumulator back up
-            for i in reversed(range(self.nb)):
-                round_trip[i] = self.transfer(self.h2d, "h2d_param", t, c.share(
-                    c.buckets[i].numel) * c.elem_bytes, [st.get(("down", t - 1, i))])
-        yield from self.compute("forward", t, c.forward_s)
-        prev_accum = st.get(("accum", t - 1))
-        if c.engine_grad_passes and not self.emulated and not shipped and prev_accum:
-            # zfbench's engine on a GPU sends each bucket down during backward into the
-            # one staging buffer the last accumulation reads: its main thread waits for
-            # that accumulation before it launches backward (real/zenflow.py
-            # `grads_landing`); DeepSpeed's schedule (presets) holds only the copies
-            yield prev_accum
-        # Not shipped: the staging buffer is free once the host accumulated the last one.
-        bytes_of = self._shard_bytes if shipped else (
-            lambda i: c.share(unselected[i]) * c.elem_bytes)
-        deps_of = (lambda i: [round_trip.get(i)]) if shipped else (lambda i: [prev_accum])
-        down = yield from self._grads_down(t, bytes_of, deps_of)
-        for i, event in down.items():
-            st[("down", t, i)] = event
-            st.pop(("down", t - 1, i), None)
-        if is_selection_step(t, W, S):
-            if self.emulated and t != 0:  # apply what is pending, re-sync the master
-                yield from self.apply_update(t, st.pop("pending", None), True)
-                yield from self.copy_down_now("select", t, c.share(c.params) * c.elem_bytes)
-            yield from self.compute("select", t, c.select_s())
-            scores = self.collective("allreduce", t, 4 * sum(
-                m.cols for m in c.shape.matrices()), [])
-            yield from all_done(self.env, [scores])
-        yield from self._copy_grads_down(t, bytes_of, deps_of)
-        if not shipped:
-            st[("accum", t)] = self.host_work("host_accum", t, c.share(sum(unselected)),
-                                              list(down.values()))
-        st.pop(("accum", t - 1), None)
-        if c.is_boundary(t):
-            window_deps = [st.get(("accum", t))] if not shipped else list(down.values())
-            if shipped:  # fp32 window gradient down at the boundary
-                window_deps = [self.transfer(self.d2h, "d2h_grad", t,
-                                             c.share(c.params) * 4, window_deps)]
-            up_elems = unselected if not shipped else [b.numel for b in c.buckets]
-            if s.zenflow.overlap_step:
-                yield from self.apply_update(t, st.pop("pending", None), True)
-            # the window is fp32 already: only the parameters going up are converted,
-            # one of the two conversions the profile times together; the engine clears
-            # the window chunk by chunk after its Adam (not the shipped path: DeepSpeed's)
-            landed, _ = self.host_update(t, window_deps,
-                                         lambda i: c.share(c.buckets[i].numel),
-                                         lambda i: c.share(up_elems[i]) * c.elem_bytes,
-                                         lambda i: 0.5 * c.share(up_elems[i]),
-                                         None if shipped else
-                                         (lambda i: c.share(c.buckets[i].numel)))
-            if s.zenflow.overlap_step:
-                st["pending"] = landed
-            else:
-                yield from self.apply_update(t, landed, True)
-            st.pop("window_start", None)
-        yield from all_done(self.env, self.reduced)  # selected columns need reduced grads
-        moments = c.offloaded_moment_bytes  # zenflow.offload: m and v up, then back
-        if moments:  # in line with the update, as DeepSpeed copies them on its stream
-            yield self.transfer(self.h2d, "h2d_moments", t, moments, [])
-        yield from self.compute("device_optim", t, c.device_optim_s(c.selected_params)
-                                + self.column_io_s())
-        if moments:
-            yield self.transfer(self.d2h, "d2h_moments", t, moments, [])
 
 
 def _fired(env: simpy.Environment) -> simpy.Event:
@@ -539,7 +457,7 @@ def _fired(env: simpy.Environment) -> simpy.Event:
 # The simulator's registry: each step function (rank, t) under the zfbench.core.strategies
 # record's name it simulates (tests/test_strategy_record.py: exactly SIM_STRATEGIES).
 STEP_FUNCTIONS = {"device": RankSim.device_step, "zero-offload": RankSim.offload_step,
-                  "zero-offload-dpu": RankSim.dpu_step, "zenflow": RankSim.zenflow_step,
+                  "zero-offload-dpu": RankSim.dpu_step, "zenflow": zenflow_zero2_step,
                   "zero-infinity": zero_infinity_step}
 
 # ZeRO-3 steps of the strategies whose stage the `zero_stage` knob chooses

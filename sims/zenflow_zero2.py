@@ -1,0 +1,100 @@
+"""ZenFlow on ZeRO-2: one rank's step as a SimPy process.
+
+`zenflow_zero2_step(sim, t)` runs on a `RankSim` (zfbench.sims.strategies: its lanes,
+helpers and per-run `state`); ZenFlow on ZeRO-3 is zfbench.sims.zenflow_zero3's. The
+schedule: warm-up steps (`full_warm_up_rounds`) are zero-offload steps; then every step
+sends the unselected share of each gradient down and accumulates it on the host while the
+device updates the selected columns; at each update boundary the host AdamW runs over the
+window and its parameters go up. With `overlap_step` the device waits, at the next
+boundary, for the previous window's update only (one window stale); without it, at once.
+`transfers` "full" sends whole gradients and parameters (the engine's data path);
+"shipped" is DeepSpeed's (the accumulator's round trip up, the fp32 window down at the
+boundary). On the CPU-emulated accelerator, selection steps after step 0 first apply
+what is pending and copy the parameters down (the master re-synced from the device).
+`zenflow.offload` moves the selected columns' moments up before the device AdamW and
+back after it, in line with the update as DeepSpeed copies them on its stream.
+"""
+
+from __future__ import annotations
+
+from zfbench.core.schedule import is_selection_step, is_warmup
+from zfbench.sims.lanes import all_done
+
+
+def zenflow_zero2_step(sim, t: int):
+    """Rank `sim`'s step t of ZenFlow on ZeRO-2 (its schedule: the module's docstring)."""
+    c, s, st = sim.costs, sim.costs.settings, sim.state
+    W, S = s.zenflow.full_warm_up_rounds, s.zenflow.select_interval
+    if is_warmup(t, W):
+        yield from sim.offload_step(t)
+        return
+    shipped = s.measurement.transfers == "shipped"
+    unselected = [b.numel - b.selected_numel for b in c.buckets]
+    if s.measurement.transfers == "full":  # the whole gradient down, whole parameters up
+        unselected = [b.numel for b in c.buckets]
+    window_start = st.get("window_start", t)
+    st["window_start"] = window_start
+    round_trip = {}
+    if shipped and t > window_start:  # the shipped path brings the accumulator back up
+        for i in reversed(range(sim.nb)):
+            round_trip[i] = sim.transfer(sim.h2d, "h2d_param", t, c.share(
+                c.buckets[i].numel) * c.elem_bytes, [st.get(("down", t - 1, i))])
+    yield from sim.compute("forward", t, c.forward_s)
+    prev_accum = st.get(("accum", t - 1))
+    if c.engine_grad_passes and not sim.emulated and not shipped and prev_accum:
+        # zfbench's engine on a GPU sends each bucket down during backward into the
+        # one staging buffer the last accumulation reads: its main thread waits for
+        # that accumulation before it launches backward (real/zenflow.py
+        # `grads_landing`); DeepSpeed's schedule (presets) holds only the copies
+        yield prev_accum
+    # Not shipped: the staging buffer is free once the host accumulated the last one.
+    bytes_of = sim.shard_bytes if shipped else (
+        lambda i: c.share(unselected[i]) * c.elem_bytes)
+    deps_of = (lambda i: [round_trip.get(i)]) if shipped else (lambda i: [prev_accum])
+    down = yield from sim.grads_down(t, bytes_of, deps_of)
+    for i, event in down.items():
+        st[("down", t, i)] = event
+        st.pop(("down", t - 1, i), None)
+    if is_selection_step(t, W, S):
+        if sim.emulated and t != 0:  # apply what is pending, re-sync the master
+            yield from sim.apply_update(t, st.pop("pending", None), True)
+            yield from sim.copy_down_now("select", t, c.share(c.params) * c.elem_bytes)
+        yield from sim.compute("select", t, c.select_s())
+        scores = sim.collective("allreduce", t, 4 * sum(
+            m.cols for m in c.shape.matrices()), [])
+        yield from all_done(sim.env, [scores])
+    yield from sim.copy_grads_down(t, bytes_of, deps_of)
+    if not shipped:
+        st[("accum", t)] = sim.host_work("host_accum", t, c.share(sum(unselected)),
+                                          list(down.values()))
+    st.pop(("accum", t - 1), None)
+    if c.is_boundary(t):
+        window_deps = [st.get(("accum", t))] if not shipped else list(down.values())
+        if shipped:  # fp32 window gradient down at the boundary
+            window_deps = [sim.transfer(sim.d2h, "d2h_grad", t,
+                                         c.share(c.params) * 4, window_deps)]
+        up_elems = unselected if not shipped else [b.numel for b in c.buckets]
+        if s.zenflow.overlap_step:
+            yield from sim.apply_update(t, st.pop("pending", None), True)
+        # the window is fp32 already: only the parameters going up are converted,
+        # one of the two conversions the profile times together; the engine clears
+        # the window chunk by chunk after its Adam (not the shipped path: DeepSpeed's)
+        landed, _ = sim.host_update(t, window_deps,
+                                     lambda i: c.share(c.buckets[i].numel),
+                                     lambda i: c.share(up_elems[i]) * c.elem_bytes,
+                                     lambda i: 0.5 * c.share(up_elems[i]),
+                                     None if shipped else
+                                     (lambda i: c.share(c.buckets[i].numel)))
+        if s.zenflow.overlap_step:
+            st["pending"] = landed
+        else:
+            yield from sim.apply_update(t, landed, True)
+        st.pop("window_start", None)
+    yield from all_done(sim.env, sim.reduced)  # selected columns need reduced grads
+    moments = c.offloaded_moment_bytes  # zenflow.offload: m and v up, then back
+    if moments:  # in line with the update, as DeepSpeed copies them on its stream
+        yield sim.transfer(sim.h2d, "h2d_moments", t, moments, [])
+    yield from sim.compute("device_optim", t, c.device_optim_s(c.selected_params)
+                            + sim.column_io_s())
+    if moments:
+        yield sim.transfer(sim.d2h, "d2h_moments", t, moments, [])
