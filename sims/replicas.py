@@ -61,8 +61,12 @@ class ReplicaTimeline:
         spans, steps = self.spans, self.steps
         if spans:
             out = self.timeline._spans
-            for rank in self.ranks:
-                out.extend([(rank, *row) for row in spans])
+            if len(spans) == 1:  # most events end one op
+                lane, op, step, t0, t1, nbytes = spans[0]
+                out.extend([(rank, lane, op, step, t0, t1, nbytes) for rank in self.ranks])
+            else:
+                for rank in self.ranks:
+                    out.extend([(rank, *row) for row in spans])
             spans.clear()
         if steps:
             out = self.timeline._steps
@@ -134,13 +138,15 @@ def run_replicated(env: simpy.Environment, timeline: ReplicaTimeline) -> int:
     run before any other rank's copy of it) the held spans are written for every rank,
     and the event is counted for `replicated_rates`' groups."""
     queue, pop, flush = env._queue, heappop, timeline.flush
+    spans, steps = timeline.spans, timeline.steps  # (cleared in place by flush)
     queued, first_id = len(queue), next(env._eid)
     count = 0
     env._replica_event = 0
     while queue:
         env._now, priority, _, event = pop(queue)
         if priority == _NORMAL:
-            flush()
+            if spans or steps:
+                flush()
             count += 1
             env._replica_event = count
         callbacks, event.callbacks = event.callbacks, None
