@@ -7,9 +7,11 @@ nodes, where the ranks of every node repeat node 0's exactly (`nodes_repeat`: no
 share only the collectives, whose durations are fixed, and nothing makes a rank depend
 on its node's index), only node 0's ranks are simulated: the other nodes' timelines would
 be copies (a 512-GPU ZeRO-Infinity run in seconds instead of minutes); `every_node=True`
-simulates them all. The result carries the timeline (spans and step intervals) and the
-per-step quantities the summary needs that a timeline alone does not hold (FLOPs per
-step, host optimizer parameters per step). Same input, same output:
+simulates them all. Likewise within the node: where its ranks run alike, rank 0 alone is
+simulated and stands for them all, with the very spans of a simulation of every rank
+(zfbench.sims.replicas; `every_rank=True` simulates each). The result carries the
+timeline (spans and step intervals) and the per-step quantities the summary needs that a
+timeline alone does not hold (FLOPs per step, host optimizer parameters per step). Same input, same output:
 SimPy breaks ties in scheduling order, and nothing here is random.
 """
 
@@ -27,6 +29,8 @@ from zfbench.sims.fluid import FluidPool, NodeCapacities, node_rates
 from zfbench.sims import partitioning
 from zfbench.sims.partitioning import Sync
 from zfbench.sims.emulated import emulated_rates
+from zfbench.sims.replicas import (ReplicaTimeline, raise_failure, ranks_alike,
+                                   replicated_rates, run_replicated)
 from zfbench.sims.strategies import GRAD_ACCUM_STRATEGIES, RankSim
 from zfbench.core.schedule import measurement_window
 from zfbench.core.strategies import device_adamw, has_windows
@@ -104,7 +108,8 @@ def nodes_repeat(costs: CostModel, strategy: str) -> bool:
     return costs.calibration is None and not partitioning.owns_partitions(costs, strategy)
 
 
-def simulate(settings: SimSettings, strategy: str, every_node: bool = False) -> SimResult:
+def simulate(settings: SimSettings, strategy: str, every_node: bool = False,
+             every_rank: bool = False) -> SimResult:
     if strategy not in STRATEGIES:
         raise SimSettingsError(f"unknown strategy {strategy!r}; choose one of: "
                                f"{', '.join(STRATEGIES)}")
@@ -124,27 +129,36 @@ def simulate(settings: SimSettings, strategy: str, every_node: bool = False) -> 
                                            "ranks": settings.machine.ranks,
                                            "simulated_nodes": simulated_nodes})
 
+    # One rank stands for its node's where they run alike (zfbench.sims.replicas), unless
+    # `every_rank` (the reference path, span for span the same).
+    per_node = costs.gpus_per_node
+    replicas = None
+    if simulated_nodes == 1 and not every_rank and ranks_alike(costs, strategy):
+        replicas = ReplicaTimeline(timeline, 0, per_node)
+
     def node_pool(index: int) -> FluidPool:
         rate_fn = node_rates(capacities(costs, index))
         if costs.emulated:
             rate_fn = emulated_rates(rate_fn, *costs.lane_contention,
                                      *costs.shared_cores, ranks=costs.gpus_per_node)
+        if replicas is not None:
+            rate_fn = replicated_rates(rate_fn, env, 0, per_node)
         return FluidPool(env, rate_fn)
     # One host per node: each node's ranks share its own pool (PCIe switches, cores, DRAM);
     # ranks of different nodes share nothing but the collectives' fixed durations.
-    per_node = costs.gpus_per_node
     pools = [node_pool(k) for k in range(simulated_nodes)]
     sync = Sync(env)  # the ranks' cross-rank waits (zfbench.sims.partitioning)
-    for rank in range(simulated_nodes * per_node):  # CPU-emulated: costs.emulated
-        env.process(RankSim(env, timeline, pools[rank // per_node], costs, rank, sync)
-                    .run(strategy, settings.measurement.steps))
+    ranks = 1 if replicas is not None else simulated_nodes * per_node
+    for rank in range(ranks):  # CPU-emulated: costs.emulated
+        env.process(RankSim(env, replicas or timeline, pools[rank // per_node], costs, rank,
+                            sync).run(strategy, settings.measurement.steps))
     # The run allocates millions of short-lived objects and creates no reference cycles
     # (each is freed as soon as it is done with), so the cyclic collector, which would
     # otherwise spend a tenth of the run rescanning the growing timeline, is paused.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        events = run_counting(env)
+        events = run_counting(env) if replicas is None else run_replicated(env, replicas)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -168,7 +182,5 @@ def run_counting(env: simpy.Environment) -> int:
         for callback in callbacks:
             callback(event)
         if not event._ok and not hasattr(event, "_defused"):
-            exc = type(event._value)(*event._value.args)
-            exc.__cause__ = event._value
-            raise exc
+            raise_failure(event)
     return queued + next(env._eid) - first_id - 1

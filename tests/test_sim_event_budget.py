@@ -11,9 +11,10 @@ every machine, and the run's time follows it (bench/results/sim_speed.csv: some 
 700 thousand events per second on its 2-core Xeon, by how loaded the machine is).
 
 Where the numbers come from: `MEASURED_EVENTS` is what this very run (`settings()`, each
-strategy) processed on branch simspeed (issue 45, item 5), when 1,000 steps of every
-strategy simulated 11.3 million events (bench/results/sim_speed.csv). The budget is
-`BUDGET_FACTOR` times that.
+strategy) processed on branch simfast (issue 45, item 5), where the strategies whose ranks
+run alike simulate one rank for the node's four (zfbench.sims.replicas; branch simspeed
+measured 14,024 / 103,768 / 39,162 events for device / zero-infinity / zenflow simulating
+every rank). The budget is `BUDGET_FACTOR` times that.
 
 If this fails: a change made the simulator process more events for the same run. Where
 the new ops are wanted, aggregate what can be aggregated first (work that no other op can
@@ -32,11 +33,11 @@ from zfbench.sims.simulator import simulate
 STEPS = 20
 # SimPy events of `settings()` per strategy, as measured (module docstring).
 MEASURED_EVENTS = {
-    "device": 14_024,
+    "device": 3_506,
     "zero-offload": 35_381,
     "zero-offload-dpu": 34_102,
-    "zero-infinity": 103_768,
-    "zenflow": 39_162,
+    "zero-infinity": 26_872,
+    "zenflow": 10_335,
 }
 BUDGET_FACTOR = 1.2
 
