@@ -36,16 +36,20 @@ def test_bench_run_is_every_ranks(strategy):
        gpus=st.sampled_from([2, 4, 8]), pcie=st.sampled_from(["gen3", "gen4"]),
        pin_memory=st.booleans(), overlap_comm=st.booleans(),
        grad_accum=st.sampled_from([1, 2]), zero_stage=st.sampled_from([2, 3]),
-       overlap_step=st.booleans(), offload_activations=st.booleans())
+       overlap_step=st.booleans(), offload_activations=st.booleans(),
+       zero2_reduce=st.sampled_from(["allreduce", "reduce", "reduce-scatter"]),
+       zenflow_offload=st.booleans())
 def test_alike_ranks_simulate_as_every_rank(strategy, gpus, pcie, pin_memory, overlap_comm,
                                             grad_accum, zero_stage, overlap_step,
-                                            offload_activations):
+                                            offload_activations, zero2_reduce,
+                                            zenflow_offload):
     if strategy == "zenflow":
         grad_accum = 1  # not modelled with accumulation (simulate refuses it)
     s = SimSettings.from_knobs(**SMALL, gpus=gpus, pcie=pcie, pin_memory=pin_memory,
                                overlap_comm=overlap_comm, grad_accum=grad_accum,
                                zero_stage=zero_stage, overlap_step=overlap_step,
-                               offload_activations=offload_activations)
+                               offload_activations=offload_activations,
+                               zero2_reduce=zero2_reduce, offload=zenflow_offload)
     assert_same_run(s, strategy)
 
 
