@@ -12,8 +12,9 @@ Lanes: `compute`, `d2h`, `h2d` (streams on a GPU), `host` (the host worker threa
 
 `CudaBackend` runs the lanes as CUDA streams with events, so a wait is a stream waiting
 on an event (or a thread blocking on one), never a whole-device synchronization.
-`CpuLanes` is the emulated accelerator: the main thread is the device, copies run where
-they are issued, and every event is complete when recorded. Given a `HazardChecker`
+`CpuLanes` is the emulated accelerator: the main thread is the device, d2h copies run
+where they are issued, h2d copies on a link thread of their own (real/cpu_link.py), and
+every other event is complete when recorded. Given a `HazardChecker`
 (real/hazards.py) it also checks the schedule: each access against the waits declared,
 as the streams of a GPU would need them, whatever order the CPU happened to run them in.
 `waits_dropped` leaves named waits out, which is how tests plant a missing wait.
@@ -26,6 +27,7 @@ from contextlib import contextmanager
 
 import torch
 
+from zfbench.real.cpu_link import LinkWorker
 from zfbench.real.hazards import THREAD_LANES, HazardChecker
 
 
@@ -172,12 +174,52 @@ class Backend:
 
 
 class CpuLanes(Backend):
-    """The emulated accelerator: work runs on the thread that issues it, at once."""
+    """The emulated accelerator: work runs on the thread that issues it, at once, but for
+    the copies of the lanes in `async_lanes` (default h2d), which a `LinkWorker` thread
+    runs in issue order while the issuer goes on, as a GPU's copy engine does; an event
+    of such a lane is its worker's ticket, and waiting on it blocks (real/cpu_link.py)."""
+
+    def __init__(self, recorder, hazards: HazardChecker | None = None,
+                 waits_dropped: frozenset[str] = frozenset(),
+                 async_lanes: tuple[str, ...] = ("h2d",)) -> None:
+        super().__init__(recorder, hazards, waits_dropped)
+        self.links = {lane: LinkWorker(lane) for lane in async_lanes}
+
+    def copy(self, lane: str, name: str, t: int, dst: torch.Tensor,
+             src: torch.Tensor, nbytes: int | None = None) -> None:
+        link = self.links.get(self.exec_lane(lane))
+        if link is None:
+            return super().copy(lane, name, t, dst, src, nbytes)
+        nbytes = src.numel() * src.element_size() if nbytes is None else nbytes
+        self._declare(lane, name, (src,), (dst,))
+
+        def run() -> None:
+            with self.recorder.span(lane, name, t, nbytes=nbytes):
+                dst.copy_(src)
+        link.submit(run)
+
+    def _record_cuda(self, lane: str):
+        link = self.links.get(lane)
+        return None if link is None else (link, link.ticket())
+
+    def _wait_cuda(self, lane: str, event: Event) -> None:
+        if event.cuda is None:
+            return
+        link, ticket = event.cuda
+        if link.lane != lane:  # a lane waits on its own events by its order alone
+            link.wait(ticket)
+
+    def close(self) -> None:
+        for link in self.links.values():
+            link.close()
 
     @contextmanager
     def op(self, lane: str, name: str, t: int, *, reads=(), writes=(),
            nbytes: int = 0, blocking: bool = False, span: bool = True):
         self._declare(lane, name, reads, writes)
+        link = self.links.get(self.exec_lane(lane))
+        if link is not None:  # work with a body runs here, after the lane's queued copies
+            link.drain()
         if not span:
             yield
         else:
