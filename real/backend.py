@@ -22,6 +22,7 @@ as the streams of a GPU would need them, whatever order the CPU happened to run 
 
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import contextmanager
 
@@ -227,6 +228,18 @@ class CpuLanes(Backend):
                 yield
         if blocking:
             self._block(lane)
+
+
+def cpu_link_lanes(host_threads: int, cores: int | None = None) -> tuple[str, ...]:
+    """The CPU lanes' copy lanes on a link thread of their own: h2d where the host lane
+    leaves a core free (`cores`: this process's CPUs); none where its OpenMP team takes
+    every core, as a third thread would preempt one of the kernel's threads and its
+    static split would wait for it (then the host worker runs each chunk's upload
+    itself, between its AdamW chunks, as before issue 45)."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else (os.cpu_count() or 1)
+    return ("h2d",) if host_threads < cores else ()
 
 
 class CudaBackend(Backend):

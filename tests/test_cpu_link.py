@@ -61,3 +61,15 @@ def test_cpu_lanes_run_h2d_copies_off_the_issuing_thread_and_waits_order_them():
     spans = [s for s in recorder.timeline.spans if s.lane == "h2d"]
     assert [(s.op, s.bytes) for s in spans] == [("h2d_param", src.numel() * 4)]
     lanes.close()
+
+
+def test_the_link_thread_runs_only_where_the_host_lane_leaves_a_core_free():
+    from zfbench.real.backend import cpu_link_lanes
+    assert cpu_link_lanes(1, cores=2) == ("h2d",)
+    assert cpu_link_lanes(2, cores=2) == () and cpu_link_lanes(4, cores=2) == ()
+    lanes = CpuLanes(SpanRecorder(), async_lanes=cpu_link_lanes(2, cores=2))
+    src = torch.arange(8, dtype=torch.float32)
+    dst = torch.zeros_like(src)
+    lanes.copy("h2d", "h2d_param", 0, dst, src)  # on the issuing thread, at once
+    assert torch.equal(dst, src) and lanes.record("h2d").cuda is None
+    lanes.close()
