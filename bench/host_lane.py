@@ -75,11 +75,12 @@ def git_state(path: Path) -> tuple[str, bool]:
 
 
 def uploads_on_host_worker(python: str) -> bool:
-    """Whether the side's CPU lanes run the h2d copies on the host worker itself (before
-    issue 45's link thread, real/cpu_link.py: then every upload of a host chunk lies
-    inside the chunk's span)."""
-    out = subprocess.run([python, "-c", "from zfbench.real.backend import CpuLanes; "
-                          "print('h2d' in getattr(CpuLanes(None), 'links', {}))"],
+    """Whether the side's CPU lanes run the h2d copies on the host worker itself (without
+    issue 45's link thread, real/cpu_link.py, off unless $ZFBENCH_CPU_LINK_THREAD=1 in the
+    side's environment: then every upload of a host chunk lies inside the chunk's span)."""
+    out = subprocess.run([python, "-c", "from zfbench.real import backend as b; "
+                          "f = getattr(b, 'cpu_link_lanes', None); "
+                          "print(f is not None and 'h2d' in f(1))"],
                          capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
     return out.stdout.strip() != "True"
 

@@ -12,8 +12,8 @@ Lanes: `compute`, `d2h`, `h2d` (streams on a GPU), `host` (the host worker threa
 
 `CudaBackend` runs the lanes as CUDA streams with events, so a wait is a stream waiting
 on an event (or a thread blocking on one), never a whole-device synchronization.
-`CpuLanes` is the emulated accelerator: the main thread is the device, d2h copies run
-where they are issued, h2d copies on a link thread of their own (real/cpu_link.py), and
+`CpuLanes` is the emulated accelerator: the main thread is the device, copies run where
+they are issued (h2d ones, with `cpu_link_lanes`, on a link thread: real/cpu_link.py), and
 every other event is complete when recorded. Given a `HazardChecker`
 (real/hazards.py) it also checks the schedule: each access against the waits declared,
 as the streams of a GPU would need them, whatever order the CPU happened to run them in.
@@ -176,13 +176,14 @@ class Backend:
 
 class CpuLanes(Backend):
     """The emulated accelerator: work runs on the thread that issues it, at once, but for
-    the copies of the lanes in `async_lanes` (default h2d), which a `LinkWorker` thread
-    runs in issue order while the issuer goes on, as a GPU's copy engine does; an event
-    of such a lane is its worker's ticket, and waiting on it blocks (real/cpu_link.py)."""
+    the copies of the lanes in `async_lanes` (`cpu_link_lanes`; default none), which a
+    `LinkWorker` thread runs in issue order while the issuer goes on, as a GPU's copy
+    engine does; an event of such a lane is its worker's ticket, and waiting on it
+    blocks (real/cpu_link.py)."""
 
     def __init__(self, recorder, hazards: HazardChecker | None = None,
                  waits_dropped: frozenset[str] = frozenset(),
-                 async_lanes: tuple[str, ...] = ("h2d",)) -> None:
+                 async_lanes: tuple[str, ...] = ()) -> None:
         super().__init__(recorder, hazards, waits_dropped)
         self.links = {lane: LinkWorker(lane) for lane in async_lanes}
 
@@ -230,16 +231,26 @@ class CpuLanes(Backend):
             self._block(lane)
 
 
-def cpu_link_lanes(host_threads: int, cores: int | None = None) -> tuple[str, ...]:
-    """The CPU lanes' copy lanes on a link thread of their own: h2d where the host lane
-    leaves a core free (`cores`: this process's CPUs); none where its OpenMP team takes
-    every core, as a third thread would preempt one of the kernel's threads and its
-    static split would wait for it (then the host worker runs each chunk's upload
-    itself, between its AdamW chunks, as before issue 45)."""
+#: set to 1 to run the CPU lanes' uploads on a link thread (off by default: measured a loss
+#: at moderate load, issue 45; docs/results.md)
+LINK_THREAD_ENV = "ZFBENCH_CPU_LINK_THREAD"
+
+
+def cpu_link_lanes(host_threads: int, cores: int | None = None,
+                   enabled: bool | None = None) -> tuple[str, ...]:
+    """The CPU lanes' copy lanes on a link thread of their own: h2d where enabled
+    (`enabled`, default $ZFBENCH_CPU_LINK_THREAD=1) and the host lane leaves a core free
+    (`cores`: this process's CPUs); else none, and the host worker runs each chunk's
+    upload itself between its AdamW chunks. Where the host lane's OpenMP team takes every
+    core, a third thread preempts one of the kernel's threads and its static split waits
+    for it; on the 2-core Xeon-AMX the thread was a gain at load 6-8 and a loss at load 3
+    (bench/results/host_lane/), hence off by default."""
+    if enabled is None:
+        enabled = os.environ.get(LINK_THREAD_ENV) == "1"
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
             else (os.cpu_count() or 1)
-    return ("h2d",) if host_threads < cores else ()
+    return ("h2d",) if enabled and host_threads < cores else ()
 
 
 class CudaBackend(Backend):

@@ -7,7 +7,8 @@ in order, and `ticket()` / `wait(ticket)` are the lane's events (a ticket is the
 copies queued when it was taken; it is done once the worker finished that many). Issue 45:
 the host worker used to run each chunk's upload itself, after the chunk's AdamW and before
 the next chunk's, so the uploads added to the host lane's busy time instead of running
-beside it (each chunk's upload now starts when the chunk is ready). A copy that raises is
+beside it (with the link thread each chunk's upload starts when the chunk is ready; off by
+default, real/backend.py `cpu_link_lanes` says why). A copy that raises is
 kept and re-raised by the next `wait` or `drain`, so a failed copy never goes unnoticed.
 """
 

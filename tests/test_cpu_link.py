@@ -46,7 +46,7 @@ def test_a_failed_copy_is_raised_by_the_next_wait_and_later_copies_still_run():
 
 def test_cpu_lanes_run_h2d_copies_off_the_issuing_thread_and_waits_order_them():
     recorder = SpanRecorder()
-    lanes = CpuLanes(recorder, HazardChecker())
+    lanes = CpuLanes(recorder, HazardChecker(), async_lanes=("h2d",))
     link = lanes.links["h2d"]
     gate = threading.Event()
     link.submit(gate.wait)  # holds the link: the copy below queues behind it
@@ -63,11 +63,12 @@ def test_cpu_lanes_run_h2d_copies_off_the_issuing_thread_and_waits_order_them():
     lanes.close()
 
 
-def test_the_link_thread_runs_only_where_the_host_lane_leaves_a_core_free():
+def test_the_link_thread_runs_only_where_enabled_and_a_core_is_free():
     from zfbench.real.backend import cpu_link_lanes
-    assert cpu_link_lanes(1, cores=2) == ("h2d",)
-    assert cpu_link_lanes(2, cores=2) == () and cpu_link_lanes(4, cores=2) == ()
-    lanes = CpuLanes(SpanRecorder(), async_lanes=cpu_link_lanes(2, cores=2))
+    assert cpu_link_lanes(1, cores=2, enabled=True) == ("h2d",)
+    assert cpu_link_lanes(2, cores=2, enabled=True) == ()
+    assert cpu_link_lanes(1, cores=2, enabled=False) == ()
+    lanes = CpuLanes(SpanRecorder(), async_lanes=cpu_link_lanes(2, cores=2, enabled=True))
     src = torch.arange(8, dtype=torch.float32)
     dst = torch.zeros_like(src)
     lanes.copy("h2d", "h2d_param", 0, dst, src)  # on the issuing thread, at once
