@@ -63,7 +63,11 @@ from ds_engines import (correctness, ds_config, import_deepspeed,  # noqa: E402
 def zf_host_rate(engine, steps: set[int]) -> dict:
     spans = [s for s in engine.timeline.spans if s.step in steps]
     busy = sum(s.duration_s for s in spans if s.lane == "host" and s.op == "host_optim")
-    h2d = sum(s.duration_s for s in spans if s.lane == "h2d" and s.op == "h2d_param")
+    # the uploads the host worker ran itself, inside its spans; since issue 45 the CPU
+    # lanes' link thread runs them beside it (real/cpu_link.py): none
+    on_host = "h2d" not in getattr(engine.backend, "links", {})
+    h2d = sum(s.duration_s for s in spans
+              if on_host and s.lane == "h2d" and s.op == "h2d_param")
     updates = len({s.step for s in spans if s.op == "host_optim"})
     n = updates * engine.layout.total
     per_op: dict[str, float] = {}

@@ -13,7 +13,8 @@ Lanes: `compute`, `d2h`, `h2d` (streams on a GPU), `host` (the host worker threa
 `CudaBackend` runs the lanes as CUDA streams with events, so a wait is a stream waiting
 on an event (or a thread blocking on one), never a whole-device synchronization.
 `CpuLanes` is the emulated accelerator: the main thread is the device, copies run where
-they are issued, and every event is complete when recorded. Given a `HazardChecker`
+they are issued (h2d ones, with `cpu_link_lanes`, on a link thread: real/cpu_link.py), and
+every other event is complete when recorded. Given a `HazardChecker`
 (real/hazards.py) it also checks the schedule: each access against the waits declared,
 as the streams of a GPU would need them, whatever order the CPU happened to run them in.
 `waits_dropped` leaves named waits out, which is how tests plant a missing wait.
@@ -21,11 +22,13 @@ as the streams of a GPU would need them, whatever order the CPU happened to run 
 
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import contextmanager
 
 import torch
 
+from zfbench.real.cpu_link import LinkWorker
 from zfbench.real.hazards import THREAD_LANES, HazardChecker
 
 
@@ -172,12 +175,53 @@ class Backend:
 
 
 class CpuLanes(Backend):
-    """The emulated accelerator: work runs on the thread that issues it, at once."""
+    """The emulated accelerator: work runs on the thread that issues it, at once, but for
+    the copies of the lanes in `async_lanes` (`cpu_link_lanes`; default none), which a
+    `LinkWorker` thread runs in issue order while the issuer goes on, as a GPU's copy
+    engine does; an event of such a lane is its worker's ticket, and waiting on it
+    blocks (real/cpu_link.py)."""
+
+    def __init__(self, recorder, hazards: HazardChecker | None = None,
+                 waits_dropped: frozenset[str] = frozenset(),
+                 async_lanes: tuple[str, ...] = ()) -> None:
+        super().__init__(recorder, hazards, waits_dropped)
+        self.links = {lane: LinkWorker(lane) for lane in async_lanes}
+
+    def copy(self, lane: str, name: str, t: int, dst: torch.Tensor,
+             src: torch.Tensor, nbytes: int | None = None) -> None:
+        link = self.links.get(self.exec_lane(lane))
+        if link is None:
+            return super().copy(lane, name, t, dst, src, nbytes)
+        nbytes = src.numel() * src.element_size() if nbytes is None else nbytes
+        self._declare(lane, name, (src,), (dst,))
+
+        def run() -> None:
+            with self.recorder.span(lane, name, t, nbytes=nbytes):
+                dst.copy_(src)
+        link.submit(run)
+
+    def _record_cuda(self, lane: str):
+        link = self.links.get(lane)
+        return None if link is None else (link, link.ticket())
+
+    def _wait_cuda(self, lane: str, event: Event) -> None:
+        if event.cuda is None:
+            return
+        link, ticket = event.cuda
+        if link.lane != lane:  # a lane waits on its own events by its order alone
+            link.wait(ticket)
+
+    def close(self) -> None:
+        for link in self.links.values():
+            link.close()
 
     @contextmanager
     def op(self, lane: str, name: str, t: int, *, reads=(), writes=(),
            nbytes: int = 0, blocking: bool = False, span: bool = True):
         self._declare(lane, name, reads, writes)
+        link = self.links.get(self.exec_lane(lane))
+        if link is not None:  # work with a body runs here, after the lane's queued copies
+            link.drain()
         if not span:
             yield
         else:
@@ -185,6 +229,28 @@ class CpuLanes(Backend):
                 yield
         if blocking:
             self._block(lane)
+
+
+#: set to 1 to run the CPU lanes' uploads on a link thread (off by default: measured a loss
+#: at moderate load, issue 45; docs/results.md)
+LINK_THREAD_ENV = "ZFBENCH_CPU_LINK_THREAD"
+
+
+def cpu_link_lanes(host_threads: int, cores: int | None = None,
+                   enabled: bool | None = None) -> tuple[str, ...]:
+    """The CPU lanes' copy lanes on a link thread of their own: h2d where enabled
+    (`enabled`, default $ZFBENCH_CPU_LINK_THREAD=1) and the host lane leaves a core free
+    (`cores`: this process's CPUs); else none, and the host worker runs each chunk's
+    upload itself between its AdamW chunks. Where the host lane's OpenMP team takes every
+    core, a third thread preempts one of the kernel's threads and its static split waits
+    for it; on the 2-core Xeon-AMX the thread was a gain at load 6-8 and a loss at load 3
+    (bench/results/host_lane/), hence off by default."""
+    if enabled is None:
+        enabled = os.environ.get(LINK_THREAD_ENV) == "1"
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else (os.cpu_count() or 1)
+    return ("h2d",) if enabled and host_threads < cores else ()
 
 
 class CudaBackend(Backend):

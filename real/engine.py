@@ -31,7 +31,7 @@ import os
 import torch
 
 from zfbench.real import kernels
-from zfbench.real.backend import CpuLanes, CudaBackend
+from zfbench.real.backend import CpuLanes, CudaBackend, cpu_link_lanes
 from zfbench.real.checkpoint import EngineCheckpoint
 from zfbench.real.engine_surface import DeepSpeedSurface
 from zfbench.real.engine_protocol import StrategyForEngine
@@ -113,7 +113,8 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         self.recorder = SpanRecorder(rank, use_cuda=self.use_cuda)
         hazards = HazardChecker() if hazard_check else None
         self.backend = (CudaBackend(self.recorder, self.device, hazards, waits_dropped)
-                        if self.use_cuda else CpuLanes(self.recorder, hazards, waits_dropped))
+                        if self.use_cuda else CpuLanes(self.recorder, hazards, waits_dropped,
+                                                       cpu_link_lanes(self.host_threads)))
         self._flatten_parameters()
         # ZeRO-3: the rank owns a shard of the parameters, modules gather them (real/zero3.py)
         self.zero3 = (Zero3Params(self) if config.zero_stage == 3 and has_windows(config.strategy)
