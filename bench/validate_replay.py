@@ -47,7 +47,10 @@ def zero_stage(row) -> int:
 def replay(run_dir: Path, extra: dict) -> pd.DataFrame:
     summary = json.loads((run_dir / "validate_summary.json").read_text())
     settings = summary["settings"]
-    base = RunSpec(**{**settings["base_run"], "overrides": {}})
+    base_run = dict(settings["base_run"])
+    if "batch" in base_run:  # summaries before RunSpec's `micro_batch` (the GPU sessions')
+        base_run["micro_batch"] = base_run.pop("batch")
+    base = RunSpec(**{**base_run, "overrides": {}})
     skip = settings["skip"]
     table = pd.read_csv(run_dir / "validate.csv")
     if "zero_stage" not in table:

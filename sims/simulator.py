@@ -29,6 +29,7 @@ from zfbench.sims.fluid import FluidPool, NodeCapacities, node_rates
 from zfbench.sims import partitioning
 from zfbench.sims.partitioning import Sync
 from zfbench.sims.emulated import emulated_rates
+from zfbench.sims.host_busy import compute_factor, host_busy_rates
 from zfbench.sims.replicas import (ReplicaTimeline, raise_failure, ranks_alike,
                                    replicated_rates, run_replicated)
 from zfbench.sims.strategies import GRAD_ACCUM_STRATEGIES, RankSim
@@ -141,6 +142,8 @@ def simulate(settings: SimSettings, strategy: str, every_node: bool = False,
         if costs.emulated:
             rate_fn = emulated_rates(rate_fn, *costs.lane_contention,
                                      *costs.shared_cores, ranks=costs.gpus_per_node)
+        elif compute_factor(costs) is not None:  # a GPU profile (sims/host_busy.py)
+            rate_fn = host_busy_rates(rate_fn, compute_factor(costs))
         if replicas is not None:
             rate_fn = replicated_rates(rate_fn, env, 0, per_node)
         return FluidPool(env, rate_fn)

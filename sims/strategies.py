@@ -25,7 +25,7 @@ import simpy
 
 from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel
 from zfbench.sims.emulated import device_thread_op, grad_check_s, grad_zero_s
-from zfbench.sims import host_step, pageable, partitioning
+from zfbench.sims import host_busy, host_step, pageable, partitioning
 from zfbench.sims.fluid import FluidPool, Job
 from zfbench.sims.host_step import CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM
 from zfbench.sims.lanes import Lane, all_done, all_of, run_compute
@@ -109,6 +109,9 @@ class RankSim:
         self.sync = sync if sync is not None else partitioning.Sync(env)
         self.pool = pool
         self.emulated = costs.emulated  # a CPU-emulated accelerator (sims/emulated.py)
+        # compute as pool work, slowed by host work beside it: emulated, or on a GPU
+        # whose profile measured the slowdown (sims/host_busy.py)
+        self.compute_on_pool = self.emulated or host_busy.compute_factor(costs) is not None
         self.d2h = Lane(env, timeline, pool, rank, "d2h")
         self.h2d = Lane(env, timeline, pool, rank, "h2d")
         self.host = Lane(env, timeline, pool, rank, "host", priority_ops=("host_accum",))
@@ -121,7 +124,7 @@ class RankSim:
 
     # -- op helpers -------------------------------------------------------------------
     def compute(self, op: str, step: int, seconds: float):
-        if self.emulated:  # pool work, so host-lane work beside it slows it
+        if self.compute_on_pool:  # pool work, so host-lane work beside it slows it
             return device_thread_op(self, "compute", op, step, seconds)
         return run_compute(self.env, self.timeline, self.rank, op, step, seconds)
 
