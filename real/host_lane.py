@@ -23,11 +23,21 @@ from typing import Callable
 
 import torch
 
+from zfbench.real.distributed import DistributedError
 from zfbench.real.recorder import SpanRecorder
 
 
 class HostWorkerError(RuntimeError):
     """The host worker failed; the original exception is chained as the cause."""
+
+
+def raise_worker_failure(err: BaseException):
+    """Raise, in the main thread, the host worker's error `err`: a failed collective (a
+    peer died or timed out) as itself, a DistributedError naming the rank and the op,
+    whichever thread met it first; anything else as a HostWorkerError caused by it."""
+    if isinstance(err, DistributedError):
+        raise err
+    raise HostWorkerError(f"host worker failed: {err!r}") from err
 
 
 class _Job:
@@ -142,12 +152,12 @@ class HostLane:
                                   f"(raise zfbench.host_timeout_s if the host is this slow)"
                                   ) from None
         except BaseException as err:
-            raise HostWorkerError(f"host worker failed: {err!r}") from err
+            raise_worker_failure(err)
 
     def check(self) -> None:
         if self.error is not None:
             err, self.error = self.error, None
-            raise HostWorkerError(f"host worker failed: {err!r}") from err
+            raise_worker_failure(err)
 
     def idle(self) -> bool:
         with self._cv:

@@ -169,3 +169,23 @@ def test_config_errors_name_the_key():
     cfg = config("zenflow", topk_ration=0.1)
     with pytest.raises(ConfigError, match="did you mean 'topk_ratio'"):
         make_engine(BiasMLP(), cfg)
+
+
+def test_a_collective_failed_on_the_host_worker_is_a_distributed_error():
+    """A peer's death met first by the host worker's collective reaches the main thread as
+    the DistributedError itself (rank and op named), not wrapped: the same error whichever
+    thread met it (tests/test_distributed.py's dead-rank test depends on it)."""
+    from zfbench.real.distributed import DistributedError
+    from zfbench.real.host_lane import HostLane
+    from zfbench.real.recorder import SpanRecorder
+
+    lane = HostLane(SpanRecorder(), threads=1)
+    dead = DistributedError("rank 0/2: collective allreduce failed: rank 1 died")
+
+    def collective():
+        raise dead
+    future = lane.submit("host_optim", 0, [collective])
+    with pytest.raises(DistributedError) as info:
+        lane.wait(future, timeout_s=20)
+    assert info.value is dead
+    lane.close()
