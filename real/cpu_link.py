@@ -14,7 +14,9 @@ kept and re-raised by the next `wait` or `drain`, so a failed copy never goes un
 
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from collections import deque
 from typing import Callable
 
@@ -23,6 +25,18 @@ import torch
 
 class LinkError(RuntimeError):
     """A copy on the emulated link failed; the original exception is chained."""
+
+
+_OPEN_LINKS: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_links() -> None:
+    """At interpreter exit, finish every open link's queued copies (as the host lane does,
+    real/host_lane.py: a daemon thread inside a torch copy while the process tears torch
+    down aborts it)."""
+    for link in list(_OPEN_LINKS):
+        link.close()
 
 
 class LinkWorker:
@@ -36,6 +50,7 @@ class LinkWorker:
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"link-{lane}", daemon=True)
         self._thread.start()
+        _OPEN_LINKS.add(self)
 
     def submit(self, fn: Callable[[], None]) -> None:
         """Queue `fn` (a copy and its span) behind every copy queued before it."""
@@ -97,5 +112,6 @@ class LinkWorker:
             self._closed = True
             self._cv.notify_all()
         self._thread.join(timeout=60)
+        _OPEN_LINKS.discard(self)
         with self._cv:
             self._raise()
