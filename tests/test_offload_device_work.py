@@ -2,22 +2,19 @@
 GPU runs, checked against hand computations (issue 44 item 1)."""
 
 import csv
-import importlib.util
 import json
 import statistics
 from pathlib import Path
 
 import pytest
 
+from bench_helpers import bench_module
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "offload_device_work", ROOT / "bench" / "offload_device_work.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return bench_module("offload_device_work")
 
 
 def _write_run(results: Path) -> None:
