@@ -50,14 +50,16 @@ MACHINES = {
     "H200-VM": ("NVIDIA-H200/2026-11-27", "contention/link_host_contention.json"),
 }
 RUN = "run_qwen2.5-1.5b"
-# Bytes a parameter of the engine's host jobs moves (real/strategies.py, the run's config):
-# fp32 master, m and v read and written (24 B), the gradient read, the bf16 h2d wire written
-# (2 B). ZeRO-Offload's job first converts the bf16 d2h wire into the fp32 gradient (2 B
-# read + 4 B written) and its AdamW reads that (4 B); no clip pass (gradient_clipping 0.0:
-# `clip_` returns at once). ZenFlow's window job reads the fp32 window (4 B) and zeroes it
-# in the same pass (4 B written).
-ENGINE_ZO_JOB_BYTES = 24.0 + 2.0 + 4.0 + 2.0 + 4.0   # 36
-ENGINE_WINDOW_JOB_BYTES = 24.0 + 4.0 + 2.0 + 4.0     # 34
+# Bytes a parameter of the engine's host jobs moved in these runs (real/strategies.py at
+# the runs' commits, before the fused host kernels; the run's config): AdamW reads the fp32
+# gradient and reads and writes the fp32 master, m and v (28 B); then the master goes into
+# the bf16 h2d wire (4 B read + 2 B written). ZeRO-Offload's job first converts the bf16
+# d2h wire into the fp32 gradient (2 B read + 4 B written); no clip pass
+# (gradient_clipping 0.0: `clip_` returns at once). ZenFlow's window job zeroes the fp32
+# window after AdamW (4 B written). With the fused kernels (AdamW writing the wire and
+# zeroing in its pass) they are 36 and 34 B: the same ratio within 1%.
+ENGINE_ZO_JOB_BYTES = 6.0 + 28.0 + 6.0       # 40
+ENGINE_WINDOW_JOB_BYTES = 28.0 + 4.0 + 6.0   # 38
 # DeepSpeed's host step as the presets simulate it (sims/host_step.py deepspeed_update)
 DEEPSPEED_ZO_BYTES = CLIP_BYTES_PER_ELEM + host_traffic.ADAM_BYTES_PER_PARAM + CONVERT_BYTES_PER_ELEM
 KEEP_WITHIN = 0.10  # a mechanism's cross-machine prediction error kept (judgment)
@@ -306,7 +308,7 @@ def mechanism_rows(fs: dict[str, dict]) -> list[dict]:
         out[-1]["verdict"] = "rejected (no effect in the model)"
     # M5: the fit splits ZeRO-Offload's host time as DeepSpeed's passes (clip, AdamW,
     # conversion at the preset's judged stream); the engine runs one job of its own bytes.
-    # The window job = ZeRO-Offload's job x its bytes ratio x the thread scaling measured
+    # The window job = ZeRO-Offload's job x its bytes ratio (38/40) x the thread scaling measured
     # on the machine
     def m5(f, k=1.0):
         return (f["zo_job_s"] * ENGINE_WINDOW_JOB_BYTES / ENGINE_ZO_JOB_BYTES
@@ -315,7 +317,7 @@ def mechanism_rows(fs: dict[str, dict]) -> list[dict]:
     for n in names:
         add("M5 engine's host job in the fit (no constant)", n, n, "none", None, m5(fs[n]),
             fs[n]["window_alone_s"], "s a window",
-            f"ZeRO-Offload job {fs[n]['zo_job_s']:.3f} s x 34/36 x threads "
+            f"ZeRO-Offload job {fs[n]['zo_job_s']:.3f} s x 38/40 x threads "
             f"{thread_factor(fs[n], 'adam_wide_over_narrow'):.3f}")
     errs = cross("M5 engine's host job in the fit (residual carried)",
                  "window job measured / M5 predicted",
@@ -354,14 +356,14 @@ def replay_rows(results: Path, fs: dict[str, dict]) -> list[dict]:
             knobs.update(gpu=next(iter(hw["gpus"])), pcie=next(iter(hw["host_links"])),
                          host=host_name)
             accum0 = host_traffic.accum_elems_per_s(adam)
-            # M5: the window job costs 34/36 of ZeRO-Offload's whole fitted host job, not
+            # M5: the window job costs 38/40 of ZeRO-Offload's whole fitted host job, not
             # its AdamW part: the fitted AdamW slowed by that share (the simulator's own
             # thread scaling kept: M3)
             m5 = f["sim_zo_adam_s"] / (f["sim_zo_host_s"] * ENGINE_WINDOW_JOB_BYTES
                                        / ENGINE_ZO_JOB_BYTES)
             variants = [
                 ("now (committed fit)", adam, accum0),
-                ("M5: window job from the fitted ZeRO-Offload host job (x34/36)",
+                ("M5: window job from the fitted ZeRO-Offload host job (x38/40)",
                  adam * m5, accum0),
                 ("M5, accumulation following the slower AdamW (ratio rule kept)",
                  adam * m5, host_traffic.accum_elems_per_s(adam * m5)),
