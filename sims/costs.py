@@ -388,8 +388,10 @@ class CostModel:
     def host_chunk_elems(self) -> int | None:
         """Elements per host optimizer job: with a profile of zfbench's engine its chunk
         (`ENGINE_HOST_CHUNK_ELEMS`: the accumulation, urgent, goes ahead of the next
-        chunk, and each chunk's upload follows it); from presets None, a job per bucket."""
-        return ENGINE_HOST_CHUNK_ELEMS if self.engine_grad_passes else None
+        chunk, and each chunk's upload follows it), and from presets with `host_job` naming
+        the engine; else None, a job per bucket."""
+        return (ENGINE_HOST_CHUNK_ELEMS if self.engine_grad_passes or self.engine_host_job
+                else None)
 
     @cached_property
     def zero_units_per_core_s(self) -> float | None:
@@ -405,8 +407,22 @@ class CostModel:
         """ZeRO-Offload's host step as DeepSpeed runs it (zfbench.sims.host_step: clip,
         CPU-Adam, the blocking fp32 -> 16-bit conversion over the whole partition, then one
         upload); False with a measured profile (zfbench's own engine: Adam chunk by chunk,
-        each chunk up after it, conversions as the profile measured them)."""
-        return self.calibration is None
+        each chunk up after it, conversions as the profile measured them) and from presets
+        with `host_job` naming the engine (`engine_host_job`)."""
+        return self.calibration is None and self.settings.runtime.host_job == "deepspeed"
+
+    @cached_property
+    def engine_host_job(self) -> bool:
+        """From presets, the host optimizer job as zfbench's engine runs it (`host_job`
+        "engine" or "engine-clip"): one job per engine chunk, costed from its bytes
+        (zfbench.core.engine_host_bytes) at the host AdamW's streaming rate
+        (zfbench.sims.host_traffic.engine_job_units_per_s)."""
+        return self.calibration is None and self.settings.runtime.host_job != "deepspeed"
+
+    @property
+    def engine_clips(self) -> bool:
+        """The engine's host job runs the clipping passes (`host_job` "engine-clip")."""
+        return self.settings.runtime.host_job == "engine-clip"
 
     @property
     def grad_wire_bytes(self) -> float:

@@ -12,7 +12,9 @@ lent H200 and H100 machines' 16-core VM hosts that judgment is 1.6x the engine's
 accumulation per core, and the predicted ZenFlow step was 71-73% too fast
 (docs/results.md, "the H100/H200 node's host work"). DeepSpeed's CPU-Adam presets are
 whole-node throughputs calibrated on published rows (host_step `calibrated_adam_rate`),
-not a lane's streaming rate, so the presets keep the per-core judgment.
+not a lane's streaming rate, so the presets keep the per-core judgment. Where the
+simulated host job is the engine's (`host_job`), it streams its own bytes at that rate
+too (`engine_job_units_per_s`), so a fitted AdamW rate is the lane's streaming rate.
 """
 
 from __future__ import annotations
@@ -48,3 +50,12 @@ def accum_elems_per_s(adam_params_per_s: float,
     if not 0 < ratio <= 1:
         raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
     return lane_stream_bytes_per_s(adam_params_per_s) * ratio / ACCUM_BYTES_PER_ELEMENT
+
+
+def engine_job_units_per_s(adam_params_per_s: float, job_bytes: float) -> float:
+    """Parameters per second of zfbench's engine's host job of `job_bytes` a parameter
+    (zfbench.core.engine_host_bytes) on a lane whose AdamW runs at `adam_params_per_s`
+    (per core in, per core out): its bytes at the lane's AdamW streaming rate."""
+    if not job_bytes > 0:
+        raise ValueError(f"job_bytes must be > 0, got {job_bytes!r}")
+    return lane_stream_bytes_per_s(adam_params_per_s) / job_bytes

@@ -4,8 +4,9 @@ its own values (zfbench.sims.settings.SimSettings composes them with the scenari
 - `Machine`: the node and its ranks (GPU, host link, host, networks, drives, a measured
   profile or a hardware file) and the overrides of its rates (MFU, kernel dispatch, host
   accumulation, link bandwidth scale);
-- `Runtime`: DeepSpeed's engine options every strategy runs with (activation
-  checkpointing, pinned buffers, overlap_comm, core binding, the fused fp16 upload);
+- `Runtime`: the engine options every strategy runs with (activation checkpointing,
+  pinned buffers, overlap_comm, core binding, the fused fp16 upload, and whose host
+  optimizer job runs: DeepSpeed's passes or zfbench's engine's one job);
 - `ZeroInfinity`: where zero-infinity keeps parameters and optimizer state, its prefetch,
   tiling and activation offload;
 - `Measurement`: how long a simulation runs and which data path it models.
@@ -45,6 +46,8 @@ def check_int(section, name: str, minimum: int) -> None:
 
 # `Runtime.zero2_reduce`'s values (zfbench.sims.zero2_reduce says what each costs).
 ZERO2_REDUCES = ("allreduce", "reduce", "reduce-scatter")
+# `Runtime.host_job`'s values: whose host optimizer job an offloading strategy runs.
+HOST_JOBS = ("deepspeed", "engine", "engine-clip")
 
 
 def _one_of(name: str, value, allowed: tuple) -> None:
@@ -182,9 +185,21 @@ class Runtime:
     # `use_multi_rank_bucket_allreduce` default); "reduce", one NCCL reduce per owner
     # (DeepSpeed 0.3 to 0.12.3, the ZeRO papers' rows); "reduce-scatter", the ideal one.
     zero2_reduce: str = "allreduce"
+    # Whose host optimizer job the offloading strategies run on a node from presets:
+    # "deepspeed", DeepSpeed's passes (zfbench.sims.host_step: unscale/clip, CPU-Adam, the
+    # blocking conversion, each at its own rate; the gradients down as fp32); "engine",
+    # zfbench's engine's one job per chunk of its own bytes (zfbench.core.engine_host_bytes:
+    # the 16-bit gradients widened, fused AdamW writing the wire and zeroing ZenFlow's
+    # window, each chunk up after it; 16-bit gradients down), its bytes streamed at the rate
+    # the host's AdamW streams its 28 B (zfbench.sims.host_traffic); "engine-clip", the same
+    # with the engine's clipping passes (`gradient_clipping` > 0). `python -m
+    # zfbench.predict --from-run` sets it from the run's config. No effect with a profile
+    # (the engine's own, measured).
+    host_job: str = "deepspeed"
 
     def __post_init__(self) -> None:
         _one_of("zero2_reduce", self.zero2_reduce, ZERO2_REDUCES)
+        _one_of("host_job", self.host_job, HOST_JOBS)
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,8 @@ def _knob_sections() -> dict:
     order = ("model", "layers", "gpus", "nodes", "gpus_per_node", "inter_net", "gpu", "pcie",
              "host", "host_cores", "dispatch_s_per_kernel", "host_accum_per_core",
              "bind_cores", "pin_memory", "overlap_comm", "fused_param_upload", "zero2_reduce",
-             "net", "gpus_per_switch", "micro_batch", "seq", "grad_accum", "precision", "mfu",
+             "host_job", "net", "gpus_per_switch", "micro_batch", "seq", "grad_accum",
+             "precision", "mfu",
              "activation_checkpointing", "topk_ratio", "update_interval", "auto_windows",
              "select_interval", "overlap_step", "full_warm_up_rounds", "offload",
              "pt_reserved_cores_perc", "steps", "transfers", "bandwidth_scale",
@@ -135,6 +136,10 @@ class SimSettings:
             raise SimSettingsError(f"fused_param_upload is DeepSpeed's fp16 CPU-Adam path "
                                    f"(0.3 to 0.8); precision is {self.scenario.precision}: "
                                    f"set precision fp16 or leave fused_param_upload off")
+        if self.runtime.fused_param_upload and self.runtime.host_job != "deepspeed":
+            raise SimSettingsError(f"fused_param_upload is DeepSpeed's CPU-Adam path; "
+                                   f"host_job {self.runtime.host_job} is zfbench's engine's: "
+                                   f"give host_job deepspeed or leave fused_param_upload off")
 
     def window_plan(self) -> WindowPlan:
         """The host windows: every `update_interval` steps, or what "auto" resolves to."""

@@ -25,13 +25,14 @@ import simpy
 
 from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel
 from zfbench.sims.emulated import device_thread_op, grad_check_s, grad_zero_s
-from zfbench.sims import host_busy, host_step, pageable, partitioning
+from zfbench.sims import host_busy, host_step, host_traffic, pageable, partitioning
 from zfbench.sims.fluid import FluidPool, Job
 from zfbench.sims.host_step import CLIP_BYTES_PER_ELEM, CONVERT_BYTES_PER_ELEM
 from zfbench.sims.lanes import Lane, all_done, all_of, run_compute
 from zfbench.sims.zenflow_zero2 import zenflow_zero2_step
 from zfbench.sims.zenflow_zero3 import zenflow_zero3_step
 from zfbench.sims.zero_infinity import zero_infinity_step
+from zfbench.core import engine_host_bytes
 from zfbench.core.strategies import (STRATEGY_LIST, device_adamw, offloads_params,
                                      zero_stage_chosen, zero_stage_of)
 from zfbench.core.trace import Timeline
@@ -156,18 +157,27 @@ class RankSim:
         return device_thread_op(self, "d2h", op, step, nbytes, nbytes)
 
     def host_work(self, op: str, step: int, elems: float, deps,
-                  convert_elems: float = 0.0, zero_elems: float = 0.0) -> simpy.Event:
+                  convert_elems: float = 0.0, zero_elems: float = 0.0,
+                  from_wire_elems: float = 0.0) -> simpy.Event:
         """Host-lane work; a host AdamW chunk also converts `convert_elems` elements of
         the wires its AdamW rate leaves out (the gradients into fp32; the parameters go
         into the device's dtype within the engine's AdamW pass, in profiles from issue 45
         on) where the profile measured the conversions
         (zfbench.sims.costs.CostModel.convert_units_per_core_s), and zeroes `zero_elems`
         gradient elements (ZenFlow's window, as the engine clears it) where the profile
-        measured what zeroing adds (`zero_units_per_core_s`)."""
+        measured what zeroing adds (`zero_units_per_core_s`). From presets with the
+        engine's host job (`CostModel.engine_host_job`) the AdamW chunk is one job of the
+        engine's bytes (zfbench.core.engine_host_bytes): its wire, `from_wire_elems`
+        gradient elements widened from the d2h wire, `zero_elems` zeroed."""
         if elems <= 0:
             return _fired(self.env)
         c = self.costs
-        if op == "host_optim":
+        if op == "host_optim" and c.engine_host_job:
+            b = engine_host_bytes.host_job_bytes(c.elem_bytes, from_wire_elems / elems,
+                                                 zero_elems / elems, c.engine_clips)
+            job = Job("host", self.rank, elems, b, host_traffic.engine_job_units_per_s(
+                c.adam_units_per_core_s, b))
+        elif op == "host_optim":
             units = c.adam_units_per_core_s
             convert, zero = c.convert_units_per_core_s, c.zero_units_per_core_s
             seconds_per_elem = 1.0 / units  # each pass's seconds per element add up
@@ -253,14 +263,16 @@ class RankSim:
         return done
 
     def host_update(self, step: int, deps, elems_of, up_bytes_of, convert_of=None,
-                    zero_of=None, gather: bool = True):
+                    zero_of=None, gather: bool = True, from_wire_of=None):
         """Host Adam chunk by chunk, each chunk's parameters up (and, with `gather`,
         all-gathered: not on ZeRO-3, whose next use gathers them) after it;
         returns the event of the last upload and each bucket's host event (its last
         chunk's: with a profile of the engine each bucket is cut into the engine's host
         chunks, `CostModel.host_chunk_elems`). `convert_of(i)`:
         elements of chunk i whose wires the host converts (default none); `zero_of(i)`:
-        gradient elements of chunk i zeroed with its Adam (default none)."""
+        gradient elements of chunk i zeroed with its Adam (default none); `from_wire_of(i)`:
+        its gradient elements widened from the d2h wire (the engine's host job from
+        presets, `CostModel.engine_host_job`; default none)."""
         c = self.costs
         last, chunks = None, {}
         for i in reversed(range(self.nb)):
@@ -272,7 +284,8 @@ class RankSim:
                 chunks[i] = self.host_work(
                     "host_optim", step, elems / pieces, deps,
                     (convert_of(i) if convert_of else 0.0) / pieces,
-                    (zero_of(i) if zero_of else 0.0) / pieces)
+                    (zero_of(i) if zero_of else 0.0) / pieces,
+                    (from_wire_of(i) if from_wire_of else 0.0) / pieces)
                 up = self.transfer(self.h2d, "h2d_param", step, up_bytes_of(i) / pieces,
                                    [chunks[i]])
                 deps = ()
@@ -290,7 +303,8 @@ class RankSim:
         if c.deepspeed_host_step:
             return host_step.deepspeed_update(self, step, deps)
         shard = lambda i: c.share(c.buckets[i].numel)  # noqa: E731
-        return self.host_update(step, deps, shard, self.shard_bytes, shard)
+        return self.host_update(step, deps, shard, self.shard_bytes, shard,
+                                from_wire_of=shard)
 
     # -- strategies -------------------------------------------------------------------
     def run(self, strategy: str, steps: int):

@@ -468,6 +468,7 @@ def test_predict_from_the_h200_run_simulates_its_host_lane(tmp_path, capsys):
     inferred = json.loads((out / "inferred.json").read_text())
     knobs = inferred["settings"]
     assert knobs["host_cores"] == 16 and knobs["pt_reserved_cores_perc"] == 0.5
+    assert knobs["host_job"] == "engine"  # the engine's job; the run did not clip
     host = inferred["fits"][0]["hardware"]["hosts"]["inferred-host"]
     adam = host["adam_params_per_s_per_core"]["value"]
     note = inferred["host_note"]

@@ -17,7 +17,7 @@ from zfbench.validate.rows import skip_of
 FLAT_KEYS = (
     "model", "layers", "gpus", "nodes", "gpus_per_node", "inter_net", "gpu", "pcie", "host",
     "host_cores", "dispatch_s_per_kernel", "host_accum_per_core", "bind_cores", "pin_memory",
-    "overlap_comm", "fused_param_upload", "zero2_reduce", "net", "gpus_per_switch",
+    "overlap_comm", "fused_param_upload", "zero2_reduce", "host_job", "net", "gpus_per_switch",
     "micro_batch", "seq", "grad_accum", "precision", "mfu", "activation_checkpointing", "topk_ratio",
     "update_interval", "auto_windows", "select_interval", "overlap_step",
     "full_warm_up_rounds", "offload", "pt_reserved_cores_perc", "steps", "transfers",

@@ -85,10 +85,13 @@ def given_knobs(args) -> dict:
 
 def run_knobs(settings: dict) -> dict:
     """A zfbench run's shape as simulator knobs (one rank per GPU; the engine's data
-    path moves the whole gradient and the whole parameters)."""
+    path moves the whole gradient and the whole parameters; the engine's host job, with
+    its clipping passes where the run clipped: `host_job`, zfbench.sims.sections)."""
+    clip = settings.get("gradient_clipping") or 0.0
     out = {"model": settings["model"], "micro_batch": int(settings["micro_batch"]),
            "seq": int(settings["seq"]), "gpus": int(settings.get("ranks") or 1),
-           "gpus_per_switch": 1, "transfers": "full"}
+           "gpus_per_switch": 1, "transfers": "full",
+           "host_job": "engine-clip" if clip > 0 else "engine"}
     if settings.get("layers"):
         out["layers"] = int(settings["layers"])
     if settings.get("precision"):
@@ -431,6 +434,10 @@ def run_host_note(settings: dict, base: SimSettings, from_host: dict,
         took.append(f"pt_reserved_cores_perc {from_host['pt_reserved_cores_perc']:.3g} "
                     f"(its zenflow row's host lane had fewer threads)")
     lines = []
+    if base.runtime.host_job != "deepspeed":
+        lines.append(f"note: host job: the engine's one job (host_job {base.runtime.host_job}"
+                     f", zfbench.core.engine_host_bytes), its bytes at the fitted AdamW's "
+                     f"streaming rate; --host-job deepspeed fits DeepSpeed's passes instead")
     if took:
         lines.append(f"note: from that run's host: {', '.join(took)}; the --host preset "
                      f"{host.name} gives the rest (--host-cores, --pt-reserved-cores-perc "

@@ -145,7 +145,8 @@ def _deepspeed_parts(timers: dict[str, float]) -> dict[str, float]:
 
 def read_run(path: str | Path) -> tuple[Breakdown, dict, dict | None]:
     """(the zero-offload breakdown, the run's settings plus `emulated`: whether its
-    accelerator was the CPU lane, its measured zenflow row or None) of a
+    accelerator was the CPU lane, and `gradient_clipping`: its zero-offload config's, None
+    where not recorded; its measured zenflow row or None) of a
     `python -m zfbench.run --out DIR`. Where the run's timeline files are there, the
     breakdown also carries the exposed transfer per direction, each part's step-to-step
     spread, and the fixed cost per copy when the run's copies differ enough in size to
@@ -192,9 +193,11 @@ def read_run(path: str | Path) -> tuple[Breakdown, dict, dict | None]:
                           spread_s=spread or None, copy_latency_s=copy_latency(path))
     machine = summary.get("machine") or {}
     emulated = summary["settings"].get("device") == "cpu" or not machine.get("cuda_device")
+    config = (summary.get("configs") or {}).get("zero-offload") or {}
     return breakdown, {**summary["settings"], "emulated": emulated,
                        "run_host_threads": base.get("host_threads"),
-                       "run_cpu_count": machine.get("cpu_count")}, rows.get("zenflow")
+                       "run_cpu_count": machine.get("cpu_count"),
+                       "gradient_clipping": config.get("gradient_clipping")}, rows.get("zenflow")
 
 
 def _spread(values) -> float:
