@@ -3,7 +3,7 @@ probes, and as `predict --from-run` costs it, and the candidate mechanisms teste
 the two machines (issue 44, item 2). Reads only committed files; simulates nothing.
 
 Per machine (the qwen2.5-1.5b run, bf16, 1 x 1024, one GPU, its profile, its contention
-probe, its `predict_host_lane/`):
+probe, its `predict_host_lane_deepspeed/` fit, `FIT`):
 - accumulation: the run's ZenFlow steps 1..U-2 hold nothing else on the host lane (the
   first window's AdamW is submitted at step U-1): P elements / their host-busy seconds;
 - the window job (AdamW + bf16 wire + zeroing + its uploads issued): the zenflow row's
@@ -50,6 +50,10 @@ MACHINES = {
     "H200-VM": ("NVIDIA-H200/2026-11-27", "contention/link_host_contention.json"),
 }
 RUN = "run_qwen2.5-1.5b"
+# The fit replayed: `predict --from-run RUN --gpu G --host-job deepspeed --out FIT`, the
+# fit of DeepSpeed's host passes that these mechanisms were tested on (`predict --from-run`
+# itself now fits the engine's own host job, into predict_host_lane/: M5 implemented)
+FIT = "predict_host_lane_deepspeed"
 # Bytes a parameter of the engine's host jobs moved in these runs (real/strategies.py at
 # the runs' commits, before the fused host kernels; the run's config): AdamW reads the fp32
 # gradient and reads and writes the fp32 master, m and v (28 B); then the master goes into
@@ -81,7 +85,8 @@ def complete_windows(steps: pd.Series, U: int) -> list[list[int]]:
 
 
 def machine_facts(results: Path, name: str) -> dict:
-    """Every number this table reads for one machine, with the file it came from."""
+    """Every number this table reads for one machine, with the file it came from (its
+    `sim_*` numbers: the `FIT` folder's)."""
     folder, probe_path = MACHINES[name]
     base = results / folder
     run = base / RUN
@@ -97,8 +102,8 @@ def machine_facts(results: Path, name: str) -> dict:
     prof_zf = prof_steps[prof_steps["strategy"] == "zenflow"].set_index("step")
     cal = _json(base / "profile" / "profile.json")["calibration"]
     probe = _json(base / probe_path)
-    pred_rows = pd.read_csv(base / "predict_host_lane" / "summary.csv").set_index("strategy")
-    pred_spans = pd.read_csv(base / "predict_host_lane" / "zenflow_spans_per_step.csv"
+    pred_rows = pd.read_csv(base / FIT / "summary.csv").set_index("strategy")
+    pred_spans = pd.read_csv(base / FIT / "zenflow_spans_per_step.csv"
                              ).set_index("span")
     zf_threads, zo_threads = int(zf_row["host_threads"]), int(zo_row["host_threads"])
     lanes = cal.get("host_lanes") or {}
@@ -338,7 +343,7 @@ def mechanism_rows(fs: dict[str, dict]) -> list[dict]:
 
 
 def replay_rows(results: Path, fs: dict[str, dict]) -> list[dict]:
-    """ZenFlow simulated again on each run's fitted node (`predict_host_lane/inferred*.json`),
+    """ZenFlow simulated again on each run's fitted node (`FIT/inferred*.json`),
     with M5's window job in place of the fitted AdamW: what the mechanism would do to the
     predicted step. A what-if on the committed fit, not a change to the simulator."""
     from zfbench.sims.costs import SimSettings
@@ -347,7 +352,7 @@ def replay_rows(results: Path, fs: dict[str, dict]) -> list[dict]:
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for n, f in fs.items():
-            base = results / f["folder"] / "predict_host_lane"
+            base = results / f["folder"] / FIT
             hw = _json(base / "inferred_hardware.json")
             host_name = next(iter(hw["hosts"]))
             adam = hw["hosts"][host_name]["adam_params_per_s_per_core"]["value"]
@@ -388,11 +393,18 @@ def replay_rows(results: Path, fs: dict[str, dict]) -> list[dict]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
+def bench_parser(doc: str, out: str) -> argparse.ArgumentParser:
+    """The flags of this script and of bench/host_accum_rules.py: --results (the committed
+    machines' folder) and --out (default bench/results/OUT)."""
+    p = argparse.ArgumentParser(description=doc, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "gpu")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "host_lane_evidence")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / out)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = bench_parser(__doc__, "host_lane_evidence")
     args = p.parse_args(argv)
     missing = [str(args.results / d / RUN) for d, _ in MACHINES.values()
                if not (args.results / d / RUN).is_dir()]

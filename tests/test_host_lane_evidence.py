@@ -85,7 +85,7 @@ def test_the_replay_of_the_committed_fit_gives_the_committed_prediction(ev, fact
     now = rows[rows["variant"] == "now (committed fit)"].set_index("machine")["step_s"]
     for name in ev.MACHINES:
         committed = {r["strategy"]: r for r in rows_of(
-            RESULTS / ev.MACHINES[name][0] / "predict_host_lane" / "summary.csv")}
+            RESULTS / ev.MACHINES[name][0] / ev.FIT / "summary.csv")}
         assert now[name] == pytest.approx(float(committed["zenflow"]["step_time_s"]), rel=1e-6)
     m5 = rows[rows["variant"].str.startswith("M5: ")].set_index("machine")
     assert (m5["adam_scale"] < 1).all()  # the window job is costed slower, not faster
