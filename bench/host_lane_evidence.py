@@ -403,28 +403,43 @@ def bench_parser(doc: str, out: str) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = bench_parser(__doc__, "host_lane_evidence")
+def parse_checked(doc: str, out: str, argv, folders) -> argparse.Namespace:
+    """bench_parser's flags parsed, with one clear error when a machine of `folders` (under
+    --results) has no committed run."""
+    p = bench_parser(doc, out)
     args = p.parse_args(argv)
-    missing = [str(args.results / d / RUN) for d, _ in MACHINES.values()
+    missing = [str(args.results / d / RUN) for d in folders
                if not (args.results / d / RUN).is_dir()]
     if missing:
         p.error(f"no committed run at {', '.join(missing)}: give --results the folder "
                 f"holding bench/results/gpu's machines")
+    return args
+
+
+def write_and_show(out: Path, tables: dict[str, tuple[pd.DataFrame, pd.DataFrame]],
+                   colwidth: int = 48) -> None:
+    """Each table into out/NAME (atomically), then its shown view printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (table, _) in tables.items():
+        write_csv_atomic(table, out / name)
+    with pd.option_context("display.width", 200, "display.max_columns", 20,
+                           "display.max_colwidth", colwidth, "display.precision", 3):
+        for _, shown in tables.values():
+            print(shown.to_string(index=False))
+    print(f"wrote {', '.join(tables)} in {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_checked(__doc__, "host_lane_evidence", argv,
+                         [d for d, _ in MACHINES.values()])
     fs = {n: machine_facts(args.results, n) for n in MACHINES}
     spans = pd.DataFrame([r for f in fs.values() for r in span_rows(f)])
     mechs = pd.DataFrame(mechanism_rows(fs))
     whatif = pd.DataFrame(replay_rows(args.results, fs))
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_csv_atomic(spans, args.out / "host_lane_spans.csv")
-    write_csv_atomic(mechs, args.out / "mechanisms.csv")
-    write_csv_atomic(whatif, args.out / "whatif.csv")
-    with pd.option_context("display.width", 200, "display.max_columns", 20,
-                           "display.max_colwidth", 48, "display.precision", 3):
-        print(spans.drop(columns=["measured_from"]).to_string(index=False))
-        print(mechs.drop(columns=["note", "constant"]).to_string(index=False))
-        print(whatif.to_string(index=False))
-    print(f"wrote host_lane_spans.csv, mechanisms.csv, whatif.csv in {args.out}")
+    write_and_show(args.out, {
+        "host_lane_spans.csv": (spans, spans.drop(columns=["measured_from"])),
+        "mechanisms.csv": (mechs, mechs.drop(columns=["note", "constant"])),
+        "whatif.csv": (whatif, whatif)})
     return 0
 
 
