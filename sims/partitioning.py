@@ -22,6 +22,8 @@ gradient and each rank copies down and updates a 1/N share of every bucket.
 
 from __future__ import annotations
 
+from heapq import heappush
+
 import simpy
 
 from zfbench.core.strategies import STRATEGY_LIST, ZERO_OFFLOAD_STRATEGIES
@@ -97,6 +99,17 @@ def owned_runs(c, i: int) -> list[float]:
     return [owned_numel(c, r, i) for r in owners(c, i)]
 
 
+def bucket_reduce_s(c, i: int) -> float:
+    """Seconds of bucket i's reduction to its owners (`zero2_reduce.bucket_reduce_s` of
+    its `owned_runs`), remembered per cost model: a simulation asks once per bucket, rank
+    and step, and the runs' arithmetic (O(buckets) each) cost more than the rest of it."""
+    memo = c.__dict__.setdefault("_bucket_reduce_s", {})
+    seconds = memo.get(i)
+    if seconds is None:
+        seconds = memo[i] = zero2_reduce.bucket_reduce_s(c, i, owned_runs(c, i))
+    return seconds
+
+
 def reduce_bucket(sim, t: int, i: int, reduced: list, deps=()) -> simpy.Event | None:
     """Rank `sim` (a RankSim) reduces bucket i's gradient once `deps` have fired; the event
     is kept in `reduced` and returned (None on one GPU). DeepSpeed's ZeRO-2
@@ -109,7 +122,7 @@ def reduce_bucket(sim, t: int, i: int, reduced: list, deps=()) -> simpy.Event | 
         red = None
     elif sim.reduce_scatters:  # as the settings' DeepSpeed reduces (sims/zero2_reduce.py)
         red = sim.net.submit(zero2_reduce.REDUCE_OP, t, list(deps),
-                             seconds=zero2_reduce.bucket_reduce_s(c, i, owned_runs(c, i)),
+                             seconds=bucket_reduce_s(c, i),
                              nbytes=int(round(nbytes)))
     else:
         red = sim.collective("allreduce", t, nbytes, list(deps))
@@ -126,13 +139,13 @@ def reduce_deps(sim, npass: int, i: int, previous: list[int]) -> list:
     c = sim.costs
     if not sim.owned or c.gpus == 1:
         return []
-    arrived = sim.env.event()
-    arrived.succeed()
-    sim.sync.publish(("at_reduce", npass, i, sim.rank), arrived)
-    deps = [sim.sync.event(("at_reduce", npass, i, r)) for r in range(c.gpus)]
+    sync = sim.sync
+    sync.arrive(("at_reduce", npass, i, sim.rank))
+    event = sync.event
+    deps = [event(("at_reduce", npass, i, r)) for r in range(c.gpus)]
     if previous:
-        deps += [sim.sync.event(("down", npass, previous[-1], r))
-                 for r in sim.owners_of[previous[-1]]]
+        last = previous[-1]
+        deps += [event(("down", npass, last, r)) for r in sim.owners_of[last]]
     return deps
 
 
@@ -151,6 +164,15 @@ class Sync:
             ev = self._events[key] = self.env.event()
         return ev
 
+    def arrive(self, key) -> None:
+        """`publish(key, event)` of an event that succeeds now: the named event fires
+        once that one is processed. The very schedule (one entry in SimPy's queue now,
+        at normal priority, whose processing triggers the named event), without making
+        the event itself (nothing else waits for it)."""
+        env, shared = self.env, self.event(key)
+        heappush(env._queue, (env._now, _NORMAL, next(env._eid),
+                              _Arrival(lambda _e: shared.succeed())))
+
     def publish(self, key, done: simpy.Event) -> None:
         """The event named `key` fires when `done` has fired."""
         shared = self.event(key)
@@ -158,3 +180,16 @@ class Sync:
             shared.succeed()
         else:
             done.callbacks.append(lambda _e: shared.succeed())
+
+
+_NORMAL = simpy.events.NORMAL
+
+
+class _Arrival:
+    """A bare entry in SimPy's event queue (as `zfbench.sims.lanes`' hops): the run loop
+    calls its callbacks once, as it does an event's."""
+
+    __slots__ = ("callbacks", "_ok", "_value")
+
+    def __init__(self, callback) -> None:
+        self.callbacks, self._ok, self._value = [callback], True, None
