@@ -37,17 +37,25 @@ def _covered(mid: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarra
 def step_breakdown(spans: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """One row per (rank, step) with the columns of `BREAKDOWN_COLUMNS`."""
     rows = []
+    # The spans' columns as arrays and each lane's rows found once (not per rank): the
+    # same elements, in the same order, as filtering the frame rank by rank.
+    span_rank = spans["rank"].to_numpy()
+    lanes = spans["lane"].to_numpy(object)
+    starts, ends = spans["t_start_s"].to_numpy(float), spans["t_end_s"].to_numpy(float)
+    span_step, span_bytes = spans["step"].to_numpy(), spans["bytes"].to_numpy()
+    on_lane = {lane: lanes == lane for lane in ("compute", "host", "d2h", "h2d", "net")}
+    on_transfer = np.zeros(len(lanes), dtype=bool)
+    for lane in TRANSFER_LANES:
+        on_transfer |= on_lane[lane] if lane in on_lane else lanes == lane
     for rank, rank_steps in steps.groupby("rank", sort=True):
         rank_steps = rank_steps.sort_values("t_start_s")
         a = rank_steps["t_start_s"].to_numpy(float)
         b = rank_steps["t_end_s"].to_numpy(float)
-        mine = spans[spans["rank"] == rank]
-        comp = mine[mine["lane"] == "compute"]
-        xfer = mine[mine["lane"].isin(TRANSFER_LANES)]
-        host = mine[mine["lane"] == "host"]
-        cs, ce = comp["t_start_s"].to_numpy(float), comp["t_end_s"].to_numpy(float)
-        xs, xe = xfer["t_start_s"].to_numpy(float), xfer["t_end_s"].to_numpy(float)
-        hs, he = host["t_start_s"].to_numpy(float), host["t_end_s"].to_numpy(float)
+        mine = span_rank == rank
+        comp, xfer, host = mine & on_lane["compute"], mine & on_transfer, mine & on_lane["host"]
+        cs, ce = starts[comp], ends[comp]
+        xs, xe = starts[xfer], ends[xfer]
+        hs, he = starts[host], ends[host]
         bounds = np.unique(np.concatenate([a, b, cs, ce, xs, xe, hs, he]))
         lengths = np.diff(bounds)
         mid = (bounds[:-1] + bounds[1:]) / 2
@@ -69,7 +77,8 @@ def step_breakdown(spans: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             "host_wait_s": np.maximum(stall - exposed_s, 0.0), "stall_s": stall,
             "host_busy_s": host_busy_s})
         for lane in ("d2h", "h2d", "net"):
-            per_step = mine[mine["lane"] == lane].groupby("step")["bytes"].sum()
+            sel = mine & on_lane[lane]
+            per_step = pd.Series(span_bytes[sel]).groupby(span_step[sel]).sum()
             frame[f"{lane}_bytes"] = frame["step"].map(per_step).fillna(0).astype("int64")
         rows.append(frame)
     if not rows:

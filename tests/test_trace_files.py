@@ -131,6 +131,27 @@ def test_parquet_round_trip_is_exact_for_any_floats(tmp_path_factory, rows):
     assert back.spans == tl.spans and back._steps == tl._steps
 
 
+def test_csv_rows_are_each_fields_text_when_ranks_repeat_a_span(tmp_path):
+    """A span's copies for other ranks (zfbench.sims.replicas: the very same objects, one
+    row after the other) reuse the first row's text; equal values of another type or
+    sign (1 and 1.0, 0.0 and -0.0) do not, so every row is its own fields' str()."""
+    tl = Timeline("simulated")
+    t0, t1, step = 0.1 + 0.2, 1e-05 * 3, 7 * 143
+    tl.add(0, "compute", "forward", step, t0, t0 + t1)
+    for rank in (1, 2):  # copies: the same objects (a replica's rows)
+        tl._spans.append((rank, *tl._spans[0][1:]))
+    tl.add(0, "host", "host_optim", 1, 0.0, 1.0, 5)
+    tl.add(1, "host", "host_optim", 1, -0.0, 1, 5)  # equal to the row above, other texts
+    tl.add(2, "host", "host_optim", 1, 0, True, 5)
+    tl.add(3, "host", "host_optim", 1, 0, True, 5)
+    tl.write_csv(tmp_path, prefix="r.")
+    lines = (tmp_path / "r.spans.csv").read_text().splitlines()[1:]
+    assert lines == [",".join(map(str, row)) for row in tl._spans]
+    assert lines[1] == f"1,compute,forward,1001,{t0},{t0 + t1},0"
+    assert lines[3:6] == ["0,host,host_optim,1,0.0,1.0,5", "1,host,host_optim,1,-0.0,1,5",
+                          "2,host,host_optim,1,0,True,5"]
+
+
 def hand_timeline() -> Timeline:
     tl = Timeline("simulated")
     for rank, n in ((0, 10), (1, 6)):

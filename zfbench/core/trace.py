@@ -153,6 +153,12 @@ class Timeline:
             return self
         out = Timeline(self.source, self.meta)
         kept = steps.kept_by_rank(self)
+        same = set(kept.values())
+        if len(same) == 1:  # every rank (each one is in `kept`) keeps the same steps
+            only = same.pop()
+            out._spans = [s for s in self._spans if s[3] in only]
+            out._steps = [s for s in self._steps if s[1] in only]
+            return out
         out._spans = [s for s in self._spans if s[3] in kept.get(s[0], ())]
         out._steps = [s for s in self._steps if s[1] in kept.get(s[0], ())]
         return out
@@ -369,12 +375,28 @@ def _write_csv(path: Path, columns: list[str], rows: list[tuple]) -> None:
             handle.write(",".join(columns) + "\n")
             for batch in _chunks(rows, ROWS_PER_CHUNK):
                 if spans:  # the same text, each distinct time of the batch formatted once
-                    text = _float_text()
-                    handle.write("".join([f"{r},{la},{o},{st},{text(t0)},{text(t1)},{b}\n"
-                                          for r, la, o, st, t0, t1, b in batch]))
+                    handle.write(_span_lines(batch, _float_text()))
                 else:
                     handle.write("".join([line % row for row in batch]))
     _replace_through_tmp(path, write)
+
+
+def _span_lines(batch: list[tuple], text) -> str:
+    """The CSV lines of a batch of span rows. A row whose fields after the rank equal the
+    previous row's, its step and times the very same objects (a rank's copy of another's
+    span: zfbench.sims.replicas writes them one after the other; `add` makes the bytes an
+    int), has the same text there, which is reused."""
+    lines: list[str] = []
+    append = lines.append
+    previous, tail_text = (), ""
+    for row in batch:
+        tail = row[1:]
+        if tail != previous or tail[2] is not previous[2] or tail[3] is not previous[3] \
+                or tail[4] is not previous[4]:  # (equal and the same numbers: same text)
+            lane, op, step, t0, t1, nbytes = previous = tail
+            tail_text = f",{lane},{op},{step},{text(t0)},{text(t1)},{nbytes}\n"
+        append(f"{row[0]}{tail_text}")
+    return "".join(lines)
 
 
 def _float_text():
