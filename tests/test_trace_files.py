@@ -211,6 +211,23 @@ def test_worker_processes_write_the_same_files(tmp_path):
                 (tmp_path / "two" / name).read_bytes(), name
 
 
+def test_runs_with_files_go_longest_first_counting_their_spans():
+    """A run's estimated cost (`pilot_cost`) is its pilot's events plus its spans at
+    `SPAN_COST_EVENTS`, scaled to its steps: with files zero-infinity (more spans than
+    events) goes before zero-offload, which has more events and a fifth of the spans."""
+    from zfbench.simulation import PILOT_STEPS, SPAN_COST_EVENTS, pilot_cost
+
+    case = SimSettings.from_knobs(model="llama2-7b", gpus=4, pcie="gen4", steps=300)
+    pilot = {s: simulate(case.with_(steps=PILOT_STEPS), s) for s in ("zero-offload",
+                                                                      "zero-infinity")}
+    for s, r in pilot.items():
+        for files in (False, True):
+            assert pilot_cost(case, s, files) == pytest.approx(
+                (r.sim_events + SPAN_COST_EVENTS[files] * len(r.timeline)) * 300 / PILOT_STEPS)
+    assert pilot["zero-offload"].sim_events > pilot["zero-infinity"].sim_events
+    assert pilot_cost(case, "zero-infinity", True) > pilot_cost(case, "zero-offload", True)
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--trace-steps", "lots"], ["--trace-steps", "left-out+N"]),
     (["--trace-steps", "-3"], ["--trace-steps"]),

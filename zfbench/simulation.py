@@ -281,11 +281,24 @@ def auto_jobs(cases: list[tuple[dict, SimSettings]], strategies: list[str]) -> i
     return max(1, min(usable_cpus(), runs))
 
 
-def pilot_cost(case: SimSettings, strategy: str) -> float:
-    """A run's cost, estimated: the SimPy events of its first `PILOT_STEPS` steps times
-    its steps (runs go to the workers longest first, so the last to finish is short)."""
+# What a recorded span costs a run, in SimPy events' worth of work: recorded (or copied
+# for alike ranks), framed and broken down for the summary and, with files, written as
+# a CSV row and windowed for trace.json. Least-squares fits over the five strategies of
+# llama2-7b on 4 x a100-80g (2026-11-28, Xeon-AMX): without files, simulate() and the
+# summary's CPU seconds at 1000 steps (~4.4 us an event, ~4.0 us a span: 0.9); with
+# files, instructions counted by valgrind (callgrind) at 50 steps (~18 k an event, ~20 k
+# a span: 1.1). Only the order of the runs follows from it (longest first): with files
+# zero-infinity (1.5 M spans, 1.3 M events) goes first, which its events alone did not say.
+SPAN_COST_EVENTS = {False: 0.9, True: 1.1}
+
+
+def pilot_cost(case: SimSettings, strategy: str, files: bool = False) -> float:
+    """A run's cost, estimated: the SimPy events and the spans (`SPAN_COST_EVENTS`, by
+    whether its `files` are written) of its first `PILOT_STEPS` steps, times its steps
+    (runs go to the workers longest first, so the last to finish is short)."""
     pilot = simulate(case.with_(steps=min(case.measurement.steps, PILOT_STEPS)), strategy)
-    return pilot.sim_events * case.measurement.steps / pilot.settings.measurement.steps
+    work = pilot.sim_events + SPAN_COST_EVENTS[files] * len(pilot.timeline)
+    return work * case.measurement.steps / pilot.settings.measurement.steps
 
 
 def _one(labels: dict, case: SimSettings, strategy: str, plan: FilePlan | None,
@@ -335,7 +348,8 @@ def run(cases: list[tuple[dict, SimSettings]], strategies: list[str], quiet: boo
         return progress(total=len(tasks), quiet=quiet, desc="simulating", unit="run")
 
     if jobs > 1 and len(tasks) > 1:
-        order = sorted(range(len(tasks)), key=lambda i: -pilot_cost(*tasks[i][1:])) \
+        files = plan is not None
+        order = sorted(range(len(tasks)), key=lambda i: -pilot_cost(*tasks[i][1:], files)) \
             if len(tasks) > jobs else range(len(tasks))
         with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=_context()) as pool:
             futures = {pool.submit(_one, *tasks[i], plan, False): i for i in order}
