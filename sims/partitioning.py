@@ -141,12 +141,11 @@ def reduce_deps(sim, npass: int, i: int, previous: list[int]) -> list:
         return []
     sync = sim.sync
     sync.arrive(("at_reduce", npass, i, sim.rank))
-    event = sync.event
-    deps = [event(("at_reduce", npass, i, r)) for r in range(c.gpus)]
+    keys = [("at_reduce", npass, i, r) for r in range(c.gpus)]
     if previous:
         last = previous[-1]
-        deps += [event(("down", npass, last, r)) for r in sim.owners_of[last]]
-    return deps
+        keys += [("down", npass, last, r) for r in sim.owners_of[last]]
+    return sync.events(keys)
 
 
 class Sync:
@@ -163,6 +162,16 @@ class Sync:
         if ev is None:
             ev = self._events[key] = self.env.event()
         return ev
+
+    def events(self, keys: list) -> list[simpy.Event]:
+        """`event` of each of `keys`, in order."""
+        events, out = self._events, []
+        for key in keys:
+            ev = events.get(key)
+            if ev is None:
+                ev = events[key] = self.env.event()
+            out.append(ev)
+        return out
 
     def arrive(self, key) -> None:
         """`publish(key, event)` of an event that succeeds now: the named event fires
