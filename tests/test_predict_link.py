@@ -109,3 +109,10 @@ def test_predict_takes_the_link_from_the_runs_copies_and_says_where_from(
         measured_busy = row[f"{lane}_bytes_per_step"] / link[f"{lane}_bytes_per_s"]["value"]
         assert only["simulated_zero_offload"][f"{lane}_busy_s"] == pytest.approx(
             measured_busy, rel=1e-6)
+
+
+def test_link_rates_without_a_run_is_refused_in_one_line(capsys):
+    assert main(["--from-breakdown", "compute=0.66,io=0.53,stall=5.61",
+                 "--link-rates", "fit"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--link-rates: only --from-run" in err[0]

@@ -74,7 +74,7 @@ def build_parser() -> OneLineParser:
                    help="a node preset the measurement ran on (python -m zfbench.simulate "
                         "--help lists them): its GPU, link, host, networks and drives, each "
                         "flag given overriding its part; --gpus is then the run's total")
-    p.add_argument("--link-rates", choices=("measured", "fit"), default="measured",
+    p.add_argument("--link-rates", choices=("measured", "fit"), default=None,
                    help="with --from-run: the link rates the run's own copies measured "
                         "(bytes / busy seconds, per direction; the fit where it has none), "
                         "or fitted to its exposed transfer (default: measured)")
@@ -338,6 +338,9 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
         if args.skip_steps < 0:
             raise CliError("--skip-steps must be >= 0")
         given = given_knobs(args)
+        if args.link_rates is not None and args.from_run is None:
+            raise CliError("--link-rates: only --from-run has a run's copies to measure the "
+                           "link from; leave --link-rates out")
         measured_zenflow, from_host, lane_accumulation = None, {}, False
         if args.paper:
             if args.node:
