@@ -216,10 +216,11 @@ def test_predict_from_a_recorded_run_reaches_it_and_reports_the_measured_zenflow
     """A run recorded on an AMD EPYC (its README says how) whose one 17 us upload is shorter
     than the simulated node's four copies' preset fixed costs alone: refused at 3071cfc
     (issue 30); now the whole copy time is scaled, fixed cost with bytes, and the fit
-    reaches every part."""
+    reaches every part. (`--link-rates fit`: the link fitted to the exposed transfer, not
+    taken from the run's copies, tests/test_predict_link.py.)"""
     out = tmp_path / "pred"
     assert main(["--from-run", str(RECORDED_RUN), "--steps", "16", "--out", str(out),
-                 "--quiet"]) == 0
+                 "--quiet", "--link-rates", "fit"]) == 0
     printed = capsys.readouterr().out
     assert "measured zenflow in that run: 0.004122 s per step" in printed
     assert "the measured transfer is shorter than the simulated copies' fixed costs" in printed

@@ -24,6 +24,7 @@ also paper.csv and paper.json. The method, its limits and the files: docs/comman
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -33,7 +34,7 @@ import pandas as pd
 
 from zfbench.sims.costs import STRATEGIES, SimSettings, SimSettingsError
 from zfbench.sims.settings import on_node
-from zfbench.predict.fit import Breakdown, Fit, infer, on_hardware_file
+from zfbench.predict.fit import MEASURED_LINK, Breakdown, Fit, infer, on_hardware_file
 from zfbench.sims import host_traffic
 from zfbench.sims.simulator import steps_needed
 from zfbench.core.config_zenflow import split_cores
@@ -73,6 +74,10 @@ def build_parser() -> OneLineParser:
                    help="a node preset the measurement ran on (python -m zfbench.simulate "
                         "--help lists them): its GPU, link, host, networks and drives, each "
                         "flag given overriding its part; --gpus is then the run's total")
+    p.add_argument("--link-rates", choices=("measured", "fit"), default=None,
+                   help="with --from-run: the link rates the run's own copies measured "
+                        "(bytes / busy seconds, per direction; the fit where it has none), "
+                        "or fitted to its exposed transfer (default: measured)")
     p.add_argument("--out", type=Path, help="directory for the files")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -180,13 +185,28 @@ def describe_fit(f: Fit, base: SimSettings, measured: Breakdown) -> list[str]:
         f"  PCIe: d2h {link.d2h_bytes_per_s / 1e9:.2f} GB/s (x{s.d2h:.3g} of {b_link.name}), "
         f"h2d {link.h2d_bytes_per_s / 1e9:.2f} GB/s (x{s.h2d:.3g}), fixed cost per copy "
         f"{1e6 * link.setup_latency_s:.3g} us ({copy_cost_origin(f, measured, b_link)})",
+        f"  link rates from: {link_rates_from(f)}",
         f"  host AdamW: {host.adam_params_per_s(cores) / 1e9:.3f} G params/s on "
         f"{cores} cores (x{s.host:.3g} of {b_host.name}; measured stall "
         f"{measured.stall_s:.4g} s per step)"]
 
 
+def link_rates_from(f: Fit) -> str:
+    """Where the link rates come from: the run's copies (bytes / busy seconds, which hold
+    whatever slowed them in the run, e.g. uploads at ~0.5 of the idle probe's rate) or
+    the fit to the exposed transfer."""
+    if f.case == MEASURED_LINK:
+        return ("the run's own copies, each direction's bytes / busy seconds (what slowed "
+                "them in the run, such as uploads at ~0.5 of an idle probe, is in the rate); "
+                "--link-rates fit fits them to the exposed transfer instead")
+    return (f"fitted to the measured exposed transfer ({f.case}): the run recorded no copy "
+            f"rates, or --link-rates fit")
+
+
 def copy_cost_origin(f: Fit, measured: Breakdown, preset) -> str:
     """Where the fitted link's fixed cost per copy comes from, in a few words."""
+    if f.case == MEASURED_LINK:
+        return "none on top: the measured rates hold each copy's fixed cost"
     origin = ("measured: the intercept of the run's copy times against their bytes"
               if measured.copy_latency_s is not None else f"{preset.name}'s preset")
     if f.scales.latency != 1.0:
@@ -230,6 +250,11 @@ def report(base: SimSettings, measured: Breakdown, fits: list[Fit], rows: list[d
              f"host {base.machine.host} "
              f"({fits[0].case}, {fits[0].iterations} rounds):"]
     lines += describe_fit(fits[0], base, measured)
+    if fits[0].case == MEASURED_LINK:
+        io = fits[0].simulated["io_s"]
+        lines.append(f"  exposed transfer, a check (the link is not fitted to it): simulated "
+                     f"{io:.4g} s vs measured {measured.io_s:.4g} s "
+                     f"({100 * (io / measured.io_s - 1) if measured.io_s else 0:+.1f}%)")
     if len(fits) > 1:
         ends = ", ".join(f"{f.case}" + ("" if f.reached else f" (left out: {f.note})")
                          for f in fits[1:])
@@ -313,6 +338,9 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
         if args.skip_steps < 0:
             raise CliError("--skip-steps must be >= 0")
         given = given_knobs(args)
+        if args.link_rates is not None and args.from_run is None:
+            raise CliError("--link-rates: only --from-run has a run's copies to measure the "
+                           "link from; leave --link-rates out")
         measured_zenflow, from_host, lane_accumulation = None, {}, False
         if args.paper:
             if args.node:
@@ -322,6 +350,8 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
         else:
             if args.from_run is not None:
                 measured, settings, measured_zenflow = predict_inputs.read_run(args.from_run)
+                if args.link_rates == "fit":
+                    measured = dataclasses.replace(measured, link_Bps=None)
                 from_host = run_host_knobs(settings, measured_zenflow, given)
                 knobs = {**run_knobs(settings), **from_host, **given}
                 lane_accumulation = bool(settings.get("run_host_threads")) and not \
@@ -379,6 +409,8 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
         head["measured_zenflow_step_s"] = measured_zenflow["step_time_s"]
     if args.out:
         head.update({"settings": base.as_dict(), "measured": measured.as_dict(),
+                     "link_rates_from": {d: fits[0].entries["host_links"]["inferred-link"][
+                         f"{d}_bytes_per_s"]["source"] for d in ("d2h", "h2d")},
                      "fits": [fit_record(f, measured) for f in fits]})
         extras = {"range.csv": pd.DataFrame(all_rows).to_csv(index=False),
                   "inferred.json": json.dumps(json_ready(head), indent=1)}

@@ -6,7 +6,8 @@ optimizer), pins three of the simulator's unknowns on the node at hand:
 - compute time per step: the GPU's model FLOPs utilization (`default_mfu` of the inferred
   GPU, the MFU at its reference shape, zfbench.sims.compute_efficiency), scaled until the
   simulated compute is the measured;
-- the effective PCIe rates (`d2h_bytes_per_s`, `h2d_bytes_per_s` of the inferred link);
+- the effective PCIe rates (`d2h_bytes_per_s`, `h2d_bytes_per_s` of the inferred link),
+  unless the run measured its copies' own rates (`Breakdown.link_Bps`: then taken as they are);
 - the host's AdamW rate (`adam_params_per_s_per_core` of the inferred host, scaled by
   one host factor; its DRAM bandwidth rises with a factor above 1 and keeps the preset's
   below it, and host accumulation keeps its per-core streaming rate: `write_hardware`).
@@ -57,6 +58,9 @@ class Breakdown:
     spread_s: dict[str, float] | None = None
     # the measured link's fixed cost per copy (seconds), where the measurement shows one
     copy_latency_s: float | None = None
+    # each direction's measured rate, {"d2h"/"h2d": {"bytes_per_s", "source"}}: where
+    # given, the fit takes the link from it (`MEASURED_LINK`) instead of the exposed io
+    link_Bps: dict | None = None
 
     def __post_init__(self) -> None:
         for name, value in (self.spread_s or {}).items():
@@ -75,6 +79,14 @@ class Breakdown:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name[:-2]} must be > 0 s: a ZeRO-Offload step always "
                                  f"computes and waits for the host optimizer")
+        for lane, rate in (self.link_Bps or {}).items():
+            value = rate.get("bytes_per_s") if isinstance(rate, dict) else None
+            if lane not in ("d2h", "h2d") or isinstance(value, bool) or \
+                    not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"measured link rate {lane}: must be d2h or h2d with a "
+                                 f"finite bytes_per_s > 0, got {rate!r}")
+        if self.link_Bps and set(self.link_Bps) != {"d2h", "h2d"}:
+            raise ValueError("give a measured link rate for both d2h and h2d, or neither")
         if (self.d2h_s is None) != (self.h2d_s is None):
             raise ValueError("give both d2h and h2d, or neither (then io)")
         if self.split and not math.isclose(self.d2h_s + self.h2d_s, self.io_s,
@@ -126,12 +138,20 @@ class Fit:
         return sum(abs(m) for m in self.misses_s.values())
 
     def residuals(self, measured: Breakdown) -> dict:
-        """Simulated / measured - 1 per part (0 for a part measured as 0 s)."""
+        """Simulated / measured - 1 per measured part (0 for a part measured as 0 s); the
+        exposed transfer too where the link was measured (`MEASURED_LINK`): a check there."""
         return {p: (self.simulated[p] / getattr(measured, p) - 1
                     if getattr(measured, p) > 0 else 0.0) for p in _targets(measured)}
 
 
-def _targets(measured: Breakdown) -> tuple[str, ...]:
+# the case where the link rates are the measured copies' own (`Breakdown.link_Bps`): the
+# fit moves only MFU and the host, and the exposed transfer is a check, not a target
+MEASURED_LINK = "measured-link"
+
+
+def _targets(measured: Breakdown, case: str = "") -> tuple[str, ...]:
+    if case == MEASURED_LINK:
+        return ("compute_s", "stall_s")
     return ("compute_s", "d2h_s", "h2d_s", "stall_s") if measured.split else PARTS
 
 
@@ -245,7 +265,11 @@ def _how(measured: Breakdown, case: str, scales: Scales, base: SimSettings) -> d
     io = ("measured d2h {d2h_s:.4g} s and h2d {h2d_s:.4g} s".format(**measured.as_dict())
           if measured.split else f"measured io {measured.io_s:.4g} s")
     link = {"nominal": "both directions scaled alike", "d2h-only": "only d2h scaled",
-            "h2d-only": "only h2d scaled", "split": "each direction on its own"}[case]
+            "h2d-only": "only h2d scaled", "split": "each direction on its own",
+            MEASURED_LINK: ""}[case]
+    measured_link = {d: measured.link_Bps[d]["source"] + f"; x{getattr(scales, d):.4g} of "
+                     f"{base.machine.pcie}" for d in ("d2h", "h2d")} \
+        if case == MEASURED_LINK else {}
     return {"mfu": f"inferred from {src}: measured compute {measured.compute_s:.4g} s "
                    f"per step",
             "d2h": f"inferred from {src}: {io} ({link}); x{scales.d2h:.4g} of {base.machine.pcie}",
@@ -254,12 +278,14 @@ def _how(measured: Breakdown, case: str, scales: Scales, base: SimSettings) -> d
                     f"x{scales.host:.4g} of {base.machine.host}",
             "latency": f"inferred from {src}: {io} is shorter than the fixed costs of the "
                        f"simulated copies allow, so the whole copy time (fixed cost per "
-                       f"copy and bytes) is scaled; x{scales.latency:.4g} of its fixed cost"}
+                       f"copy and bytes) is scaled; x{scales.latency:.4g} of its fixed cost",
+            **measured_link}
 
 
 # Which scale each measured part moves, per case; scales in one tuple move together.
 _MOVES = {"nominal": {"io_s": ("d2h", "h2d")}, "d2h-only": {"io_s": ("d2h",)},
-          "h2d-only": {"io_s": ("h2d",)}, "split": {"d2h_s": ("d2h",), "h2d_s": ("h2d",)}}
+          "h2d-only": {"io_s": ("h2d",)}, "split": {"d2h_s": ("d2h",), "h2d_s": ("h2d",)},
+          MEASURED_LINK: {}}
 
 
 def fit(base: SimSettings, measured: Breakdown, case: str, workdir: Path,
@@ -292,6 +318,15 @@ def fit(base: SimSettings, measured: Breakdown, case: str, workdir: Path,
         measured.copy_latency_s, f"measured by {measured.source or 'the run'}: the "
         f"intercept of copy time against bytes over its copies")
     scales = Scales(mfu=start_mfu(base))
+    if case == MEASURED_LINK:
+        # each rate the copies' own bytes / busy seconds, which already hold each copy's
+        # fixed cost: the simulated copies get none on top
+        link = base.machine.parts()[1]
+        scales = dataclasses.replace(scales, **{
+            d: measured.link_Bps[d]["bytes_per_s"] / getattr(link, f"{d}_bytes_per_s")
+            for d in ("d2h", "h2d")})
+        latency = (0.0, "0: the measured link rates are bytes / busy seconds of the run's "
+                        "copies, whose fixed costs they already hold")
     path = workdir / f"inferred_hardware.{case}.json"
     moves = {"stall_s": ("host",), **_MOVES[case]}
     brackets = {names: [SCALE_LIMITS[0], SCALE_LIMITS[1]] for names in moves.values()}
@@ -302,7 +337,7 @@ def fit(base: SimSettings, measured: Breakdown, case: str, workdir: Path,
         settings, entries = write_hardware(path, base, scales,
                                            _how(measured, case, scales, base), latency)
         sim = baseline_parts(settings)
-        misses = {p: sim[p] - getattr(measured, p) for p in _targets(measured)}
+        misses = {p: sim[p] - getattr(measured, p) for p in _targets(measured, case)}
         if all(abs(m) <= _allowed(measured, p, tol) for p, m in misses.items()):
             return Fit(case, scales, settings, sim, it, True, entries=entries)
         mfu = scales.mfu * sim["compute_s"] / measured.compute_s
@@ -352,7 +387,7 @@ def fit(base: SimSettings, measured: Breakdown, case: str, workdir: Path,
         if stuck:
             break  # every bracket closed without reaching: this case cannot reach it
         previous, scales = scales, dataclasses.replace(scales, **changes)
-    misses = {p: sim[p] - getattr(measured, p) for p in _targets(measured)
+    misses = {p: sim[p] - getattr(measured, p) for p in _targets(measured, case)
               if abs(sim[p] - getattr(measured, p)) > _allowed(measured, p, tol)}
     return Fit(case, scales, settings, sim, it, False, note=describe_misses(misses, measured),
                entries=entries, misses_s=misses)
@@ -384,6 +419,10 @@ def infer(base: SimSettings, measured: Breakdown, workdir: Path) -> list[Fit]:
     only parameters up (`h2d-only`), and predictions are given at the ends of that range. A
     DeepSpeed log measures the split (gradient copy inside `bwd_allreduce`, parameter copy
     inside `step` after `optimizer_step`), and then one case is fitted to both directions.
+    A run whose copies were measured (`Breakdown.link_Bps`) gives the rates themselves:
+    one case, `MEASURED_LINK`, fits only MFU and the host.
     """
+    if measured.link_Bps:
+        return [fit(base, measured, MEASURED_LINK, workdir)]
     cases = ("split",) if measured.split else ("nominal", "d2h-only", "h2d-only")
     return [fit(base, measured, case, workdir) for case in cases]

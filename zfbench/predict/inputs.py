@@ -10,6 +10,8 @@
   copy back (h2d);
 - `read_run(dir)`: a `python -m zfbench.run --out DIR` with a zero-offload row (its
   timeline gives the exposed transfer per direction), and that run's shape;
+- `measured_link(...)`: that row's link rates per direction, bytes / busy seconds of its
+  own copies (`d2h_grad`, `h2d_param` spans; else the row's recorded GB/s);
 - `paper_bars()`: the ZenFlow paper's eight ZeRO-Offload bars (zfbench/data, with source).
 Every reader refuses bad input in one line that names the problem and the fix.
 """
@@ -165,11 +167,11 @@ def read_run(path: str | Path) -> tuple[Breakdown, dict, dict | None]:
     if base is None or "settings" not in summary:
         raise ValueError(f"--from-run {path}: no zero-offload row; run python -m zfbench.run "
                          f"with --strategy zero-offload (or all)")
-    parts, spread = {}, {}
+    parts, spread, spans = {}, {}, None
+    skip = int(base.get("steps_left_out", 0))
     try:
         tl = Timeline.read_csv(path, prefix="zero-offload.")
         spans, steps = tl.spans_frame(), tl.steps_frame()
-        skip = int(base.get("steps_left_out", 0))
         table = step_breakdown(spans, steps)
         table = table[table["step"] >= skip]
         for part, column in (("compute_s", "compute_s"), ("io_s", "exposed_io_s"),
@@ -190,7 +192,8 @@ def read_run(path: str | Path) -> tuple[Breakdown, dict, dict | None]:
     breakdown = Breakdown(float(base["compute_s"]), io, float(base["host_wait_s"]),
                           parts["d2h"] if split else None, parts["h2d"] if split else None,
                           source=f"zfbench run {path.name} (zero-offload)",
-                          spread_s=spread or None, copy_latency_s=copy_latency(path))
+                          spread_s=spread or None, copy_latency_s=copy_latency(path),
+                          link_Bps=measured_link(spans, skip, base, path.name))
     machine = summary.get("machine") or {}
     emulated = summary["settings"].get("device") == "cpu" or not machine.get("cuda_device")
     config = (summary.get("configs") or {}).get("zero-offload") or {}
@@ -198,6 +201,35 @@ def read_run(path: str | Path) -> tuple[Breakdown, dict, dict | None]:
                        "run_host_threads": base.get("host_threads"),
                        "run_cpu_count": machine.get("cpu_count"),
                        "gradient_clipping": config.get("gradient_clipping")}, rows.get("zenflow")
+
+
+# the zero-offload row's copies whose bytes / busy seconds give each link rate
+LINK_OPS = {"d2h": "d2h_grad", "h2d": "h2d_param"}
+
+
+def measured_link(spans, skip: int, row: dict, run: str) -> dict[str, dict]:
+    """{direction: {bytes_per_s, source}} of a zero-offload row's copies, each direction on
+    its own: the bytes of its `LINK_OPS` spans in the measured steps (>= `skip`) over
+    their summed durations, where the run's spans file is there; else the row's own
+    `d2h_gb_per_s` / `h2d_gb_per_s` (the run's bytes over busy seconds of that lane,
+    zfbench.analysis.breakdown.summarize). Empty unless both directions have one (the
+    fit then finds both rates from the exposed transfer)."""
+    out = {}
+    for lane, op in LINK_OPS.items():
+        if spans is not None:
+            mine = spans[(spans["op"] == op) & (spans["step"] >= skip)]
+            busy = float((mine["t_end_s"] - mine["t_start_s"]).sum())
+            if busy > 0 and mine["bytes"].sum() > 0:
+                out[lane] = {"bytes_per_s": float(mine["bytes"].sum()) / busy, "source": (
+                    f"measured: {run} zero-offload.spans.csv, {op} bytes / busy seconds "
+                    f"over {len(mine)} copies of steps >= {skip}")}
+                continue
+        rate = row.get(f"{lane}_gb_per_s")
+        if isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0:
+            out[lane] = {"bytes_per_s": float(rate) * 1e9, "source": (
+                f"measured: {run} summary.json zero-offload row {lane}_gb_per_s (its "
+                f"{lane} copies' bytes / busy seconds)")}
+    return out if len(out) == 2 else {}
 
 
 def _spread(values) -> float:
