@@ -263,8 +263,8 @@ void widen_streamed(void* __restrict dst_, const void* __restrict src_, int64_t 
 // each copied word tested for an all-ones fp32 exponent (inf or NaN), the test riding on
 // the copy's load; returns whether one was found. Where the CPU has AVX-512 or AVX2 and
 // `stream` is set, the stores are non-temporal from dst's first vector-aligned word on
-// (a plain store that misses the cache reads the line first: 12 of a copy's 8 B per
-// word become 8; 54M fp32, 1 core: torch's copy_ 0.057 s, memcpy 0.032 s).
+// (a plain store that misses the cache reads the line first; but the engine's copies are
+// read again soon, from the cache: real/host_fused.py WORDS_STREAM_ABOVE, off there).
 // whether [lo, hi) of `src` (fp32 words) holds an inf or NaN: one read, no store
 bool nonfinite_span(uint32_t* __restrict, const uint32_t* __restrict src, int64_t lo,
                     int64_t hi) {

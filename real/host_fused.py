@@ -40,6 +40,13 @@ SERIAL_BELOW = 1 << 14
 #: widening to fp32 moves per element (real/host_fused.cpp `widen_streamed`); smaller
 #: buffers are likely read again from the cache
 STREAM_ABOVE = 1 << 20
+#: fp32 copies and zeroing (`zf_words`) from this many elements on with non-temporal
+#: stores: never by default. Measured in bench/vs_deepspeed.py (2-core Xeon-AMX, 300 MB
+#: L3, sequential mode, load 3.7-4.2): with them from STREAM_ABOVE on, zfbench's forward
+#: and backward ran 0.28 + 0.55 s against 0.23 + 0.47 s with plain stores, beside
+#: DeepSpeed's 0.15-0.24 s forward; the copied gradients and the zeroed buffer are read
+#: or written again soon, from the cache, which the streamed stores bypass
+WORDS_STREAM_ABOVE = 1 << 62
 _WIRE_KIND = {torch.bfloat16: 1, torch.float16: 2}
 _GRAD_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -95,7 +102,7 @@ def _cpp_words(lib, dst: Tensor | None, src: Tensor | None, check: bool = False,
     """dst = src over fp32 words (src None: zeros; dst None: src only checked); with
     `check`, whether a word of src is an inf or NaN."""
     ref = src if dst is None else dst
-    stream_above = STREAM_ABOVE if stream_above is None else stream_above
+    stream_above = WORDS_STREAM_ABOVE if stream_above is None else stream_above
     if not ref.numel():
         return False
     return bool(lib.zf_words(None if dst is None else dst.data_ptr(),
@@ -191,7 +198,7 @@ def _check_words(lib, values: Tensor) -> str | None:
                 if _cpp_words(lib, None, part, True, stream_above) != want_bad:
                     return "the non-finite test differs from torch's isfinite"
                 _cpp_words(lib, out, None, False, stream_above)
-                if not torch.equal(out.view(torch.int32), torch.zeros_like(part).view(torch.int32)):
+                if torch.count_nonzero(out.view(torch.int32)):
                     return "fp32 zeroing differs from torch's zero_"
     return None
 
@@ -292,9 +299,9 @@ def accumulate_(window: Tensor, grads: Tensor, alpha: float = 1.0,
 
 def convert_(dst: Tensor, src: Tensor) -> Tensor:
     """`dst[:] = src` converting between fp32 and bf16 or fp16 (Tensor.copy_'s bits: round
-    to nearest even, NaN as torch writes it), or fp32 into fp32 (the bits themselves, with
-    non-temporal stores from STREAM_ABOVE elements on), one pass over the calling thread's
-    torch threads; any other pair, layout or device is `dst.copy_(src)`. Returns `dst`."""
+    to nearest even, NaN as torch writes it), or fp32 into fp32 (the bits themselves; plain
+    stores, `WORDS_STREAM_ABOVE`), one pass over the calling thread's torch threads; any
+    other pair, layout or device is `dst.copy_(src)`. Returns `dst`."""
     if _words_fit(dst, src) and dst.data_ptr() != src.data_ptr():
         lib = _library()
         if lib is None:
@@ -312,9 +319,8 @@ def convert_(dst: Tensor, src: Tensor) -> Tensor:
 
 
 def zero_(dst: Tensor) -> Tensor:
-    """`dst.zero_()`: contiguous fp32 on the CPU with non-temporal stores from
-    STREAM_ABOVE elements on (54M elements on the 2-core Xeon-AMX, 1 thread: torch's
-    zero_ 0.039 s), anything else torch's `zero_`. Returns `dst`."""
+    """`dst.zero_()`: contiguous fp32 on the CPU in the C++ loop (plain stores,
+    `WORDS_STREAM_ABOVE`), anything else torch's `zero_`. Returns `dst`."""
     lib = _library() if _words_fit(dst) else None
     if lib is None:
         return dst.zero_()

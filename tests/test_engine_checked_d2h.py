@@ -24,6 +24,7 @@ def run(strategy, zf, checked: bool, monkeypatch, steps: int = 7, nan_at: int = 
     # the tiny model through the threaded, non-temporal-store paths of the C++ loops
     monkeypatch.setattr(host_fused, "SERIAL_BELOW", 16)
     monkeypatch.setattr(host_fused, "STREAM_ABOVE", 0)
+    monkeypatch.setattr(host_fused, "WORDS_STREAM_ABOVE", 0)
     calls = {"all_finite": 0, "copy_checked_": 0}
     for name in calls:
         fn = getattr(kernels, name)
