@@ -28,6 +28,7 @@ from contextlib import contextmanager
 
 import torch
 
+from zfbench.real import kernels
 from zfbench.real.cpu_link import LinkWorker
 from zfbench.real.hazards import THREAD_LANES, HazardChecker
 
@@ -189,15 +190,19 @@ class CpuLanes(Backend):
 
     def copy(self, lane: str, name: str, t: int, dst: torch.Tensor,
              src: torch.Tensor, nbytes: int | None = None) -> None:
+        """As `Backend.copy`, through `kernels.copy_` (fp32 with non-temporal stores: the
+        emulated link's copies are host memory copies)."""
         link = self.links.get(self.exec_lane(lane))
-        if link is None:
-            return super().copy(lane, name, t, dst, src, nbytes)
         nbytes = src.numel() * src.element_size() if nbytes is None else nbytes
+        if link is None:
+            with self.op(lane, name, t, reads=(src,), writes=(dst,), nbytes=nbytes):
+                kernels.copy_(dst, src)
+            return
         self._declare(lane, name, (src,), (dst,))
 
         def run() -> None:
             with self.recorder.span(lane, name, t, nbytes=nbytes):
-                dst.copy_(src)
+                kernels.copy_(dst, src)
         link.submit(run)
 
     def _record_cuda(self, lane: str):

@@ -299,8 +299,11 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         # (sent_down) each was all-reduced during backward already
         if self.dist.active and self.sent_down is None:
             self.reduce_grads(self.t)
-        with self.compute("device_optim", self.t, reads=(self.flat_grads,)):
-            finite = kernels.all_finite(self.flat_grads)
+        checked = self._down_checked()
+        with self.compute("device_optim", self.t,
+                          reads=(self.flat_grads,) if checked is None else ()):
+            finite = (kernels.all_finite(self.flat_grads) if checked is None
+                      else torch.tensor(checked))
             # the losses and the check read in one transfer: on a GPU each read waits
             # for the device, and a launch-bound step pays every wait
             *losses, finite = read_scalars(self._micro_losses + [finite])
@@ -330,6 +333,7 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         self.global_steps += 1
         if record["skipped"]:
             self.skipped_steps += 1
+            self.sent_down = None  # the gradients that went down are not used
         else:
             with torch.no_grad():
                 self.strategy.step(self.t)
@@ -351,6 +355,31 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
             self.t += 1
         self._step_start = None
 
+    def _down_checked(self) -> bool | None:
+        """The CPU lanes' d2h with the non-finite check in its pass (one read of the
+        gradients, not two): with one rank, fp32 gradients, no loss scale and no
+        gradient buckets, this step's gradients go down into where the strategy lands
+        them (`grads_landing`) before the check, and the strategy's `grads_down` takes
+        them from `sent_down`, as it takes bucketed ones. Returns whether they are all
+        finite, or None where this does not apply (the check then reads them itself).
+        A skipped step leaves what went down unused. On a GPU the check stays a device op."""
+        if (self.use_cuda or self.dist.active or self.loss_scaler is not None
+                or self.sent_down is not None or self.zero3 is not None
+                or self.flat_grads.dtype != torch.float32):
+            return None
+        landing = self.strategy.grads_landing(self.t)
+        if landing is None or landing.dtype != torch.float32 \
+                or landing.numel() != self.flat_grads.numel():
+            return None
+        B = self.backend
+        B.wait("d2h", B.record("compute"), "d2h waits for the gradients")
+        with B.op("d2h", "d2h_grad", self.t, reads=(self.flat_grads,), writes=(landing,),
+                  nbytes=landing.numel() * landing.element_size()):
+            finite = kernels.copy_checked_(landing, self.flat_grads)
+        self.grads_read = B.record("d2h")
+        self.sent_down = (landing, self.grads_read)
+        return finite
+
     def _nonfinite_params(self) -> list[str]:
         """Names of parameters with a NaN or inf gradient, once the one-pass check
         (`kernels.all_finite`: no model-sized temporaries, measured 15x faster than
@@ -360,7 +389,7 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
                 if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
 
     def _zero_grads(self) -> None:
-        self.flat_grads.zero_()
+        kernels.zero_(self.flat_grads)
 
     # -- results, checkpoints, shutdown -----------------------------------------------
     @property

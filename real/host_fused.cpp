@@ -259,6 +259,76 @@ void widen_streamed(void* __restrict dst_, const void* __restrict src_, int64_t 
 }
 #endif
 
+// 4-byte words (fp32) of [lo, hi): copied (`src` non-null) or zeroed, and with `check`
+// each copied word tested for an all-ones fp32 exponent (inf or NaN), the test riding on
+// the copy's load; returns whether one was found. Where the CPU has AVX-512 or AVX2 and
+// `stream` is set, the stores are non-temporal from dst's first vector-aligned word on
+// (a plain store that misses the cache reads the line first; but the engine's copies are
+// read again soon, from the cache: real/host_fused.py WORDS_STREAM_ABOVE, off there).
+// whether [lo, hi) of `src` (fp32 words) holds an inf or NaN: one read, no store
+bool nonfinite_span(uint32_t* __restrict, const uint32_t* __restrict src, int64_t lo,
+                    int64_t hi) {
+  uint32_t bad = 0;
+#pragma omp simd reduction(| : bad)
+  for (int64_t j = lo; j < hi; ++j) bad |= uint32_t((src[j] & 0x7F800000u) == 0x7F800000u);
+  return bad != 0;
+}
+
+template <bool CHECK, bool STREAM>
+bool words_span(uint32_t* __restrict dst, const uint32_t* __restrict src, int64_t lo,
+                int64_t hi) {
+  constexpr uint32_t EXP = 0x7F800000u;
+  uint32_t bad = 0;
+  int64_t i = lo;
+#ifdef ZF_STREAM
+  if constexpr (STREAM) {
+#ifdef __AVX512F__
+    constexpr int64_t W = 16;
+#else
+    constexpr int64_t W = 8;
+#endif
+    for (; i < hi && (reinterpret_cast<uintptr_t>(dst + i) & (W * 4 - 1)); ++i) {
+      const uint32_t x = src ? src[i] : 0u;
+      if (CHECK) bad |= uint32_t((x & EXP) == EXP);
+      dst[i] = x;
+    }
+#ifdef __AVX512F__
+    const __m512i exp = _mm512_set1_epi32(int(EXP));
+    __mmask16 acc = 0;
+    for (; i + W <= hi; i += W) {
+      const __m512i x = src ? _mm512_loadu_si512(src + i) : _mm512_setzero_si512();
+      if (CHECK) acc |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(x, exp), exp);
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), x);
+    }
+    bad |= uint32_t(acc != 0);
+#else
+    const __m256i exp = _mm256_set1_epi32(int(EXP));
+    __m256i acc = _mm256_setzero_si256();
+    for (; i + W <= hi; i += W) {
+      const __m256i x = src ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))
+                            : _mm256_setzero_si256();
+      if (CHECK) acc = _mm256_or_si256(acc, _mm256_cmpeq_epi32(_mm256_and_si256(x, exp), exp));
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), x);
+    }
+    bad |= uint32_t(!_mm256_testz_si256(acc, acc));
+#endif
+    _mm_sfence();  // the streamed stores are seen before the region ends
+  }
+#endif
+  if (src) {
+#pragma omp simd reduction(| : bad)
+    for (int64_t j = i; j < hi; ++j) {
+      const uint32_t x = src[j];
+      if (CHECK) bad |= uint32_t((x & EXP) == EXP);
+      dst[j] = x;
+    }
+  } else {
+#pragma omp simd
+    for (int64_t j = i; j < hi; ++j) dst[j] = 0u;
+  }
+  return bad != 0;
+}
+
 // [lo, hi) of thread t of T over n elements: contiguous spans that start on 64-byte
 // multiples (16 floats) so no two threads write one cache line of an fp32 buffer.
 template <typename F>
@@ -280,7 +350,7 @@ void split(int64_t n, int threads, int64_t serial_below, F&& body) {
 
 extern "C" {
 
-int zf_abi_version() { return 3; }
+int zf_abi_version() { return 4; }
 
 // AdamW (torch._fused_adamw_'s arithmetic) on n fp32 elements at global step `step`,
 // then the new parameters into `wire` (wire_kind 1 bf16, 2 fp16, 0 none) and, with
@@ -329,6 +399,31 @@ void zf_convert(void* dst, const void* src, int kind, int widen, int64_t n, int 
   (void)stream_above;
 #endif
   split(n, threads, serial_below, [&](int64_t lo, int64_t hi) { span(dst, src, lo, hi); });
+}
+
+// dst = src over n 4-byte words (src null: zeros; dst null: nothing written, `src` only
+// checked), non-temporal stores from `stream_above` words on (where the CPU has them);
+// with `check`, returns 1 when a word of `src` is an fp32 inf or NaN, else 0 (without
+// `check`: 0).
+int zf_words(void* dst, const void* src, int check, int64_t n, int threads,
+             int64_t serial_below, int64_t stream_above) {
+  using Span = bool (*)(uint32_t*, const uint32_t*, int64_t, int64_t);
+  const bool stream = n >= stream_above;
+  const Span span = !dst ? nonfinite_span
+                  : check ? (stream ? words_span<true, true> : words_span<true, false>)
+                          : (stream ? words_span<false, true> : words_span<false, false>);
+  uint32_t* d = static_cast<uint32_t*>(dst);
+  const uint32_t* s = static_cast<const uint32_t*>(src);
+  int bad = 0;
+  if (threads <= 1 || n < serial_below) return int(span(d, s, 0, n));
+#pragma omp parallel num_threads(threads) reduction(| : bad)
+  {
+    const int64_t T = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t units = (n + 15) / 16, per = (units + T - 1) / T;
+    const int64_t lo = t * per * 16, hi = lo + per * 16 < n ? lo + per * 16 : n;
+    if (lo < hi) bad |= int(span(d, s, lo, hi));
+  }
+  return bad;
 }
 
 }  // extern "C"

@@ -13,7 +13,10 @@ replaces each attribute with a counting wrapper and runs both). The kernels and 
   `window += alpha * grads` into fp32; both host lane;
 - `adamw_foreach_` (real/adamw.py): device AdamW, `device` and `zenflow`; compute lane;
 - `copy_`: a dtype-converting copy (the d2h wire into fp32 on the host lane; the device
-  strategy's fp32 gradient and master write-back and the applied upload on the compute lane);
+  strategy's fp32 gradient and master write-back and the applied upload on the compute lane;
+  the CPU lanes' link copies, real/backend.py `CpuLanes`); `copy_checked_`: the CPU lanes'
+  fp32 d2h of the gradients with the non-finite check in the same pass (real/engine.py);
+  `zero_`: the gradients zeroed after each step (compute lane);
 - `grad_norm` (clipping; host lane when offloading, compute lane for `device`), `all_finite`
   (the non-finite check), `column_scores`, `top_columns`, `gather_grads_`, `scatter_`
   (ZenFlow's selection and its per-step gather and write-back; compute lane).
@@ -25,17 +28,19 @@ import torch
 
 from zfbench.real.adamw import adamw_foreach_
 from zfbench.real.flat import put_columns, take_columns
-from zfbench.real.host_fused import accumulate_, convert_, host_adamw_
+from zfbench.real.host_fused import accumulate_, convert_, copy_checked_, host_adamw_, zero_
 
 __all__ = ["accumulate_", "adamw_foreach_", "all_finite", "column_scores", "copy_",
-           "gather_grads_", "grad_norm", "host_adamw_", "scatter_", "top_columns"]
+           "copy_checked_", "gather_grads_", "grad_norm", "host_adamw_", "scatter_",
+           "top_columns", "zero_"]
 
 
 def copy_(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """`dst[:] = src`, converting to `dst`'s dtype; returns `dst`. Between fp32 and bf16 or
     fp16 on the CPU, contiguous and of one shape, real/host_fused.py's one-pass loop (the
-    bits of torch's copy_, which it measured at 0.63-0.67 of the bandwidth on 2 cores);
-    anything else torch's `copy_`."""
+    bits of torch's copy_, which it measured at 0.63-0.67 of the bandwidth on 2 cores), and
+    fp32 into fp32 (real/host_fused.py `WORDS_STREAM_ABOVE`); anything else torch's
+    `copy_`."""
     return convert_(dst, src)
 
 

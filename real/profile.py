@@ -274,7 +274,7 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
         kernels.all_finite(flat_grads)
 
     def zero():  # as Engine._zero_grads
-        flat_grads.zero_()
+        kernels.zero_(flat_grads)
     # the `device` strategy's gradient clipping norm (16-bit: through its fp32 copy)
     norm_scratch = None if dtype == torch.float32 else torch.empty(total, device=device)
 

@@ -179,12 +179,17 @@ class RateProbe:
     def _links(self):
         """(d2h, h2d, d2h_sync, h2d_sync): the two copies and the waits that time each to
         its completion (none on the CPU lanes)."""
-        if not self.streams:
+        if not self.streams:  # as real/backend.py CpuLanes and real/engine.py copy
+            checked = self.dev.dtype == torch.float32  # fp32: the check rides on the d2h
+
             def d2h():
-                self.down_wire.copy_(self.dev)
+                if checked:
+                    kernels.copy_checked_(self.down_wire, self.dev)
+                else:
+                    kernels.copy_(self.down_wire, self.dev)
 
             def h2d():
-                self.up.copy_(self.up_wire)
+                kernels.copy_(self.up, self.up_wire)
             return d2h, h2d, None, None
         down, up = self.streams["d2h"], self.streams["h2d"]
 

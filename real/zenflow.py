@@ -184,8 +184,11 @@ class ZenFlowStrategy(Strategy):
         e = self.e
         B = self.B
         if t != 0:
-            self.apply_pending(t)
-            if not self.low or t > self.W:  # the device has values newer than the master
+            applied = self.apply_pending(t)
+            # the device has values newer than the master; the d2h lane waits for them,
+            # unless this step's gradients went down already (real/engine.py
+            # `_down_checked`, or buckets) after the last write and nothing was applied
+            if (not self.low or t > self.W) and (applied or e.sent_down is None):
                 B.wait("d2h", B.record("compute"), "select's d2h waits for the weights")
             if not self.low:  # fp32 weights: the device's values are exact
                 shard = e.flat_params[e.shard_lo:e.shard_hi]
@@ -357,11 +360,12 @@ class ZenFlowStrategy(Strategy):
         if not self.zf.overlap_step:
             self.apply_pending(t)
 
-    def apply_pending(self, t: int) -> None:
-        """Unselected columns take the host's values; selected ones and 1-D keep theirs."""
+    def apply_pending(self, t: int) -> bool:
+        """Unselected columns take the host's values; selected ones and 1-D keep theirs.
+        Whether an update was pending (and is now applied)."""
         e = self.e
         if not self._collect_pending(t):
-            return
+            return False
         with e.compute("device_optim", t, reads=(self.upload, e.flat_params),
                        writes=(e.flat_params,)):
             keep = [(p, idx, take_columns(p.detach(), idx))
@@ -373,6 +377,7 @@ class ZenFlowStrategy(Strategy):
             for p, vals in keep_vec:
                 p.data.copy_(vals)
         self.pending, self.pending_ready = None, False
+        return True
 
     def finish(self, flush_partial: bool = False) -> None:
         """Apply what is pending; with `flush_partial`, first close the window still open

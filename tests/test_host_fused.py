@@ -189,6 +189,52 @@ def test_conversions_equal_torchs_copy_bit_for_bit(lib, two_threads, n, offset, 
     assert_same(want, got, f"n={n} {dtype} widen={widen} stream={stream}")
 
 
+@settings(max_examples=60)
+@given(n=sizes, offset=st.integers(0, 17), seed=st.integers(0, 100), stream=st.booleans(),
+       special=st.sampled_from([None, "nan", "inf", "-inf", "max"]),
+       where=st.floats(0.0, 0.999))
+def test_fp32_copy_zero_and_nonfinite_test_equal_torchs(lib, two_threads, n, offset, seed,
+                                                       stream, special, where):
+    """The fp32 copy (`convert_`, `copy_checked_`), the zeroing (`zero_`) and the
+    non-finite test (`nonfinite`, `copy_checked_`) against torch's copy_, zero_ and
+    isfinite: every bit, NaN payloads included (a copy moves words); one special value
+    anywhere, or none; plain and non-temporal stores, at any offset."""
+    gen = torch.Generator().manual_seed(seed)
+    src = (torch.randn(n + offset, generator=gen) * 1e30)[offset:]
+    if n and special is not None:
+        src[int(where * n)] = {"nan": float("nan"), "inf": float("inf"),
+                               "-inf": -float("inf"), "max": 3.4e38}[special]
+    finite = bool(torch.isfinite(src).all())
+    stream_above = 0 if stream else None
+    for check in (False, True):
+        got = torch.full((n + offset,), 7.0)[offset:]
+        bad = host_fused._cpp_words(lib, got, src, check, stream_above)
+        assert torch.equal(bits(got), bits(src))
+        assert bad == (check and not finite)
+    assert host_fused._cpp_words(lib, None, src, True, stream_above) == (not finite)
+    host_fused._cpp_words(lib, got, None, False, stream_above)
+    assert torch.equal(bits(got), bits(torch.zeros(n)))
+    # the public functions
+    out = torch.empty(n)
+    assert host_fused.copy_checked_(out, src) == finite and torch.equal(bits(out), bits(src))
+    assert host_fused.nonfinite(src) == (not finite)
+    assert torch.equal(bits(host_fused.convert_(torch.empty(n), src)), bits(src))
+    assert torch.equal(bits(host_fused.zero_(out)), bits(torch.zeros(n)))
+
+
+def test_without_the_library_fp32_copy_zero_and_check_are_torchs(monkeypatch):
+    """The torch path: copy_, zero_, and the check as the sum's finiteness (False also
+    where the sum overflows; the engine then looks element-wise); `nonfinite` None."""
+    monkeypatch.setattr(host_fused, "_library", lambda: None)
+    src = torch.tensor([1.0, -2.5, 3e38, 3e38])
+    out = torch.empty(4)
+    assert host_fused.copy_checked_(out, src) is False  # the sum overflows
+    assert torch.equal(out, src)
+    assert host_fused.copy_checked_(out[:2], src[:2]) is True
+    assert host_fused.nonfinite(src) is None
+    assert torch.equal(host_fused.zero_(out), torch.zeros(4))
+
+
 def test_every_half_widens_and_narrows_back_as_torch(lib):
     halves = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.float16)
     wide = host_fused._cpp_convert(lib, torch.empty(1 << 16), halves)
