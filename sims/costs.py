@@ -197,6 +197,15 @@ class CostModel:
         cal = self.calibration or {}
         return "grad_check_s_per_elem" in cal and "grad_zero_s_per_elem" in cal
 
+    @cached_property
+    def check_rides_d2h(self) -> bool:
+        """The engine's non-finite check rides the copy of the gradients down instead of a
+        pass of its own (real/engine.py `_down_checked`): on the CPU lanes, one rank, fp32
+        gradients (no loss scale), unbucketed, for a strategy whose whole gradient goes
+        down at the step (zero-offload, ZenFlow on ZeRO-2; the callers say which)."""
+        return (self.emulated and self.engine_grad_passes and self.gpus == 1
+                and self.elem_bytes == 4)
+
     # -- sizes ------------------------------------------------------------------------
     @cached_property
     def gpus(self) -> int:

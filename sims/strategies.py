@@ -206,7 +206,7 @@ class RankSim:
                                    nbytes=int(round(nbytes)))
         return self.net.submit(op, step, deps, seconds=seconds, nbytes=int(round(nbytes)))
 
-    def backward(self, step: int, after_bucket, reduce: bool = True):
+    def backward(self, step: int, after_bucket, reduce: bool = True, grad_check: bool = True):
         """Backward bucket by bucket (last block first); `after_bucket(i)` runs after each
         (with copy engines); the copy (or reduction) event it returns, if any, holds the
         compute lane when the host buffers are pageable (zfbench.sims.pageable) or, for
@@ -228,8 +228,10 @@ class RankSim:
         if self.emulated and reduce:
             yield from all_done(self.env, [self.collective(
                 "allreduce", step, self.costs.model_bytes, [])])
-        if self.costs.engine_grad_passes:
-            yield from self.compute("device_optim", step, grad_check_s(self.costs))
+        if self.costs.engine_grad_passes:  # with the check riding the copy down, the
+            # engine's span of reading its verdict stays, its pass does not
+            yield from self.compute("device_optim", step,
+                                    grad_check_s(self.costs) if grad_check else 0.0)
 
     def apply_update(self, step: int, landed, keep_columns: bool = False):
         """Wait for an uploaded update (None: none pending). Emulated, the device then
@@ -401,10 +403,12 @@ class RankSim:
         at the step's end (`CostModel.grad_wire_bytes`: fp32 from presets)."""
         return self._shard_numel(i) * self.costs.grad_wire_bytes
 
-    def grads_down(self, t: int, bytes_of, extra_deps_of=lambda i: (), reduce=True):
+    def grads_down(self, t: int, bytes_of, extra_deps_of=lambda i: (), reduce=True,
+                   grad_check: bool = True):
         """Backward with each bucket's gradient reduced, then sent down (`bytes_of(i)`)
         once `extra_deps_of(i)` have fired too; returns each bucket's event. Emulated:
-        backward only (returns none); `copy_grads_down` sends them."""
+        backward only (returns none); `copy_grads_down` sends them. `grad_check` False:
+        the engine's non-finite check rides that copy (`CostModel.check_rides_d2h`)."""
         down: dict[int, simpy.Event] = {}
         self.reduced = []
         # every rank runs the same backward passes, so the count names them alike
@@ -423,7 +427,8 @@ class RankSim:
             if self.owned and self.costs.gpus > 1:
                 self.sync.publish(("down", npass, i, self.rank), down[i])
             return down[i]
-        yield from self.backward(t, (lambda i: None) if self.emulated else after, reduce)
+        yield from self.backward(t, (lambda i: None) if self.emulated else after, reduce,
+                                 grad_check)
         return down
 
     def copy_grads_down(self, t: int, bytes_of, extra_deps_of=lambda i: ()):
@@ -439,7 +444,8 @@ class RankSim:
     def offload_step(self, t: int):
         c = self.costs
         yield from self.compute("forward", t, c.forward_s)
-        down = yield from self.grads_down(t, self._grad_wire_bytes, self._final_micro_deps(t))
+        down = yield from self.grads_down(t, self._grad_wire_bytes, self._final_micro_deps(t),
+                                          grad_check=not c.check_rides_d2h)
         yield from self.copy_grads_down(t, self._grad_wire_bytes)
         landed, _ = self.offload_update(t, list(down.values()))
         yield from all_done(self.env, [landed])

@@ -51,7 +51,12 @@ def zenflow_zero2_step(sim, t: int):
     bytes_of = sim.shard_bytes if shipped else (
         lambda i: c.share(unselected[i]) * c.elem_bytes)
     deps_of = (lambda i: [round_trip.get(i)]) if shipped else (lambda i: [prev_accum])
-    down = yield from sim.grads_down(t, bytes_of, deps_of)
+    # the engine's check riding the copy down (CostModel.check_rides_d2h): that copy runs
+    # right after backward, before a selection step's work
+    early = c.check_rides_d2h
+    down = yield from sim.grads_down(t, bytes_of, deps_of, grad_check=not early)
+    if early:
+        yield from sim.copy_grads_down(t, bytes_of, deps_of)
     for i, event in down.items():
         st[("down", t, i)] = event
         st.pop(("down", t - 1, i), None)
@@ -63,7 +68,8 @@ def zenflow_zero2_step(sim, t: int):
         scores = sim.collective("allreduce", t, 4 * sum(
             m.cols for m in c.shape.matrices()), [])
         yield from all_done(sim.env, [scores])
-    yield from sim.copy_grads_down(t, bytes_of, deps_of)
+    if not early:
+        yield from sim.copy_grads_down(t, bytes_of, deps_of)
     if not shipped:
         st[("accum", t)] = sim.host_work("host_accum", t, c.share(sum(unselected)),
                                           list(down.values()))
