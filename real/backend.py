@@ -190,8 +190,8 @@ class CpuLanes(Backend):
 
     def copy(self, lane: str, name: str, t: int, dst: torch.Tensor,
              src: torch.Tensor, nbytes: int | None = None) -> None:
-        """As `Backend.copy`, through `kernels.copy_` (fp32 with non-temporal stores: the
-        emulated link's copies are host memory copies)."""
+        """As `Backend.copy`, through `kernels.copy_` (the emulated link's copies are host
+        memory copies: fp32 ones in real/host_fused.cpp's loop)."""
         link = self.links.get(self.exec_lane(lane))
         nbytes = src.numel() * src.element_size() if nbytes is None else nbytes
         if link is None:

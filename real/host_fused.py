@@ -27,8 +27,8 @@ from zfbench.real import host_native
 from zfbench.real.host_accum import accumulate_ as torch_accumulate_
 from zfbench.real.host_adam import _check, host_adamw_ as torch_host_adamw_
 
-__all__ = ["accumulate_", "backend", "convert_", "copy_checked_", "host_adamw_",
-           "nonfinite", "status", "zero_"]
+__all__ = ["accumulate_", "backend", "convert_", "copy_checked_", "host_adamw_", "status",
+           "zero_"]
 
 #: elements torch's vector loop covers per step at most (AVX512 floats); the last
 #: n % TAIL elements go to torch (its remainder loop has its own rounding)
@@ -326,14 +326,6 @@ def zero_(dst: Tensor) -> Tensor:
         return dst.zero_()
     _cpp_words(lib, dst, None)
     return dst
-
-
-def nonfinite(src: Tensor) -> bool | None:
-    """Whether contiguous fp32 `src` on the CPU holds an inf or NaN (one read, exact:
-    `not torch.isfinite(src).all()`), or None where the library does not take it (another
-    dtype, layout or device, or torch's ops running)."""
-    lib = _library() if _words_fit(src) else None
-    return None if lib is None else _cpp_words(lib, None, src, True)
 
 
 def copy_checked_(dst: Tensor, src: Tensor) -> bool:

@@ -47,6 +47,13 @@ class _Hop:
         self._value = None
 
 
+def call_now(env: simpy.Environment, callback) -> None:
+    """`callback(None)` from SimPy's loop at this instant, after what is queued for it:
+    the schedule an event succeeding now gets (one entry at normal priority), without the
+    event (for a callback nothing else waits on)."""
+    heappush(env._queue, (env._now, _NORMAL, next(env._eid), _Hop(callback)))
+
+
 class _Wait(_Hop):
     """The lane worker waiting for a submit or for a queue head's dependency.
 

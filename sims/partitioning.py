@@ -22,12 +22,11 @@ gradient and each rank copies down and updates a 1/N share of every bucket.
 
 from __future__ import annotations
 
-from heapq import heappush
-
 import simpy
 
 from zfbench.core.strategies import STRATEGY_LIST, ZERO_OFFLOAD_STRATEGIES
 from zfbench.sims import zero2_reduce
+from zfbench.sims.lanes import call_now
 
 # DeepSpeed's ZeRO-2 strategies (from presets): they reduce-scatter their gradient buckets
 # and follow `overlap_comm`; the offloading ones copy their partitions down (`device`,
@@ -178,9 +177,8 @@ class Sync:
         once that one is processed. The very schedule (one entry in SimPy's queue now,
         at normal priority, whose processing triggers the named event), without making
         the event itself (nothing else waits for it)."""
-        env, shared = self.env, self.event(key)
-        heappush(env._queue, (env._now, _NORMAL, next(env._eid),
-                              _Arrival(lambda _e: shared.succeed())))
+        shared = self.event(key)
+        call_now(self.env, lambda _e: shared.succeed())
 
     def publish(self, key, done: simpy.Event) -> None:
         """The event named `key` fires when `done` has fired."""
@@ -190,15 +188,3 @@ class Sync:
         else:
             done.callbacks.append(lambda _e: shared.succeed())
 
-
-_NORMAL = simpy.events.NORMAL
-
-
-class _Arrival:
-    """A bare entry in SimPy's event queue (as `zfbench.sims.lanes`' hops): the run loop
-    calls its callbacks once, as it does an event's."""
-
-    __slots__ = ("callbacks", "_ok", "_value")
-
-    def __init__(self, callback) -> None:
-        self.callbacks, self._ok, self._value = [callback], True, None

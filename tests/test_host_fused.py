@@ -196,7 +196,7 @@ def test_conversions_equal_torchs_copy_bit_for_bit(lib, two_threads, n, offset, 
 def test_fp32_copy_zero_and_nonfinite_test_equal_torchs(lib, two_threads, n, offset, seed,
                                                        stream, special, where):
     """The fp32 copy (`convert_`, `copy_checked_`), the zeroing (`zero_`) and the
-    non-finite test (`nonfinite`, `copy_checked_`) against torch's copy_, zero_ and
+    non-finite test (`_cpp_words`, `copy_checked_`) against torch's copy_, zero_ and
     isfinite: every bit, NaN payloads included (a copy moves words); one special value
     anywhere, or none; plain and non-temporal stores, at any offset."""
     gen = torch.Generator().manual_seed(seed)
@@ -217,21 +217,21 @@ def test_fp32_copy_zero_and_nonfinite_test_equal_torchs(lib, two_threads, n, off
     # the public functions
     out = torch.empty(n)
     assert host_fused.copy_checked_(out, src) == finite and torch.equal(bits(out), bits(src))
-    assert host_fused.nonfinite(src) == (not finite)
+    assert host_fused._cpp_words(lib, None, src, True) == (not finite)  # default stores
     assert torch.equal(bits(host_fused.convert_(torch.empty(n), src)), bits(src))
     assert torch.equal(bits(host_fused.zero_(out)), bits(torch.zeros(n)))
 
 
 def test_without_the_library_fp32_copy_zero_and_check_are_torchs(monkeypatch):
     """The torch path: copy_, zero_, and the check as the sum's finiteness (False also
-    where the sum overflows; the engine then looks element-wise); `nonfinite` None."""
+    where the sum overflows; the engine then looks element-wise)."""
     monkeypatch.setattr(host_fused, "_library", lambda: None)
     src = torch.tensor([1.0, -2.5, 3e38, 3e38])
     out = torch.empty(4)
     assert host_fused.copy_checked_(out, src) is False  # the sum overflows
     assert torch.equal(out, src)
     assert host_fused.copy_checked_(out[:2], src[:2]) is True
-    assert host_fused.nonfinite(src) is None
+    assert host_fused.copy_checked_(out[:3], src[:3]) is True  # 3e38 alone: finite
     assert torch.equal(host_fused.zero_(out), torch.zeros(4))
 
 
