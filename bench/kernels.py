@@ -25,7 +25,8 @@ references reach on the machine (e.g. more streams per core in flight). Bytes pe
     accumulate_            8 + s     fp32 window read and written, gradients read
     copy_ (conversions)    4 + s     one read, one write, in the two dtypes
     copy_ (same dtype)     2 s       an upload applied; the emulated link copies
-    grad_norm, all_finite  s         one read (fp32 on the host)
+    sum_of_squares         4         one read (the host clip's norm, fp32)
+    grad_norm, all_finite  s         one read
     zero_, mul_ (scale)    s, 2 s    Tensor.zero_ / mul_ inline in the engine
     column_scores          s         per 2-D gradient element (one read)
     top_columns            4         per column (its scores read)
@@ -113,8 +114,12 @@ def host_rows(t: Table, n: int) -> None:
     t.add("adamw_foreach_ (whole model)",
           lambda: K.adamw_foreach_([dp], [g], [dm], [dv], [1], scratch=[ds], **HP),
           n, 28, "device", "compute", "fp32 master, grads, m, v", "real.adamw.adamw_foreach_")
-    t.add("grad_norm (host clip)", lambda: K.grad_norm(g), n, 4, OFFLOAD + " (clipping)",
-          "host", "fp32", "real.kernels.grad_norm")
+    t.add("sum_of_squares (host clip)", lambda: K.sum_of_squares(g), n, 4,
+          OFFLOAD + " (clipping)", "host", "fp32", "real.kernels.sum_of_squares",
+          host_fused.backend())
+    t.add("vector_norm fp32 (reference: the host clip before)",
+          lambda: torch.linalg.vector_norm(g), n, 4, "- (replaced by sum_of_squares)",
+          "host", "fp32", "torch.linalg.vector_norm")
     t.add("mul_ (scale)", lambda: g.mul_(1.0), n, 8,
           OFFLOAD + " (clip scale, zenflow 1/U)", "host", "fp32", "Tensor.mul_ (inline)")
 

@@ -17,6 +17,7 @@ bit differs, is in `_self_check`'s docstring.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 
@@ -28,7 +29,7 @@ from zfbench.real.host_accum import accumulate_ as torch_accumulate_
 from zfbench.real.host_adam import _check, host_adamw_ as torch_host_adamw_
 
 __all__ = ["accumulate_", "backend", "convert_", "copy_checked_", "host_adamw_", "status",
-           "zero_"]
+           "sum_of_squares", "zero_"]
 
 #: elements torch's vector loop covers per step at most (AVX512 floats); the last
 #: n % TAIL elements go to torch (its remainder loop has its own rounding)
@@ -47,6 +48,9 @@ STREAM_ABOVE = 1 << 20
 #: DeepSpeed's 0.15-0.24 s forward; the copied gradients and the zeroed buffer are read
 #: or written again soon, from the cache, which the streamed stores bypass
 WORDS_STREAM_ABOVE = 1 << 62
+#: the sum of squares adds fixed blocks of this many elements (256 KiB of fp32), each on
+#: one thread, then the blocks' sums in order: the same bits at any thread count
+SUMSQ_BLOCK = 1 << 16
 _WIRE_KIND = {torch.bfloat16: 1, torch.float16: 2}
 _GRAD_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -108,6 +112,23 @@ def _cpp_words(lib, dst: Tensor | None, src: Tensor | None, check: bool = False,
     return bool(lib.zf_words(None if dst is None else dst.data_ptr(),
                              None if src is None else src.data_ptr(), int(check), ref.numel(),
                              torch.get_num_threads(), SERIAL_BELOW, stream_above))
+
+
+def _torch_sum_of_squares(grad: Tensor) -> float:
+    """The reference: the sum of squares in fp64, block by block (`SUMSQ_BLOCK`), each
+    block's fp32 values widened (their squares exact in fp64): within about 1e-7 of the
+    C++ loop, whose squares are fp32 (real/host_fused.cpp `sumsq_span`)."""
+    flat = grad.reshape(-1)
+    total = 0.0
+    for lo in range(0, flat.numel(), SUMSQ_BLOCK):
+        block = flat[lo:lo + SUMSQ_BLOCK].double()
+        total += float(torch.dot(block, block))
+    return total
+
+
+def _cpp_sum_of_squares(lib, grad: Tensor) -> float:
+    return float(lib.zf_sumsq(grad.data_ptr(), grad.numel(), SUMSQ_BLOCK,
+                              torch.get_num_threads(), SERIAL_BELOW))
 
 
 def _words_fit(*tensors: Tensor) -> bool:
@@ -177,7 +198,22 @@ def _self_check(lib) -> str | None:
                     and _same_bits(low.float(), _cpp_convert(
                         lib, torch.empty_like(values), low, stream_above))):
                 return f"conversion bits differ from torch's ({dtype})"
-    return _check_words(lib, values)
+    return _check_words(lib, values) or _check_sum_of_squares(lib, values)
+
+
+def _check_sum_of_squares(lib, values: Tensor) -> str | None:
+    """The sum of squares against the fp64 reference: the same to 1e-6 relative (the C++
+    loop rounds each square to fp32 and adds eight in fp32 before fp64; worst case
+    8 x 2^-24), non-finite where an element is."""
+    finite = values[torch.isfinite(values)]
+    big = finite.repeat(SUMSQ_BLOCK * 3 // finite.numel() + 1)  # several blocks, threaded
+    for src in (finite, big):
+        want, got = _torch_sum_of_squares(src), _cpp_sum_of_squares(lib, src)
+        if not abs(got - want) <= 1e-6 * want:
+            return f"the sum of squares differs from fp64's ({got!r} vs {want!r})"
+    if math.isfinite(_cpp_sum_of_squares(lib, values)):
+        return "the sum of squares of non-finite values came out finite"
+    return None
 
 
 def _check_words(lib, values: Tensor) -> str | None:
@@ -340,3 +376,22 @@ def copy_checked_(dst: Tensor, src: Tensor) -> bool:
         return bool(torch.isfinite(src.sum()))
     return not _cpp_words(lib, dst, src, True)
 
+
+def sum_of_squares(grad: Tensor) -> float:
+    """The sum of the squares of `grad`'s elements (a Python float; inf or NaN where an
+    element is): the L2 norm's square for gradient clipping. One read of an fp32
+    contiguous CPU tensor in the C++ loop (fp32 squares, eight a lane added in fp32, then
+    fp64), in fixed blocks so that the thread count does not change the result; anything
+    else, and without the library, torch's dot products in fp64 block by block. The two
+    agree to about 1e-7 relative (worst case 5e-7), the norm to half that.
+
+    Why not torch.linalg.vector_norm in fp32: on 16M fp32 elements it reached 0.32-0.53 of
+    the measured memory bandwidth on a 2-core Xeon (bench/kernels.py, 2026-11-27; one
+    thread's rate at two) and its fp32 accumulation was 6.5e-4 off the exact norm of 16M
+    normal values; this loop is within 1e-7.
+    """
+    fits = grad.dtype == torch.float32 and grad.is_contiguous() and grad.device.type == "cpu"
+    lib = _library() if fits and grad.numel() else None
+    if lib is None:
+        return _torch_sum_of_squares(grad.float() if grad.dtype != torch.float32 else grad)
+    return _cpp_sum_of_squares(lib, grad)

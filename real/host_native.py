@@ -41,7 +41,7 @@ from zfbench.core.provenance import cpuinfo
 
 SOURCE = Path(__file__).with_name("host_fused.cpp")
 LIB_NAME = "libzf_host.so"
-ABI_VERSION = 4
+ABI_VERSION = 5
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopenmp",
          "-fPIC", "-shared", "-std=c++17")
 BUILD_TIMEOUT_S = 300
@@ -133,6 +133,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.zf_convert.restype = None
     lib.zf_words.argtypes = [vp, vp, i32, i64, i32, i64, i64]
     lib.zf_words.restype = i32
+    lib.zf_sumsq.argtypes = [vp, i64, i64, i32, i64]
+    lib.zf_sumsq.restype = f64
     if lib.zf_abi_version() != ABI_VERSION:
         raise OSError(f"ABI {lib.zf_abi_version()} != {ABI_VERSION}")
     return lib

@@ -17,7 +17,8 @@ replaces each attribute with a counting wrapper and runs both). The kernels and 
   the CPU lanes' link copies, real/backend.py `CpuLanes`); `copy_checked_`: the CPU lanes'
   fp32 d2h of the gradients with the non-finite check in the same pass (real/engine.py);
   `zero_`: the gradients zeroed after each step (compute lane);
-- `grad_norm` (clipping; host lane when offloading, compute lane for `device`), `all_finite`
+- `sum_of_squares` (real/host_fused.py): the host lane's clipping norm, squared, one read;
+- `grad_norm` (the `device` strategy's clipping; compute lane), `all_finite`
   (the non-finite check), `column_scores`, `top_columns`, `gather_grads_`, `scatter_`
   (ZenFlow's selection and its per-step gather and write-back; compute lane).
 """
@@ -28,11 +29,12 @@ import torch
 
 from zfbench.real.adamw import adamw_foreach_
 from zfbench.real.flat import put_columns, take_columns
-from zfbench.real.host_fused import accumulate_, convert_, copy_checked_, host_adamw_, zero_
+from zfbench.real.host_fused import (accumulate_, convert_, copy_checked_, host_adamw_,
+                                     sum_of_squares, zero_)
 
 __all__ = ["accumulate_", "adamw_foreach_", "all_finite", "column_scores", "copy_",
            "copy_checked_", "gather_grads_", "grad_norm", "host_adamw_", "scatter_",
-           "top_columns", "zero_"]
+           "sum_of_squares", "top_columns", "zero_"]
 
 
 def copy_(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:

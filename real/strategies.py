@@ -23,6 +23,7 @@ real/engine_protocol.py (`EngineForStrategy`, `StrategyForEngine`).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -270,12 +271,12 @@ class HostState:
     def clip_(self, grad: torch.Tensor, clip: float) -> None:
         """Scale `grad` in place to global L2 norm `clip` (clip_grad_norm_ semantics)."""
         if clip > 0:
-            norm = float(kernels.grad_norm(grad))
+            square = kernels.sum_of_squares(grad)
             if self.dist.active:  # the global norm: sum of squares over the shards
-                sq = torch.tensor([norm * norm], dtype=torch.float64)
+                sq = torch.tensor([square], dtype=torch.float64)
                 allreduce_sum_(self.dist, sq, host=True)
-                norm = float(sq.sqrt())
-            scale = clip / (norm + 1e-6)
+                square = float(sq)
+            scale = clip / (math.sqrt(square) + 1e-6)
             if scale < 1:
                 grad.mul_(scale)
 

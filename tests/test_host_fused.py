@@ -346,3 +346,59 @@ def test_a_fresh_build_is_cached_and_quick(fresh, tmp_path):
     host_native.library()
     assert host_native.status()["built_s"] is not None
     assert len(list(tmp_path.glob("host_kernels/*/" + host_native.LIB_NAME))) == 2
+
+
+def exact_sum_of_squares(x: torch.Tensor) -> float:
+    """math.fsum of the fp64 squares of fp32 values: each square exact, the sum rounded
+    once."""
+    import math
+    return math.fsum(v * v for v in x.double().tolist())
+
+
+@settings(max_examples=60)
+@given(n=st.one_of(st.integers(0, 700), st.integers(SERIAL - 40, SERIAL + 600)),
+       offset=st.integers(0, 17), seed=st.integers(0, 1000),
+       scale=st.sampled_from([1e-30, 1e-3, 1.0, 1e15]),
+       block=st.sampled_from([64, 512, 4096, host_fused.SUMSQ_BLOCK]),
+       threads=st.sampled_from([1, 2, 3]))
+def test_sum_of_squares_is_within_its_bound_of_the_exact_sum(lib, n, offset, seed, scale,
+                                                             block, threads):
+    """The C++ loop's fp32 squares, eight a lane summed in fp32 before fp64: within
+    8 x 2^-24 relative of the exact sum (fsum), at any offset, block size and thread
+    count; and the same bits at every thread count (fixed blocks, summed in order)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(n + offset, generator=gen) * scale)[offset:]
+    want = exact_sum_of_squares(x)
+    got = lib.zf_sumsq(x.data_ptr(), n, block, threads, 0)
+    assert abs(got - want) <= 8 * 2.0 ** -24 * want
+    assert got == lib.zf_sumsq(x.data_ptr(), n, block, 1, 0)
+    assert abs(host_fused._torch_sum_of_squares(x) - want) <= 1e-12 * want
+
+
+def test_sum_of_squares_of_large_and_non_finite_values():
+    """Squares past fp32's range are summed in fp64 (the block's wide loop); an inf
+    gives inf and a NaN NaN, with the library or without."""
+    import math
+    big = torch.full((1000,), 1e20)
+    big[::7] = -3e38
+    for path in ("cpp", "torch"):
+        fn = (host_fused.sum_of_squares if path == "cpp"
+              else host_fused._torch_sum_of_squares)
+        assert math.isclose(fn(big), exact_sum_of_squares(big), rel_tol=1e-12), path
+        for special, want in ((float("inf"), math.isinf), (float("nan"), math.isnan)):
+            x = big.clone()
+            x[500] = special
+            assert want(fn(x)), (path, special)
+    assert host_fused.sum_of_squares(torch.empty(0)) == 0.0
+
+
+def test_sum_of_squares_without_the_library_and_of_16bit_values(monkeypatch):
+    """torch's fp64 dot products block by block, also for what the C++ loop does not
+    take (16-bit, non-contiguous)."""
+    x = torch.randn(3000, generator=torch.Generator().manual_seed(4))
+    strided = torch.randn(3000, 2)[:, 0]
+    for t in (x.bfloat16(), strided):
+        assert host_fused.sum_of_squares(t) == pytest.approx(
+            exact_sum_of_squares(t.float()), rel=1e-12)
+    monkeypatch.setattr(host_fused, "_library", lambda: None)
+    assert host_fused.sum_of_squares(x) == pytest.approx(exact_sum_of_squares(x), rel=1e-12)

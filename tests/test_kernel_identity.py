@@ -28,7 +28,7 @@ KERNELS = tuple(kernels.__all__)
 TIMED = {
     "host_adam": {"host_adamw_"},  # RateProbe: host AdamW
     "accum": {"accumulate_"},  # RateProbe: host accumulation
-    "norm": {"grad_norm"},  # RateProbe: the host clipping norm
+    "norm": {"sum_of_squares"},  # RateProbe: the host clipping norm (squared)
     "convert": {"copy_"},  # RateProbe: the wires' conversions (16-bit weights)
     "device_adam": {"adamw_foreach_"},  # profile: device AdamW on the selected columns
     "column_io": {"gather_grads_", "scatter_"},  # profile: ZenFlow's column gather/scatter
