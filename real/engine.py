@@ -390,6 +390,8 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
 
     def _zero_grads(self) -> None:
         kernels.zero_(self.flat_grads)
+        if self.inplace_grads is not None:  # the next backward writes weight gradients
+            self.inplace_grads.zeroed()
 
     # -- results, checkpoints, shutdown -----------------------------------------------
     @property
