@@ -19,18 +19,21 @@ and, named with --modes only, `forward` (the forward alone: its kernels apart fr
 backward's). Model slices (`qwen2.5-1.5b[1L]`, `[2L]`) give the kernels of one layer as
 the difference of two runs.
 
-Each step is timed between device synchronisations (median over --steps after --warmup),
-then one step of each is profiled with torch.profiler: the kernels launched, their busy
-time, and the 25 costliest ops (ops_<mode>_mb<k>.csv); with --traces a Chrome trace of
-that step for plain_adamw and engine_device at the smallest micro-batch
-(trace_<mode>_mb<k>.json.gz, kept small: one step each).
+Each step is timed between device synchronisations (median over --steps after --warmup;
+also the process's CPU seconds over it, the steadier measure on a shared CPU), then one
+step of each is profiled with torch.profiler: the kernels launched, their busy time, and
+the 25 costliest ops (ops_<mode>_mb<k>.csv); with --traces a Chrome trace of that step
+for plain_adamw and engine_device at the smallest micro-batch (trace_<mode>_mb<k>.json.gz,
+kept small: one step each). On a CPU every mode runs on the same torch threads
+(--threads; by default the engine's device lane's share of the cores, which the engine's
+step runs on: plain PyTorch on all cores would compare two devices).
 
     python bench/reference_step.py [--model qwen2.5-1.5b] [--micro-batches 1,4]
-        [--seq 1024] [--steps 10] [--warmup 3] [--traces] [--out DIR]
+        [--seq 1024] [--steps 10] [--warmup 3] [--threads lane] [--traces] [--out DIR]
 
-Writes DIR/reference_step.csv (a row per mode and micro-batch: step seconds, kernels per
-step, kernel busy seconds per step, the ratio to plain_adamw) and reference_step.json
-(the rows and the machine).
+Writes DIR/reference_step.csv (a row per mode and micro-batch: step seconds, CPU seconds,
+kernels per step, kernel busy seconds per step, the ratios to plain_adamw) and
+reference_step.json (the rows and the machine).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from zfbench.core.config_build import build_config  # noqa: E402
 from zfbench.core.models import get_model  # noqa: E402
 from zfbench.core.provenance import provenance  # noqa: E402
 from zfbench.core.trace import write_csv_atomic, write_json_atomic  # noqa: E402
+from zfbench.real.distributed import lane_threads  # noqa: E402
 from zfbench.real.engine import initialize  # noqa: E402
 from zfbench.real.model import INIT_STD, build_model  # noqa: E402
 
@@ -112,7 +116,7 @@ class Trainer:
     """One mode's training step on a fresh model: `step(ids, labels)` returns the loss."""
 
     def __init__(self, mode: str, model_name: str, batch: int, device: torch.device,
-                 dtype: torch.dtype, seed: int = 0) -> None:
+                 dtype: torch.dtype, seed: int = 0, threads: int | None = None) -> None:
         if mode not in MODES + COUNT_MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of: "
                              f"{', '.join(MODES + COUNT_MODES)}")
@@ -125,25 +129,37 @@ class Trainer:
                 cfg["bf16"] = {"enabled": True}
             if mode == "engine_device_plain_grads":
                 cfg["zfbench"]["inplace_grads"] = False
-            self.engine = initialize(model, cfg, device=device.type)
+            # the emulated device lane's threads on the CPU lanes (None: the engine's split)
+            self.engine = initialize(model, cfg, device=device.type, device_threads=threads)
         elif mode == "plain_adamw":
             self.optim = PlainAdamW(model, device)
 
     def step(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One training step, its phases named for the profiler (`phase:*` rows: their
+        self time is what no torch op inside them accounts for, e.g. the engine's C++
+        kernels and its Python)."""
+        from torch.profiler import record_function
+
         if self.engine is not None:
-            loss = self.engine(ids, labels)
-            self.engine.backward(loss)
-            self.engine.step()
+            with record_function("phase:forward"):
+                loss = self.engine(ids, labels)
+            with record_function("phase:backward"):
+                self.engine.backward(loss)
+            with record_function("phase:optimizer"):
+                self.engine.step()
             return loss
-        loss = self.model(ids, labels)
+        with record_function("phase:forward"):
+            loss = self.model(ids, labels)
         if self.mode == "forward":
             return loss.detach()
-        loss.backward()
-        if self.optim is not None:
-            self.optim.step()
-        else:
-            for p in self.model.parameters():
-                p.grad = None
+        with record_function("phase:backward"):
+            loss.backward()
+        with record_function("phase:optimizer"):
+            if self.optim is not None:
+                self.optim.step()
+            else:
+                for p in self.model.parameters():
+                    p.grad = None
         return loss
 
     def parameters(self) -> list[torch.Tensor]:
@@ -165,17 +181,22 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_steps(trainer: Trainer, ids, labels, warmup: int, steps: int) -> list[float]:
+def timed_steps(trainer: Trainer, ids, labels, warmup: int,
+                steps: int) -> tuple[list[float], list[float]]:
+    """Each step's wall seconds and the process's CPU seconds (user + system, all its
+    threads) over it: on a shared CPU the CPU seconds of a one-thread step are the
+    steadier measure, since a step waiting for a core is not charged for the wait."""
     for _ in range(warmup):
         trainer.step(ids, labels)
     sync(trainer.device)
-    times = []
+    times, cpu = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         trainer.step(ids, labels)
         sync(trainer.device)
         times.append(time.perf_counter() - t0)
-    return times
+        cpu.append(time.process_time() - c0)
+    return times, cpu
 
 
 def device_time_us(event) -> float:
@@ -218,13 +239,40 @@ TRACED_MODES = ("plain_adamw", "engine_device")
 OP_NAME_CHARS = 120  # kernel names run to 1,000 characters of template arguments
 
 
+def cpu_threads(flag: str, device: torch.device) -> int | None:
+    """The torch threads every mode runs on a CPU (`--threads`): `lane` is the engine's
+    device lane's share of the cores (real/distributed.py `lane_threads`: half of them for
+    the `device` strategy), so plain PyTorch gets the cores the engine's step gets; on CUDA
+    None (the engine sets no thread count there)."""
+    if device.type == "cuda":
+        return None
+    if flag == "lane":
+        return lane_threads(None, cuda=False)[0]
+    if not flag.isdigit() or int(flag) < 1:
+        raise ValueError(f"--threads must be 'lane' or a positive integer, not {flag!r}")
+    return int(flag)
+
+
 def measure(mode: str, model: str, batch: int, seq: int, device, dtype, steps: int,
-            warmup: int, trace: Path | None = None) -> tuple[dict, pd.DataFrame]:
-    """One mode at one micro-batch on a fresh model: its timed steps, then one profiled
-    step (a Chrome trace of it at `trace`)."""
-    trainer = Trainer(mode, model, batch, device, dtype)
+            warmup: int, trace: Path | None = None,
+            threads: int | None = None) -> tuple[dict, pd.DataFrame]:
+    """One mode at one micro-batch on a fresh model, on `threads` torch threads when
+    given (restored after: the engine sets the process-wide count, which used to leak
+    into the modes run after it): its timed steps, then one profiled step (a Chrome
+    trace of it at `trace`)."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _measure(mode, model, batch, seq, device, dtype, steps, warmup, trace, threads)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _measure(mode, model, batch, seq, device, dtype, steps, warmup, trace, threads):
+    trainer = Trainer(mode, model, batch, device, dtype, threads=threads)
     ids, labels = synthetic_tokens(get_model(model).vocab, batch, seq, device)
-    times = timed_steps(trainer, ids, labels, warmup, steps)
+    times, cpu = timed_steps(trainer, ids, labels, warmup, steps)
     prof, table = profiled_step(trainer, ids, labels, trace)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     trainer.close()
@@ -236,7 +284,9 @@ def measure(mode: str, model: str, batch: int, seq: int, device, dtype, steps: i
     row = {"mode": mode, "model": model, "micro_batch": batch, "seq": seq,
            "dtype": str(dtype).replace("torch.", ""), "steps": len(times),
            "step_s_median": statistics.median(times), "step_s_min": min(times),
-           "step_s_max": max(times), "peak_device_bytes": peak, **prof}
+           "step_s_max": max(times), "step_cpu_s_median": statistics.median(cpu),
+           "peak_device_bytes": peak,
+           "cpu_threads": torch.get_num_threads() if device.type != "cuda" else None, **prof}
     return row, table
 
 
@@ -261,9 +311,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traces", action="store_true", help="a Chrome trace of each profiled step")
     ap.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto",
                     help="the weights' dtype (auto: bf16 on CUDA, fp32 on a CPU)")
+    ap.add_argument("--threads", default="lane",
+                    help="torch threads of every mode on a CPU: 'lane' (the engine's device "
+                         "lane's, half the cores) or a number; ignored on CUDA")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "reference_step")
     args = ap.parse_args(argv)
     device, dtype = device_and_dtype(args.device, args.dtype)
+    try:
+        threads = cpu_threads(args.threads, device)
+    except ValueError as err:
+        ap.error(str(err))
     args.out.mkdir(parents=True, exist_ok=True)
     batches = [int(b) for b in args.micro_batches.split(",")]
     rows = []
@@ -272,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             traced = args.traces and mode in TRACED_MODES and batch == min(batches)
             trace = args.out / f"trace_{mode}_mb{batch}.json.gz" if traced else None
             row, table = measure(mode, args.model, batch, args.seq, device, dtype,
-                                 args.steps, args.warmup, trace)
+                                 args.steps, args.warmup, trace, threads)
             write_csv_atomic(table, args.out / f"ops_{mode}_mb{batch}.csv")
             rows.append(row)
             print(f"reference_step: {mode} mb{batch}: {row['step_s_median']:.4f} s/step, "
@@ -280,15 +337,21 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
     frame = pd.DataFrame(rows)
     plain = frame[frame["mode"] == "plain_adamw"].set_index("micro_batch")["step_s_median"]
+    plain_cpu = frame[frame["mode"] == "plain_adamw"].set_index("micro_batch")[
+        "step_cpu_s_median"]
     frame["over_plain_adamw"] = [r.step_s_median / plain[r.micro_batch]
                                  if r.micro_batch in plain.index else float("nan")
                                  for r in frame.itertuples()]
+    frame["cpu_over_plain_adamw"] = [r.step_cpu_s_median / plain_cpu[r.micro_batch]
+                                     if r.micro_batch in plain_cpu.index else float("nan")
+                                     for r in frame.itertuples()]
     write_csv_atomic(frame, args.out / "reference_step.csv")
     write_json_atomic(args.out / "reference_step.json",
                       {"rows": frame.to_dict("records"),
                        "provenance": provenance(argv, "bench/reference_step.py")})
-    print(frame[["mode", "micro_batch", "step_s_median", "over_plain_adamw",
-                 "kernels_per_step", "kernel_busy_s_per_step"]].to_string(index=False))
+    print(frame[["mode", "micro_batch", "step_s_median", "step_cpu_s_median",
+                 "over_plain_adamw", "cpu_over_plain_adamw", "kernels_per_step",
+                 "kernel_busy_s_per_step"]].to_string(index=False))
     return 0
 
 

@@ -340,11 +340,15 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
             self.optimizer.engine_step()
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step(**(lr_kwargs or {}))
-        # the gradients are zeroed once the d2h lane has read them
+        # the gradients are zeroed once the d2h lane has read them (by the strategy's
+        # step, in its pass, where it says so)
         self.backend.wait("compute", self.grads_read, "zeroing waits for the d2h")
         self.grads_read = None
-        with self.compute("device_optim", self.t, writes=(self.flat_grads,)):
-            self._zero_grads()
+        if record["skipped"] or not self.strategy.zeroes_grads:
+            with self.compute("device_optim", self.t, writes=(self.flat_grads,)):
+                self._zero_grads()
+        elif self.inplace_grads is not None:
+            self.inplace_grads.zeroed()
         self.backend.end_step()  # the step ends when its device work has, then read
         self.recorder.resolve_cuda(block=False)
         end = self.recorder.now()
@@ -390,6 +394,8 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
 
     def _zero_grads(self) -> None:
         kernels.zero_(self.flat_grads)
+        if self.inplace_grads is not None:  # the next backward writes weight gradients
+            self.inplace_grads.zeroed()
 
     # -- results, checkpoints, shutdown -----------------------------------------------
     @property

@@ -13,8 +13,9 @@ updating the parameters. They meet through two small protocols:
   and `grads_read`, which the strategy fills with the event after the last read of the
   gradients (the engine's zeroing waits for it, then clears it);
 - `StrategyForEngine`: what the engine calls on a strategy: `step(t)` at each
-  accumulation boundary, `grads_landing(t)` before backward (where gradients may land
-  during it, or None), `finish()` at the end, and the checkpoint pair.
+  accumulation boundary (`zeroes_grads`: it zeroes the gradients itself), `grads_landing(t)`
+  before backward (where gradients may land during it, or None), `finish()` at the end,
+  and the checkpoint pair.
 
 tests/test_engine_protocol.py checks that the engine and every strategy satisfy them and
 that the strategy modules read nothing from the engine that `EngineForStrategy` does not
@@ -75,6 +76,7 @@ class StrategyForEngine(Protocol):
     """A strategy as the engine sees it (module docstring)."""
 
     name: str
+    zeroes_grads: bool  # its step zeroes the gradients in its own pass (the engine's not)
 
     def step(self, t: int) -> None:
         """The optimizer step at the accumulation boundary of step t."""

@@ -41,6 +41,7 @@ class Strategy:
     hazard checker can prove it ordered."""
 
     name = "base"
+    zeroes_grads = False  # its step zeroes the gradients in its own pass (the engine's not)
 
     def __init__(self, engine: EngineForStrategy) -> None:
         self.e = engine  # the engine, as real/engine_protocol.py declares it
@@ -168,11 +169,12 @@ class Strategy:
         e.gather_params(self.upload, t)
         return True
 
-    def _device_adam(self, params, grads, ms, vs, steps, scratch=None) -> None:
+    def _device_adam(self, params, grads, ms, vs, steps, scratch=None,
+                     zero_grads: bool = False) -> None:
         o = self.opt
         kernels.adamw_foreach_(params, grads, ms, vs, steps, lr=o.lr, beta1=o.betas[0],
                        beta2=o.betas[1], eps=o.eps, weight_decay=o.weight_decay,
-                       scratch=scratch)
+                       scratch=scratch, zero_grads=zero_grads)
 
 
 class DeviceStrategy(Strategy):
@@ -180,7 +182,9 @@ class DeviceStrategy(Strategy):
 
     It runs on the engine's flat buffers as one tensor (the same AdamW per element as per
     parameter, one weight decay for all): one fused kernel over contiguous memory, whatever
-    the parameters' layout inside the buffer."""
+    the parameters' layout inside the buffer. On the CPU lanes with fp32 weights the
+    gradients are zeroed in that pass (`adamw_foreach_(..., zero_grads=True)`) and the
+    engine does not zero them again (`zeroes_grads`)."""
 
     name = "device"
 
@@ -188,6 +192,7 @@ class DeviceStrategy(Strategy):
         super().__init__(engine)
         flat = engine.flat_params
         self.fp32 = flat.dtype == torch.float32
+        self.zeroes_grads = self.fp32 and flat.device.type == "cpu"
         self.master = [flat] if self.fp32 else [flat.detach().float()]
         self.m = [torch.zeros_like(self.master[0])]
         self.v = [torch.zeros_like(self.master[0])]
@@ -211,7 +216,7 @@ class DeviceStrategy(Strategy):
                 kernels.copy_(self.grads32[0], e.flat_grads)
                 grads = self.grads32
             self._device_adam(self.master, grads, self.m, self.v, [self.count],
-                              self.scratch)
+                              self.scratch, zero_grads=self.zeroes_grads)
             if not self.fp32:
                 kernels.copy_(e.flat_params, self.master[0])
 

@@ -206,6 +206,14 @@ class CostModel:
         return (self.emulated and self.engine_grad_passes and self.gpus == 1
                 and self.elem_bytes == 4)
 
+    @cached_property
+    def zero_rides_device_adam(self) -> bool:
+        """The engine zeroes the gradients inside the `device` strategy's AdamW pass, not
+        in a pass of its own (real/strategies.py `DeviceStrategy.zeroes_grads`): on the
+        CPU lanes with fp32 weights (the callers say which strategy). The zeros' stores
+        inside that pass are not simulated (1-3% of it, bench/device_step_ops.py)."""
+        return self.emulated and self.engine_grad_passes and self.elem_bytes == 4
+
     # -- sizes ------------------------------------------------------------------------
     @cached_property
     def gpus(self) -> int:

@@ -326,14 +326,16 @@ class RankSim:
             for micro in range(accum - 1):
                 yield from self.accumulate(strategy, t, micro)
             yield from step_fn(t)
-            yield from self.after_step(t)
+            yield from self.after_step(t, strategy)
             self.timeline.mark_step(self.rank, t, start, self.env.now)
 
-    def after_step(self, t: int):
+    def after_step(self, t: int, strategy: str):
         """Device work that closes every step: with a profile of zfbench's engine, which
-        zeroes every gradient (`CostModel.engine_grad_passes`)."""
-        if self.costs.engine_grad_passes:
-            yield from self.compute("device_optim", t, grad_zero_s(self.costs))
+        zeroes every gradient (`CostModel.engine_grad_passes`), unless its device AdamW
+        did (`CostModel.zero_rides_device_adam`)."""
+        c = self.costs
+        if c.engine_grad_passes and not (device_adamw(strategy) and c.zero_rides_device_adam):
+            yield from self.compute("device_optim", t, grad_zero_s(c))
 
     def accumulate(self, strategy: str, t: int, micro: int):
         """Micro-step `micro` of step t that ends in no update: forward, backward, each

@@ -135,3 +135,81 @@ def test_engine_parameters_equal_with_and_without(strategy):
         finals.append(engine.flat_params.clone())
         engine.close()
     torch.testing.assert_close(finals[0], finals[1], rtol=1e-5, atol=1e-6)
+
+
+def _column_major_grads(params) -> None:
+    """Each 2-D parameter and its `.grad` (zeroed) column-major, as the engine's layout."""
+    for p in params:
+        if p.dim() == 2:
+            p.data = p.detach().t().contiguous().t()
+            p.grad = torch.zeros(p.shape[1], p.shape[0]).t()
+        else:
+            p.grad = torch.zeros_like(p)
+
+
+@pytest.mark.parametrize("column_major", [True, False])
+def test_a_first_write_after_zeroed_has_the_bits_of_adding_into_zeros(column_major):
+    """After `zeroed()` the weight gradients are written by `mm` (the slot not read);
+    without it they are added into the zeros by `addmm_`: the same bits, and a second
+    backward (gradient accumulation) adds to the first in both."""
+    model = build_model(get_model("tiny"), seed=4)
+    params = list(model.parameters())
+    ids = torch.randint(0, get_model("tiny").vocab, (2, 9),
+                        generator=torch.Generator().manual_seed(1))
+    results = []
+    for zeroed in (False, True):
+        if column_major:
+            _column_major_grads(params)
+        else:
+            for p in params:
+                p.grad = torch.zeros_like(p)
+        mode = InplaceGrads(params)
+        if zeroed:
+            mode.zeroed()
+        runs = []
+        for _ in range(2):  # two micro-batches into the same gradients
+            with mode:
+                loss = model(ids, ids)
+            loss.backward()
+            runs.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        linears = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
+        # the first backward took every routed weight off the clean set; none was plain
+        assert not (mode.clean & {id(w) for w in linears})
+        results.append(runs)
+    for plain_run, written_run in zip(*results):
+        for name in plain_run:
+            assert torch.equal(plain_run[name], written_run[name]), name
+    ref = _autograd_grads(model, lambda m: m(ids, ids))
+    _assert_same({n: 2 * g for n, g in ref.items()}, results[1][1])
+
+
+@pytest.mark.parametrize("separate", [True, False])
+def test_a_gradient_another_op_wrote_is_added_to_not_overwritten(separate):
+    """A routed weight that another op also uses, after `zeroed()`: the gradient is the
+    sum, as autograd's. In one backward autograd accumulates the other op's part after
+    the routed one (its AccumulateGrad node waits for the routed function too); from an
+    earlier backward of its own (`separate`) the part is already there, and the
+    post-accumulate hook has marked the slot written, so the routed part adds to it."""
+    gen = torch.Generator().manual_seed(7)
+    lin = nn.Linear(5, 3, bias=False)
+    x = torch.randn(4, 5, generator=gen)
+    c = torch.randn(3, 5, generator=gen)
+
+    def plain(m):
+        return (m.weight * c).sum()
+
+    def routed(m):
+        return m(x).sum()
+    ref = _autograd_grads(lin, lambda m: plain(m) + routed(m))
+    _column_major_grads(list(lin.parameters()))
+    mode = InplaceGrads(list(lin.parameters()))
+    mode.zeroed()
+    with mode:
+        if separate:
+            plain(lin).backward()
+            loss = routed(lin)
+        else:
+            loss = plain(lin) + routed(lin)
+    loss.backward()
+    assert mode.routed == 1
+    _assert_same(ref, {"weight": lin.weight.grad})

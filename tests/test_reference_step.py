@@ -13,6 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
+import device_step_ops as dso  # noqa: E402
 import kernel_census as kc  # noqa: E402
 import op_efficiency as oe  # noqa: E402
 import reference_step as rs  # noqa: E402
@@ -48,11 +49,19 @@ def test_plain_adamw_keeps_fp32_masters_of_bf16_weights_as_the_engine_does():
 
 
 def test_reference_step_writes_a_row_per_mode_and_batch(tmp_path):
+    """Every mode on the engine's device-lane threads, the caller's count restored."""
+    from zfbench.real.distributed import lane_threads
+
     out = tmp_path / "ref"
+    before = torch.get_num_threads()
     assert rs.main(["--model", "tiny", "--seq", "16", "--micro-batches", "1,2", "--steps",
                     "2", "--warmup", "1", "--device", "cpu", "--dtype", "bf16", "--traces",
                     "--out", str(out)]) == 0
+    assert torch.get_num_threads() == before
     frame = pd.read_csv(out / "reference_step.csv")
+    assert (frame["cpu_threads"] == lane_threads(None, cuda=False)[0]).all()
+    assert (frame["step_cpu_s_median"] > 0).all()
+    assert (frame.loc[frame["mode"] == "plain_adamw", "cpu_over_plain_adamw"] == 1.0).all()
     assert sorted(zip(frame["mode"], frame["micro_batch"])) == sorted(
         (m, b) for m in rs.MODES for b in (1, 2))
     assert (frame.loc[frame["mode"] == "plain_adamw", "over_plain_adamw"] == 1.0).all()
@@ -61,6 +70,14 @@ def test_reference_step_writes_a_row_per_mode_and_batch(tmp_path):
     assert (out / "ops_engine_device_mb2.csv").exists()
     assert sorted(p.name for p in out.glob("trace_*")) == [
         "trace_engine_device_mb1.json.gz", "trace_plain_adamw_mb1.json.gz"]
+
+
+@pytest.mark.parametrize("threads", ["0", "two"])
+def test_bad_threads_is_one_clear_error(threads, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        rs.main(["--threads", threads, "--device", "cpu"])
+    assert exit_info.value.code == 2
+    assert "--threads must be 'lane' or a positive integer" in capsys.readouterr().err
 
 
 def test_census_counts_flops_as_stated():
@@ -117,3 +134,23 @@ def test_preset_device_step_holds_the_lent_gpus_measurements():
     mb1 = frame[frame["micro_batch"] == 1]
     assert (mb1["error_no_floor"] < -0.5).all()
     assert (frame.loc[frame["mode"] == "plain_adamw", "engine_overhead_s"] > 0).all()
+
+
+def test_device_step_ops_times_each_linear_matrix_of_a_layer_and_the_head(tmp_path):
+    """bench/device_step_ops.py: its matrices are the model's (one layer's linear weights
+    and the head's, by shape), a row per GEMM variant and matrix and per pass."""
+    from torch import nn
+
+    from zfbench.core.models import get_model
+    from zfbench.real.model import build_model
+
+    model = build_model(get_model("tiny[1L]"), seed=0)
+    shapes = sorted(tuple(m.weight.shape) for m in model.modules() if isinstance(m, nn.Linear))
+    assert sorted((o, i) for _, o, i in dso.matrices("tiny[1L]")) == shapes
+    before = torch.get_num_threads()
+    assert dso.main(["--model", "tiny[1L]", "--tokens", "4", "--repeats", "2",
+                     "--out", str(tmp_path)]) == 0
+    assert torch.get_num_threads() == before
+    frame = pd.read_csv(tmp_path / "device_step_ops.csv")
+    assert len(frame) == len(dso.GEMMS) * len(shapes) + len(dso.PASSES)
+    assert (frame["cpu_s"] >= 0).all() and (frame["threads"] == 1).all()
