@@ -38,6 +38,13 @@ def test_zero_offload_ratios_by_hand():
     assert out["host_over_adam_plus_link"] == pytest.approx(0.4 / 0.5)
 
 
+def test_a_timeline_of_two_ranks_counts_each_ranks_uploads():
+    two = pd.concat([spans(), spans().assign(rank=1)])
+    row = {"strategy": "zero-offload", "host_adam_params_per_s": 4e8}
+    assert host_target_columns(row, two, 0, CAL, True, False, 2e8) == \
+        host_target_columns(row, spans(), 0, CAL, True, False, 2e8)
+
+
 def test_uploads_on_a_stream_or_link_thread_cost_the_worker_nothing():
     row = {"strategy": "zero-offload", "host_adam_params_per_s": 4e8}
     out = host_target_columns(row, spans(), 0, CAL, False, False, 2e8)

@@ -57,7 +57,7 @@ def host_target_columns(row: dict, spans, skip: int, calibration: dict | None,
     if windows and lane.get("host_zero_elems_per_s"):
         alone_s += params_per_step / lane["host_zero_elems_per_s"]
     kept = spans[spans["step"] >= skip]
-    steps = kept["step"].nunique()
+    steps = kept["step"].nunique() * kept["rank"].nunique()  # per rank, as `row`'s
     link_s = 0.0
     if on_worker and steps:
         up = kept[(kept["lane"] == "h2d") & (kept["op"] == "h2d_param")]
