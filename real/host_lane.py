@@ -130,14 +130,16 @@ class HostLane:
                     self._begin(job)
                     start = self.recorder.now()
                 moved = chunk()
+                # (inside: a span the recorder refuses fails the job, not the worker,
+                # whose death would leave every waiter blocked)
+                self.recorder.add(job.lane, job.op, job.step, start, self.recorder.now(),
+                                  int(moved or 0))
             except BaseException as err:  # keep it for the engine; never die silently
                 self.error = err
                 with self._cv:
                     self._remove(job)
                 job.future.set_exception(err)
                 continue
-            self.recorder.add(job.lane, job.op, job.step, start, self.recorder.now(),
-                              int(moved or 0))
             if not job.chunks:
                 with self._cv:
                     self._remove(job)

@@ -41,8 +41,8 @@ def copy_(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """`dst[:] = src`, converting to `dst`'s dtype; returns `dst`. Between fp32 and bf16 or
     fp16 on the CPU, contiguous and of one shape, real/host_fused.py's one-pass loop (the
     bits of torch's copy_, which it measured at 0.63-0.67 of the bandwidth on 2 cores), and
-    fp32 into fp32 (real/host_fused.py `WORDS_STREAM_ABOVE`); anything else torch's
-    `copy_`."""
+    fp32 into fp32 (plain stores, streamed into a buffer larger than the last-level
+    cache: real/host_fused.py `words_stream_above`); anything else torch's `copy_`."""
     return convert_(dst, src)
 
 

@@ -189,3 +189,22 @@ def test_a_collective_failed_on_the_host_worker_is_a_distributed_error():
         lane.wait(future, timeout_s=20)
     assert info.value is dead
     lane.close()
+
+
+def test_a_span_the_recorder_refuses_fails_the_job_and_the_worker_goes_on():
+    """The worker records each chunk's span inside its guard: an op the timeline does not
+    know fails that job (the waiter gets the error instead of blocking for ever) and the
+    next job still runs."""
+    from zfbench.real.host_lane import HostLane, HostWorkerError
+    from zfbench.real.recorder import SpanRecorder
+
+    lane = HostLane(SpanRecorder(), threads=1)
+    ran = []
+    with pytest.raises(HostWorkerError, match="unknown op 'no-such-op'"):
+        lane.wait(lane.submit("no-such-op", 0, [lambda: ran.append(1)]), timeout_s=20)
+    with pytest.raises(HostWorkerError):  # also kept for the engine's next step
+        lane.check()
+    lane.check()  # and raised once
+    lane.wait(lane.submit("host_optim", 1, [lambda: ran.append(2)]), timeout_s=20)
+    assert ran == [1, 2]
+    lane.close()

@@ -402,3 +402,43 @@ def test_sum_of_squares_without_the_library_and_of_16bit_values(monkeypatch):
             exact_sum_of_squares(t.float()), rel=1e-12)
     monkeypatch.setattr(host_fused, "_library", lambda: None)
     assert host_fused.sum_of_squares(x) == pytest.approx(exact_sum_of_squares(x), rel=1e-12)
+def test_stores_stream_into_buffers_larger_than_the_last_level_cache(monkeypatch):
+    """Streamed from the first word where the destination's whole buffer (a chunk's
+    flat buffer, not the chunk) is larger than the last-level cache; plain otherwise,
+    and where the cache's size is unknown."""
+    monkeypatch.setattr(host_fused, "_llc", [1000])
+    big, small = torch.zeros(251), torch.zeros(250)  # 1004 and 1000 bytes
+    assert host_fused.words_stream_above(big[3:7]) == 0
+    assert host_fused.words_stream_above(small) == host_fused.WORDS_STREAM_ABOVE
+    monkeypatch.setattr(host_fused, "_llc", [None])
+    assert host_fused.words_stream_above(big) == host_fused.WORDS_STREAM_ABOVE
+
+
+def test_the_last_level_cache_is_the_largest_linux_reports(monkeypatch, tmp_path):
+    for i, size in enumerate(["48K", "2048K", "300M", "junk"]):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    real_path = host_fused.Path
+    monkeypatch.setattr(host_fused, "Path", lambda p: real_path(tmp_path)
+                        if p == "/sys/devices/system/cpu/cpu0/cache" else real_path(p))
+    monkeypatch.setattr(host_fused, "_llc", [])
+    assert host_fused.last_level_cache_bytes() == 300 << 20
+
+
+@pytest.mark.parametrize("offset", [0, 1, 5, 16])
+def test_copies_and_zeroing_into_a_big_buffer_are_torchs_bits(lib, two_threads, monkeypatch,
+                                                               offset):
+    """The public copy, checked copy and zeroing, streamed because the buffer is larger
+    than a (patched) last-level cache: the bits of torch's copy_ and zero_."""
+    monkeypatch.setattr(host_fused, "_llc", [1 << 12])
+    n = host_fused.SERIAL_BELOW + 37
+    gen = torch.Generator().manual_seed(offset)
+    src = torch.randn(n, generator=gen) * 1e30
+    src[n // 3] = float("nan")
+    dst = torch.full((n + offset,), 7.0)[offset:]
+    assert host_fused.words_stream_above(dst) == 0
+    assert torch.equal(bits(host_fused.convert_(dst, src)), bits(src))
+    dst.fill_(7.0)
+    assert host_fused.copy_checked_(dst, src) is False
+    assert torch.equal(bits(dst), bits(src))
+    assert torch.equal(bits(host_fused.zero_(dst)), bits(torch.zeros(n)))

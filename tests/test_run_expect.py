@@ -66,6 +66,23 @@ def test_a_one_rank_profile_run_prints_and_keeps_the_simulated_expectation(tmp_p
         own = json.loads((out / "profiles" / f"{strategy}.json").read_text())
         assert own["calibration"]["blocks"] == \
             json.loads((out / "profile.json").read_text())["calibration"]["blocks"]
+    # the host lane against the rates probed around it (issue 45), printed and kept:
+    # zero-offload's ratios recomputed from its own spans and profile
+    import pandas as pd
+
+    from zfbench.run.host_target import host_target_columns
+
+    assert "host lane against the rates probed around it" in printed
+    assert measured["device"]["host_over_adam_plus_link"] is None  # NaN, as JSON null
+    row = measured["zero-offload"]
+    cal = json.loads((out / "profiles" / "zero-offload.json").read_text())["calibration"]
+    spans = pd.read_csv(out / "zero-offload.spans.csv")
+    want = host_target_columns(row, spans, row["steps_left_out"], cal, True, False,
+                               summary["settings"]["params"])
+    assert want["host_link_s_per_step"] > 0
+    for key, value in want.items():
+        assert row[key] == pytest.approx(value, rel=1e-9)
+    assert row["host_over_adam_plus_link"] > row["host_over_adam_alone"] > 0
 
 
 def test_several_ranks_measure_each_strategys_host_lane_on_their_share(monkeypatch):

@@ -44,9 +44,11 @@ SUMMARY_COLUMNS = (
     "fits")
 
 # Columns only a measured run has: the loss it trained to, the steps fp16 loss scaling
-# skipped, the torch threads of each lane.
+# skipped, the torch threads of each lane, the host lane against the rates probed around
+# it (zfbench.run.host_target).
 MEASURED_ONLY = ("loss_first", "loss_last", "skipped_steps", "device_threads",
-                 "host_threads")
+                 "host_threads", "host_link_s_per_step", "host_over_adam_alone",
+                 "host_over_adam_plus_link")
 
 # The printed table: header, then how each cell is made from a row ("-" for NaN/None).
 TABLE_HEAD = ("strategy", "step_s", "speedup", "stall%", "exp_io_s", "host_wait_s",

@@ -23,6 +23,7 @@ docs/commands.md ("run") has every flag, example and file in detail.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -43,6 +44,7 @@ from zfbench.report import add_speedups, format_table
 from zfbench.run.defaults import DEFAULT_SEQ
 from zfbench.run.execute import Execution, execute
 from zfbench.run.expect import print_expectation
+from zfbench.run.host_target import host_target_line
 # spec_from_args, engine_configs: the flags resolved without a probe (the tests read them)
 from zfbench.run.plan import (PLAN_FILE, RunPlan, check_gpu_count, engine_configs,  # noqa: F401
                               plan, requested_strategies, resolve_world, spec_and_configs,
@@ -246,7 +248,11 @@ def measured_rows(run: RunPlan, ex: Execution, peak: float | None) -> list[dict]
     rows = []
     for strategy, result in ex.results.items():
         memory = memory_columns(shape, run.configs[strategy], spec.seq, ex.ranks, ex.room)
-        row = summary_row(result, work, skip, max(windows[strategy][1], skip + 2), memory)
+        profile = ex.profiles.get(strategy)
+        calibration = (json.loads(Path(profile).read_text())["calibration"]
+                       if profile is not None else None)
+        row = summary_row(result, work, skip, max(windows[strategy][1], skip + 2), memory,
+                          calibration)
         row.update(device_threads=result.engine.device_threads,
                    host_threads=result.engine.host_threads)
         rows.append(row)
@@ -259,6 +265,9 @@ def report(run: RunPlan, ex: Execution) -> int:
     rows = measured_rows(run, ex, peak)
     add_speedups(rows)
     print(format_table(rows, loss=True))
+    host_line = host_target_line(rows)
+    if host_line is not None:
+        print(host_line)
     if run.use_cuda:
         from zfbench.real.distributed import available_cores
         note = host_share_note(rows, True, max(1, available_cores() // ex.ranks))

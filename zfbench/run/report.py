@@ -30,6 +30,7 @@ from zfbench.core.strategies import device_adamw, has_windows, zero_offload
 from zfbench.core.schedule import assumed_window_steps
 from zfbench.core.schedule import measurement_window as steps_left_out
 from zfbench.core.trace import merge_chrome_traces, write_json_atomic
+from zfbench.run.host_target import host_target_columns, uploads_on_host_worker
 from zfbench.report import (add_speedups, complete_row, json_ready, land, staging_dir,
                             steps_rows, write_steps, write_summary)
 
@@ -181,8 +182,10 @@ def memory_columns(shape, config: EngineConfig, seq: int, ranks: int, room: dict
 
 
 def summary_row(result, work: StepWork, skip: int, needed: int,
-                memory: dict | None = None) -> dict:
-    """`zfbench.report.SUMMARY_COLUMNS` and `MEASURED_ONLY` of one measured strategy."""
+                memory: dict | None = None, calibration: dict | None = None) -> dict:
+    """`zfbench.report.SUMMARY_COLUMNS` and `MEASURED_ONLY` of one measured strategy;
+    `calibration`: the profile measured around it, for the host lane's ratios
+    (zfbench.run.host_target; NaN without one)."""
     tl = result.timeline
     skip = min(skip, max(0, len(result.losses) - 2))  # leave the first windows out
     strategy = result.strategy
@@ -203,6 +206,9 @@ def summary_row(result, work: StepWork, skip: int, needed: int,
     row["steps_left_out"] = skip
     row["steps_needed"] = needed
     row["too_short"] = len(result.losses) < needed
+    row.update(host_target_columns(row, tl.spans_frame(), skip, calibration,
+                                   uploads_on_host_worker(result.engine.backend),
+                                   has_windows(strategy), per_step_params))
     return complete_row(row)
 
 
