@@ -187,7 +187,7 @@ class RunFiles:
     """One run once its timeline files are in the staging directory: its summary row, its
     per-step breakdown (steps.csv's rows, labelled), the window of its timeline that
     trace.json draws (None without a trace) and, made where the run was (a worker
-    process, beside the other's runs rather than after them all), the text of both:
+    process, beside the other runs rather than after them all), the text of both:
     `steps_text` and the window's trace events (`chrome_events_text`) with the process
     id offset they were rendered at (`write_outputs` uses what fits)."""
 
