@@ -43,10 +43,15 @@ def step_breakdown(spans: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     lanes = spans["lane"].to_numpy(object)
     starts, ends = spans["t_start_s"].to_numpy(float), spans["t_end_s"].to_numpy(float)
     span_step, span_bytes = spans["step"].to_numpy(), spans["bytes"].to_numpy()
-    on_lane = {lane: lanes == lane for lane in ("compute", "host", "d2h", "h2d", "net")}
+    codes, names = pd.factorize(lanes)  # each row's lane as a number: masks from ints
+    number = {name: k for k, name in enumerate(names)}
+
+    def is_lane(lane: str) -> np.ndarray:
+        return codes == number[lane] if lane in number else np.zeros(len(codes), dtype=bool)
+    on_lane = {lane: is_lane(lane) for lane in ("compute", "host", "d2h", "h2d", "net")}
     on_transfer = np.zeros(len(lanes), dtype=bool)
     for lane in TRANSFER_LANES:
-        on_transfer |= on_lane[lane] if lane in on_lane else lanes == lane
+        on_transfer |= on_lane[lane] if lane in on_lane else is_lane(lane)
     for rank, rank_steps in steps.groupby("rank", sort=True):
         rank_steps = rank_steps.sort_values("t_start_s")
         a = rank_steps["t_start_s"].to_numpy(float)

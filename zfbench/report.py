@@ -191,9 +191,27 @@ def steps_rows(table: pd.DataFrame, strategy: str, labels: dict | None = None
     return table
 
 
-def write_steps(stage: Path, tables: list[pd.DataFrame]) -> None:
-    """steps.csv: every run's `steps_rows`, one after the other."""
-    pd.concat(tables, ignore_index=True).to_csv(stage / "steps.csv", index=False)
+def write_steps(stage: Path, tables: list[pd.DataFrame],
+                texts: list[str | None] | None = None) -> None:
+    """steps.csv: every run's `steps_rows`, one after the other. `texts`: each table's
+    rows as `steps_text` made them beforehand (in the run's worker process), used where
+    every table has the same columns and dtypes: then the file is the same bytes as the
+    tables' concatenation written whole (each value's text does not depend on the rows
+    around it)."""
+    path = stage / "steps.csv"
+    if texts and len(texts) == len(tables) and None not in texts and tables and all(
+            list(t.columns) == list(tables[0].columns) and
+            list(t.dtypes) == list(tables[0].dtypes) for t in tables):
+        with open(path, "w", newline="") as handle:
+            handle.write(tables[0].iloc[:0].to_csv(index=False))
+            handle.writelines(texts)
+        return
+    pd.concat(tables, ignore_index=True).to_csv(path, index=False)
+
+
+def steps_text(table: pd.DataFrame) -> str:
+    """`table`'s rows as steps.csv holds them, without the header (`write_steps`)."""
+    return table.to_csv(index=False, header=False)
 
 
 @contextmanager

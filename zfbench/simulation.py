@@ -12,7 +12,8 @@ their files.
   own SimPy world, nothing random), so the numbers are the same either way. A worker
   simulates, summarizes (`finish_run`) and, with a `FilePlan`, writes the run's timeline
   files into the staging directory itself, handing back only the summary row, the
-  per-step breakdown and the window trace.json draws. Runs go longest first (`pilot_cost`).
+  per-step breakdown and the window trace.json draws, each also as the text its file
+  holds. Runs go longest first (`pilot_cost`).
 - The report a simulated run adds to the shared one (`zfbench.report`): `summary_row`
   (the `SUMMARY_COLUMNS` `python -m zfbench.run` writes too), `too_short_warning`, and
   `write_outputs`, which writes every file (summary, steps.csv, the timelines, the
@@ -23,6 +24,7 @@ A command module: it imports sims/ and analysis/ (docs/design.md's arrows).
 
 from __future__ import annotations
 
+import gc
 import math
 import multiprocessing
 import os
@@ -30,7 +32,7 @@ import re
 import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -38,10 +40,10 @@ import pandas as pd
 
 from zfbench.analysis.breakdown import step_breakdown, summarize
 from zfbench.core.progress import progress
-from zfbench.core.trace import (Timeline, TraceSteps, columnar_format, write_chrome_trace,
-                                write_timeline)
+from zfbench.core.trace import (Timeline, TraceSteps, chrome_events_text, columnar_format,
+                                write_chrome_trace, write_timeline)
 from zfbench.report import (add_speedups, complete_row, land, staging_dir, steps_rows,
-                            write_steps, write_summary)
+                            steps_text, write_steps, write_summary)
 from zfbench.sims.costs import SimSettings, SimSettingsError
 from zfbench.sims.settings import knob_fields
 from zfbench.sims.simulator import SimResult, simulate, steps_needed
@@ -169,19 +171,25 @@ class TraceRule:
 @dataclass(frozen=True)
 class FilePlan:
     """Where and how a run's files go: the staging directory, trace.json's window rule,
-    the timeline format ("csv" or "parquet") and whether trace.json is written at all."""
+    the timeline format ("csv" or "parquet") and whether trace.json is written at all;
+    `strategies`, the order trace.json draws them in (`run` sets it), lets a worker
+    render its run's part of trace.json where its place there is known."""
 
     staging: Path
     trace: TraceRule = TraceRule()
     fmt: str = "csv"
     chrome_trace: bool = True
+    strategies: tuple[str, ...] = ()
 
 
 @dataclass
 class RunFiles:
     """One run once its timeline files are in the staging directory: its summary row, its
-    per-step breakdown (steps.csv's rows, labelled) and the window of its timeline that
-    trace.json draws (None without a trace)."""
+    per-step breakdown (steps.csv's rows, labelled), the window of its timeline that
+    trace.json draws (None without a trace) and, made where the run was (a worker
+    process, beside the other runs rather than after them all), the text of both:
+    `steps_text` and the window's trace events (`chrome_events_text`) with the process
+    id offset they were rendered at (`write_outputs` uses what fits)."""
 
     strategy: str
     labels: dict
@@ -190,6 +198,8 @@ class RunFiles:
     trace: Timeline | None
     trace_steps: TraceSteps | None
     files: list[str] = field(default_factory=list)
+    steps_text: str | None = None
+    trace_text: tuple[int, str] | None = None
 
 
 def finish_run(result: SimResult, labels: dict, plan: FilePlan | None):
@@ -205,9 +215,21 @@ def finish_run(result: SimResult, labels: dict, plan: FilePlan | None):
     paths = write_timeline(tl, plan.staging, _prefix(labels, result.strategy), plan.fmt)
     table = steps_rows(table, result.strategy, labels)
     window = plan.trace.steps(result.skip_steps) if plan.chrome_trace else None
-    return row, RunFiles(result.strategy, labels, row, table,
-                         tl.window(window) if window else None, window,
-                         [p.name for p in paths])
+    shown = tl.window(window) if window else None
+    return row, RunFiles(result.strategy, labels, row, table, shown, window,
+                         [p.name for p in paths], steps_text(table),
+                         _trace_text(shown, result.strategy, window, plan.strategies))
+
+
+def _trace_text(shown: Timeline | None, strategy: str, window: TraceSteps | None,
+                order: tuple[str, ...]) -> tuple[int, str] | None:
+    """A run's events in trace.json, rendered at the process ids it gets there when every
+    run before it in `order` has as many ranks as it (else `write_chrome_trace` renders
+    them again at the right ones)."""
+    if shown is None or strategy not in order:
+        return None
+    offset = order.index(strategy) * (max(shown.ranks, default=0) + 1)
+    return offset, chrome_events_text(shown, strategy, offset, window)
 
 
 def write_outputs(out: Path, head: dict, rows: list[dict], results: dict,
@@ -233,11 +255,14 @@ def write_outputs(out: Path, head: dict, rows: list[dict], results: dict,
             "timeline_format": plan.fmt}}
         knobs = list(dict(next(iter(results))[0])) if results else []
         write_summary(stage, head, rows, knobs)
-        write_steps(stage, [r.steps for r in done.values()])
+        write_steps(stage, [r.steps for r in done.values()],
+                    [r.steps_text for r in done.values()])
         if chrome:  # one case: every strategy has the same window
             window = next(iter(done.values())).trace_steps
             write_chrome_trace(stage / "trace.json",
-                               {s: r.trace for (_, s), r in done.items()}, window)
+                               {s: r.trace for (_, s), r in done.items()}, window,
+                               {s: r.trace_text for (_, s), r in done.items()
+                                if r.trace_text is not None})
         land(stage, out)
 
 
@@ -303,9 +328,17 @@ def pilot_cost(case: SimSettings, strategy: str, files: bool = False) -> float:
 
 def _one(labels: dict, case: SimSettings, strategy: str, plan: FilePlan | None,
          keep_result: bool):
-    """One run: (summary row, what `results` holds for it)."""
-    result = simulate(case, strategy)
-    row, files = finish_run(result, labels, plan)
+    """One run: (summary row, what `results` holds for it). The cyclic garbage collector
+    is paused throughout, as `simulate` pauses it: it would rescan the run's millions
+    of spans, which hold no reference cycles, while they are framed and written."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        result = simulate(case, strategy)
+        row, files = finish_run(result, labels, plan)
+    finally:
+        if collecting:
+            gc.enable()
     return row, files if plan is not None else (result if keep_result else None)
 
 
@@ -338,6 +371,8 @@ def run(cases: list[tuple[dict, SimSettings]], strategies: list[str], quiet: boo
     the runs go, once any worker processes are started (e.g. the provenance's torch
     import, a second's work that would otherwise come after them)."""
     tasks = [(labels, case, strategy) for labels, case in cases for strategy in strategies]
+    if plan is not None and plan.chrome_trace and len(cases) == 1:  # trace.json's order
+        plan = replace(plan, strategies=tuple(strategies))
     done: list = [None] * len(tasks)
     helper = threading.Thread(target=_quietly, args=(meanwhile,), daemon=True) \
         if meanwhile else None

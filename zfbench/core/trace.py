@@ -31,6 +31,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from zfbench.core.span_table import rows_frame, span_lines
+
 LANES = ("compute", "d2h", "h2d", "host", "net", "nvme_read", "nvme_write")
 OPS = (
     "forward",
@@ -133,16 +135,12 @@ class Timeline:
         return sorted({s[0] for s in self._spans} | {s[0] for s in self._steps})
 
     def spans_frame(self):
-        import pandas as pd
-
-        frame = pd.DataFrame(self._spans, columns=SPAN_COLUMNS)
+        frame = rows_frame(self._spans, SPAN_COLUMNS)
         frame["duration_s"] = frame["t_end_s"] - frame["t_start_s"]
         return frame
 
     def steps_frame(self):
-        import pandas as pd
-
-        frame = pd.DataFrame(self._steps, columns=STEP_COLUMNS)
+        frame = rows_frame(self._steps, STEP_COLUMNS)
         frame["wall_s"] = frame["t_end_s"] - frame["t_start_s"]
         return frame
 
@@ -374,49 +372,11 @@ def _write_csv(path: Path, columns: list[str], rows: list[tuple]) -> None:
         with open(tmp, "w", newline="") as handle:
             handle.write(",".join(columns) + "\n")
             for batch in _chunks(rows, ROWS_PER_CHUNK):
-                if spans:  # the same text, each distinct time of the batch formatted once
-                    handle.write(_span_lines(batch, _float_text()))
+                if spans:  # each distinct time of the batch formatted once
+                    handle.write(span_lines(batch, {}))
                 else:
                     handle.write("".join([line % row for row in batch]))
     _replace_through_tmp(path, write)
-
-
-def _span_lines(batch: list[tuple], text) -> str:
-    """The CSV lines of a batch of span rows. A row whose fields after the rank equal the
-    previous row's, its step and times the very same objects (a rank's copy of another's
-    span: zfbench.sims.replicas writes them one after the other; `add` makes the bytes an
-    int), has the same text there, which is reused."""
-    lines: list[str] = []
-    append = lines.append
-    previous, tail_text = (), ""
-    for row in batch:
-        tail = row[1:]
-        if tail != previous or tail[2] is not previous[2] or tail[3] is not previous[3] \
-                or tail[4] is not previous[4]:  # (equal and the same numbers: same text)
-            lane, op, step, t0, t1, nbytes = previous = tail
-            tail_text = f",{lane},{op},{step},{text(t0)},{text(t1)},{nbytes}\n"
-        append(f"{row[0]}{tail_text}")
-    return "".join(lines)
-
-
-def _float_text():
-    """str(x), remembered for floats: a timeline's times repeat (one op ends as the next
-    starts, ranks run alike), and formatting a float is most of a CSV row's cost. Only
-    floats other than zero are remembered and looked up, so equal keys always have the
-    same text (1 and 1.0, 0.0 and -0.0 are equal keys with different texts)."""
-    memo: dict[float, str] = {}
-    get = memo.get
-
-    def text(x) -> str:
-        if type(x) is not float:
-            return str(x)
-        out = get(x)
-        if out is None:
-            out = str(x)
-            if x:
-                memo[x] = out
-        return out
-    return text
 
 
 _ARROW_TYPES = {"rank": "int64", "lane": "string", "op": "string", "step": "int64",
@@ -478,19 +438,42 @@ def read_timeline(timeline: Timeline, directory: str | os.PathLike, prefix: str 
     return timeline
 
 
+def chrome_events_text(timeline: Timeline, label: str, pid_offset: int = 0,
+                       steps: TraceSteps | None = None) -> str:
+    """The JSON text of `timeline.chrome_events(label, pid_offset, steps)`, the events
+    separated as `write_chrome_trace` writes them: rendered where the timeline is (a
+    worker process), then handed to `write_chrome_trace` as `rendered`."""
+    return ", ".join(json.dumps(batch)[1:-1] for batch in _chunks(
+        timeline.chrome_events(label, pid_offset, steps), EVENTS_PER_CHUNK))
+
+
 def write_chrome_trace(path: str | os.PathLike, named: dict[str, Timeline],
-                       steps: TraceSteps | None = None) -> Path:
+                       steps: TraceSteps | None = None,
+                       rendered: dict[str, tuple[int, str]] | None = None) -> Path:
     """`merge_chrome_traces(named, steps)` as a JSON file, streamed: the events are
-    serialized `EVENTS_PER_CHUNK` at a time; json.load of the file equals the dict."""
+    serialized `EVENTS_PER_CHUNK` at a time; json.load of the file equals the dict.
+    `rendered`: a timeline's (process id offset, `chrome_events_text`) made beforehand,
+    used where the offset is the one the merged trace gives it (the same text)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    rendered = rendered or {}
+
+    def texts() -> Iterator[str]:
+        offset = 0
+        for label, timeline in named.items():
+            made = rendered.get(label)
+            text = made[1] if made is not None and made[0] == offset else \
+                chrome_events_text(timeline, label, offset, steps)
+            if text:
+                yield text
+            offset += max(timeline.ranks, default=0) + 1
 
     def write(tmp: Path) -> None:
         with open(tmp, "w") as handle:
             handle.write('{"traceEvents": [')
             sep = ""
-            for batch in _chunks(merged_chrome_events(named, steps), EVENTS_PER_CHUNK):
-                handle.write(sep + json.dumps(batch)[1:-1])
+            for text in texts():
+                handle.write(sep + text)
                 sep = ", "
             handle.write("], " + json.dumps(chrome_trace_tail(steps))[1:])
     _replace_through_tmp(path, write)
