@@ -22,7 +22,8 @@ def adamw_foreach_(params: list[torch.Tensor], grads: list[torch.Tensor],
                    exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
                    steps: list[int], *, lr: float, beta1: float, beta2: float, eps: float,
                    weight_decay: float, scratch: list[torch.Tensor] | None = None,
-                   zero_grads: bool = False, grad_divisor: float = 1.0) -> None:
+                   zero_grads: bool = False, grad_divisor: float = 1.0,
+                   fused: bool | None = None) -> None:
     """In place: p *= 1 - lr*wd; m, v updated; p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps).
 
     `scratch` (tensors shaped like `exp_avg_sqs`) is reused for the denominators, so a hot
@@ -33,29 +34,33 @@ def adamw_foreach_(params: list[torch.Tensor], grads: list[torch.Tensor],
     110M elements on one thread, bench/results/reference_step_cpu/device_step_ops.csv).
     `grad_divisor`: the gradients are divided by it first, in place (ZenFlow's grad / U);
     on the fused CPU path inside the kernel's own pass (its `grad_scale`, which divides and
-    stores the quotient: the same IEEE division, the same bits, tests/test_adamw.py), not
-    in a pass of its own over the gradients."""
+    stores the quotient: the same IEEE division, the same bits,
+    tests/test_zenflow_columns_in_place.py), not in a pass of its own over the gradients.
+    `fused`: whether torch's fused CPU kernel applies (`_fused_ok`), where the caller
+    knows; None: every tensor is looked at (for ZenFlow's thousands of per-column views
+    that look took 14 ms a step, more than the write-back the views save)."""
     if not params:
         return
-    if grad_divisor != 1.0 and (zero_grads or not _fused_ok(params, grads, exp_avgs,
-                                                           exp_avg_sqs)):
+    if fused is None:
+        fused = _fused_ok(params, grads, exp_avgs, exp_avg_sqs)
+    if grad_divisor != 1.0 and (zero_grads or not fused):
         torch._foreach_div_(grads, grad_divisor)
         grad_divisor = 1.0
-    if zero_grads and _fused_ok(params, grads, exp_avgs, exp_avg_sqs) and all(
+    if zero_grads and fused and all(
             t.dim() == 1 for t in params + grads + exp_avgs + exp_avg_sqs):
         for p, g, m, v, s in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
             host_adamw_(p, g, m, v, step=s, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                         weight_decay=weight_decay, zero_grad=True)
         return
     _adamw_foreach_(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps,
-                    weight_decay, scratch, grad_divisor)
+                    weight_decay, scratch, grad_divisor, fused)
     if zero_grads:
         torch._foreach_zero_(grads)
 
 
 def _adamw_foreach_(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps,
-                    weight_decay, scratch, grad_divisor=1.0) -> None:
-    if _fused_ok(params, grads, exp_avgs, exp_avg_sqs):
+                    weight_decay, scratch, grad_divisor=1.0, fused=True) -> None:
+    if fused:
         # torch's fused kernel: one pass per tensor, 3.6x the foreach ops on a CPU lane
         # (10.8M selected elements, one thread: 11.5 vs 41.9 ms); same math, rounding aside.
         # One step tensor per distinct step number (the kernel only reads them): ZenFlow's
@@ -102,3 +107,8 @@ def _fused_ok(*lists) -> bool:
     return hasattr(torch, "_fused_adamw_") and all(
         t.dtype == torch.float32 and t.is_contiguous() and t.device.type == "cpu"
         for tensors in lists for t in tensors)
+
+
+def fused_ok(tensors: list[torch.Tensor]) -> bool:
+    """`_fused_ok` over one list: whether torch's fused CPU kernel takes these tensors."""
+    return _fused_ok(tensors)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from zfbench.real import kernels
-from zfbench.real.adamw import columns_in_place_ok
+from zfbench.real.adamw import columns_in_place_ok, fused_ok
 from zfbench.real.flat import put_columns, selected_shape, take_columns
 from zfbench.real.strategies import HostState, Strategy
 from zfbench.real.zenflow_offload import OffloadedMoments, plan_buckets
@@ -276,6 +276,7 @@ class ZenFlowStrategy(Strategy):
         with the moments `ms_of[name]`, `vs_of[name]`. The gradients are divided by U in
         the AdamW pass (`grad_divisor`), not in one of their own."""
         params, grads, ms, vs, slices, scratch = [], [], [], [], [], []
+        whole = []  # the tensors whose fusability stands for all (`fused` below)
         for name in names:
             p = self.by_name[name]
             if p.dim() == 2:
@@ -290,6 +291,7 @@ class ZenFlowStrategy(Strategy):
                     cols = self._column_views(name, p, idx, work, ms_of[name], vs_of[name])
                     for into, views in zip((params, grads, ms, vs, scratch), cols):
                         into.extend(views)
+                    whole += [p.detach().t(), work.grad, ms_of[name], vs_of[name]]
                     continue
                 params.append(work.values)
                 grads.append(work.grad)
@@ -303,8 +305,12 @@ class ZenFlowStrategy(Strategy):
                 slices.append((p, None, None, new))
             ms.append(ms_of[name])
             vs.append(vs_of[name])
+            whole += [params[-1], grads[-1], ms[-1], vs[-1]]
+        # the per-column views are fp32, contiguous and on the CPU when the tensors they
+        # are views of are: those are looked at, not the thousands of views
+        fused = fused_ok(whole) if len(whole) < len(params) * 4 else None
         self._device_adam(params, grads, ms, vs, [self.device_count] * len(params), scratch,
-                          grad_divisor=self.grad_divisor)
+                          grad_divisor=self.grad_divisor, fused=fused)
         # the fp32 values it wrote (the weights are declared by the caller's op)
         self.B.access("compute", "device_optim", writes=[new for *_, new in slices])
         for p, idx, low, new in slices:
