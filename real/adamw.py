@@ -14,14 +14,16 @@ import math
 
 import torch
 
-from zfbench.real.host_fused import host_adamw_
+from zfbench.real.flat import is_column_major
+from zfbench.real.host_fused import TAIL, host_adamw_
 
 
 def adamw_foreach_(params: list[torch.Tensor], grads: list[torch.Tensor],
                    exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
                    steps: list[int], *, lr: float, beta1: float, beta2: float, eps: float,
                    weight_decay: float, scratch: list[torch.Tensor] | None = None,
-                   zero_grads: bool = False) -> None:
+                   zero_grads: bool = False, grad_divisor: float = 1.0,
+                   fused: bool | None = None) -> None:
     """In place: p *= 1 - lr*wd; m, v updated; p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps).
 
     `scratch` (tensors shaped like `exp_avg_sqs`) is reused for the denominators, so a hot
@@ -29,30 +31,47 @@ def adamw_foreach_(params: list[torch.Tensor], grads: list[torch.Tensor],
     `zero_grads`: the gradients are zeroed afterwards; on the fused CPU path with 1-D
     tensors in the same pass (real/host_fused.py `host_adamw_` with `zero_grad`: torch's
     fused AdamW's bits, then the zeros: 0.139 s against 0.137 + 0.045 s in two passes over
-    110M elements on one thread, bench/results/reference_step_cpu/device_step_ops.csv)."""
+    110M elements on one thread, bench/results/reference_step_cpu/device_step_ops.csv).
+    `grad_divisor`: the gradients are divided by it first, in place (ZenFlow's grad / U);
+    on the fused CPU path inside the kernel's own pass (its `grad_scale`, which divides and
+    stores the quotient: the same IEEE division, the same bits,
+    tests/test_zenflow_columns_in_place.py), not in a pass of its own over the gradients.
+    `fused`: whether torch's fused CPU kernel applies (`_fused_ok`), where the caller
+    knows; None: every tensor is looked at (for ZenFlow's thousands of per-column views
+    that look took 14 ms a step, more than the write-back the views save)."""
     if not params:
         return
-    if zero_grads and _fused_ok(params, grads, exp_avgs, exp_avg_sqs) and all(
+    if fused is None:
+        fused = _fused_ok(params, grads, exp_avgs, exp_avg_sqs)
+    if grad_divisor != 1.0 and (zero_grads or not fused):
+        torch._foreach_div_(grads, grad_divisor)
+        grad_divisor = 1.0
+    if zero_grads and fused and all(
             t.dim() == 1 for t in params + grads + exp_avgs + exp_avg_sqs):
         for p, g, m, v, s in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
             host_adamw_(p, g, m, v, step=s, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                         weight_decay=weight_decay, zero_grad=True)
         return
     _adamw_foreach_(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps,
-                    weight_decay, scratch)
+                    weight_decay, scratch, grad_divisor, fused)
     if zero_grads:
         torch._foreach_zero_(grads)
 
 
 def _adamw_foreach_(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps,
-                    weight_decay, scratch) -> None:
-    if _fused_ok(params, grads, exp_avgs, exp_avg_sqs):
+                    weight_decay, scratch, grad_divisor=1.0, fused=True) -> None:
+    if fused:
         # torch's fused kernel: one pass per tensor, 3.6x the foreach ops on a CPU lane
-        # (10.8M selected elements, one thread: 11.5 vs 41.9 ms); same math, rounding aside
+        # (10.8M selected elements, one thread: 11.5 vs 41.9 ms); same math, rounding aside.
+        # One step tensor per distinct step number (the kernel only reads them): ZenFlow's
+        # per-column lists hold thousands of tensors of one step
+        counts = {s: torch.tensor(float(s)) for s in set(steps)}
         torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [],
-                            [torch.tensor(float(s)) for s in steps], lr=lr, beta1=beta1,
+                            [counts[s] for s in steps], lr=lr, beta1=beta1,
                             beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=False,
-                            maximize=False)
+                            maximize=False,
+                            grad_scale=(None if grad_divisor == 1.0
+                                        else torch.tensor(float(grad_divisor))))
         return
     if weight_decay:
         torch._foreach_mul_(params, 1 - lr * weight_decay)
@@ -71,9 +90,25 @@ def _adamw_foreach_(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta
                             [-lr / (1 - beta1 ** s) for s in steps])
 
 
+def columns_in_place_ok(weight: torch.Tensor) -> bool:
+    """Whether AdamW on some columns of the 2-D `weight` may run on the weight's own
+    columns, one tensor each, with the bits it has on a [k, rows] copy of them: torch's
+    fused CPU kernel applies, the weight is stored column by column (each column is `rows`
+    contiguous elements), and `rows` is a multiple of the kernel's vector width
+    (real/host_fused.py `TAIL`): its remainder loop rounds `v` otherwise (seen at rows 7,
+    12 and 33; tests/test_zenflow_columns_in_place.py)."""
+    return (weight.dim() == 2 and is_column_major(weight) and weight.shape[0] % TAIL == 0
+            and _fused_ok([weight.t()]))
+
+
 def _fused_ok(*lists) -> bool:
     """torch's fused AdamW applies: present, and every tensor fp32, contiguous, on CPU
     (CUDA keeps the foreach path: the fused CUDA kernel is untested here, no GPU)."""
     return hasattr(torch, "_fused_adamw_") and all(
         t.dtype == torch.float32 and t.is_contiguous() and t.device.type == "cpu"
         for tensors in lists for t in tensors)
+
+
+def fused_ok(tensors: list[torch.Tensor]) -> bool:
+    """`_fused_ok` over one list: whether torch's fused CPU kernel takes these tensors."""
+    return _fused_ok(tensors)

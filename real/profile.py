@@ -33,6 +33,7 @@ from types import SimpleNamespace
 import torch
 
 from zfbench.real import kernels
+from zfbench.real.adamw import columns_in_place_ok
 from zfbench.real.flat import FlatLayout, device_dtype, take_columns
 from zfbench.real.host_fused import status as host_kernels_status
 from zfbench.real.inplace_grads import InplaceGrads, wanted
@@ -146,9 +147,11 @@ def zero3_hooks(model, data, repeats: int, inplace, flat_params: torch.Tensor,
 def _selected_columns(mats, dtype, ratio: float, importance: str = "l1"):
     """ZenFlow's device buffers for the top `ratio` columns of each weight ([k, rows]:
     fp32 values, gradient and scratch; a low-precision staging buffer when the weights are
-    not fp32), and `column_io`: the gather/convert/scale/scatter
+    not fp32), and `column_io`: the gather/convert and the scatter
     ZenFlowStrategy.device_update runs around its AdamW, with its kernels
-    (`zfbench.real.kernels`) on the engine's column-major layout."""
+    (`zfbench.real.kernels`) on the engine's column-major layout: no scatter for a weight
+    whose AdamW runs on its own columns (real/adamw.py `columns_in_place_ok`; the engine
+    keeps the moments on the device here); the division by U is in the AdamW pass."""
     idx = [kernels.top_columns(kernels.column_scores(p.grad, importance),
                                topk_count(p.shape[1], ratio)) for p in mats]
     sel = [take_columns(p.detach(), i).float() for p, i in zip(mats, idx)]
@@ -158,8 +161,9 @@ def _selected_columns(mats, dtype, ratio: float, importance: str = "l1"):
 
     def column_io():
         for p, i, g, lo, x in zip(mats, idx, sel_g, low, sel):
-            kernels.gather_grads_(p.grad, i, g, lo).div_(4.0)
-            kernels.scatter_(p.data, i, x, lo)
+            kernels.gather_grads_(p.grad, i, g, lo)
+            if lo is not None or not columns_in_place_ok(p):
+                kernels.scatter_(p.data, i, x, lo)
     return sel, sel_g, ms, vs, scratch, column_io
 
 
@@ -249,7 +253,8 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
 
     def device_adam():
         kernels.adamw_foreach_(sel, sel_g, ms, vs, [1] * len(sel), lr=1e-4, beta1=0.9,
-                               beta2=0.999, eps=1e-8, weight_decay=0.01, scratch=scratch)
+                               beta2=0.999, eps=1e-8, weight_decay=0.01, scratch=scratch,
+                               grad_divisor=4.0)
     column_io()
     device_adam()
     optim_s = median_time(device_adam, repeats, device)

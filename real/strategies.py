@@ -170,11 +170,13 @@ class Strategy:
         return True
 
     def _device_adam(self, params, grads, ms, vs, steps, scratch=None,
-                     zero_grads: bool = False) -> None:
+                     zero_grads: bool = False, grad_divisor: float = 1.0,
+                     fused: bool | None = None) -> None:
         o = self.opt
         kernels.adamw_foreach_(params, grads, ms, vs, steps, lr=o.lr, beta1=o.betas[0],
                        beta2=o.betas[1], eps=o.eps, weight_decay=o.weight_decay,
-                       scratch=scratch, zero_grads=zero_grads)
+                       scratch=scratch, zero_grads=zero_grads, grad_divisor=grad_divisor,
+                       fused=fused)
 
 
 class DeviceStrategy(Strategy):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from zfbench.real import kernels
+from zfbench.real.adamw import columns_in_place_ok, fused_ok
 from zfbench.real.flat import put_columns, selected_shape, take_columns
 from zfbench.real.strategies import HostState, Strategy
 from zfbench.real.zenflow_offload import OffloadedMoments, plan_buckets
@@ -43,7 +44,9 @@ from zfbench.core.schedule import (AutoIntervalTracker, is_selection_step, is_up
 @dataclass
 class _Selected:
     """One weight's selected columns on the device: values (fp32, as the device holds
-    them), and reusable gradient, low-precision and scratch buffers of the same shape."""
+    them; where the AdamW runs on the weight's own columns, `_in_place`, only a buffer
+    `apply_pending` reuses), and reusable gradient, low-precision and scratch buffers of
+    the same shape."""
     values: torch.Tensor
     grad: torch.Tensor
     low: torch.Tensor | None
@@ -83,6 +86,7 @@ class ZenFlowStrategy(Strategy):
         # steps so each step gathers only the gradient (column gathers are the costliest
         # device op on a CPU lane); rebuilt after a selection or a checkpoint load.
         self.selected_values: dict[str, _Selected] = {}
+        self._views: dict[str, tuple] = {}  # `_column_views`, by weight
         self.dm: dict[str, torch.Tensor] = {}
         self.dv: dict[str, torch.Tensor] = {}
         for name, p in self.vectors:
@@ -211,6 +215,7 @@ class ZenFlowStrategy(Strategy):
                 idx = kernels.top_columns(scores, k)
                 self.selected[name] = idx
                 self.selected_values.pop(name, None)
+                self._views.pop(name, None)
                 if self.moments is None:
                     # moments of the selected columns, laid out as the weight's columns
                     self.dm[name] = torch.zeros(selected_shape(p, k), dtype=torch.float32,
@@ -268,9 +273,10 @@ class ZenFlowStrategy(Strategy):
 
     def _update_entries(self, names, ms_of: dict, vs_of: dict) -> None:
         """One AdamW over the weights `names`: a matrix's selected columns, a vector whole,
-        with the moments `ms_of[name]`, `vs_of[name]`."""
-        div = self.grad_divisor
+        with the moments `ms_of[name]`, `vs_of[name]`. The gradients are divided by U in
+        the AdamW pass (`grad_divisor`), not in one of their own."""
         params, grads, ms, vs, slices, scratch = [], [], [], [], [], []
+        whole = []  # the tensors whose fusability stands for all (`fused` below)
         for name in names:
             p = self.by_name[name]
             if p.dim() == 2:
@@ -278,28 +284,63 @@ class ZenFlowStrategy(Strategy):
                 # so each selected column is `rows` contiguous elements: reading and writing
                 # k columns moves k columns' bytes, not a pass over the whole matrix.
                 idx = self.selected[name]
-                work = self._work(name, p, idx)
+                in_place = self._in_place(p)
+                work = self._work(name, p, idx, from_device=not in_place)
                 kernels.gather_grads_(p.grad, idx, work.grad, work.low)
+                if in_place:  # AdamW on the weight's own columns: no write-back pass
+                    cols = self._column_views(name, p, idx, work, ms_of[name], vs_of[name])
+                    for into, views in zip((params, grads, ms, vs, scratch), cols):
+                        into.extend(views)
+                    whole += [p.detach().t(), work.grad, ms_of[name], vs_of[name]]
+                    continue
                 params.append(work.values)
-                grads.append(work.grad.div_(div))
+                grads.append(work.grad)
                 scratch.append(work.scratch)
-                slices.append((p, idx, work.low))
+                slices.append((p, idx, work.low, work.values))
             else:
-                params.append(self.vector_values[name] if self.low else p.detach())
-                grads.append(kernels.copy_(self.vector_grads[name], p.grad).div_(div))
+                new = self.vector_values[name] if self.low else p.detach()
+                params.append(new)
+                grads.append(kernels.copy_(self.vector_grads[name], p.grad))
                 scratch.append(self.vector_scratch[name])
-                slices.append((p, None, None))
+                slices.append((p, None, None, new))
             ms.append(ms_of[name])
             vs.append(vs_of[name])
-        self._device_adam(params, grads, ms, vs, [self.device_count] * len(params), scratch)
+            whole += [params[-1], grads[-1], ms[-1], vs[-1]]
+        # the per-column views are fp32, contiguous and on the CPU when the tensors they
+        # are views of are: those are looked at, not the thousands of views
+        fused = fused_ok(whole) if len(whole) < len(params) * 4 else None
+        self._device_adam(params, grads, ms, vs, [self.device_count] * len(params), scratch,
+                          grad_divisor=self.grad_divisor, fused=fused)
         # the fp32 values it wrote (the weights are declared by the caller's op)
-        self.B.access("compute", "device_optim", writes=params)
-        for (p, idx, low), new in zip(slices, params):
+        self.B.access("compute", "device_optim", writes=[new for *_, new in slices])
+        for p, idx, low, new in slices:
             if idx is None:
                 if new.data_ptr() != p.data_ptr():
                     kernels.copy_(p.data, new)
             else:  # bf16 weights: rounded from the fp32 values, which the device keeps
                 kernels.scatter_(p.data, idx, new, low)
+
+    def _in_place(self, p: torch.Tensor) -> bool:
+        """Whether the device AdamW runs on `p`'s selected columns where they are (fp32
+        weights, moments on the device, real/adamw.py `columns_in_place_ok`): the same bits
+        as on a gathered copy, without the gather of the values and their scatter back."""
+        return not self.low and self.moments is None and columns_in_place_ok(p)
+
+    def _column_views(self, name: str, p: torch.Tensor, idx: torch.Tensor,
+                      work: "_Selected", m: torch.Tensor, v: torch.Tensor) -> tuple:
+        """The selected columns of `p`, and the rows of the gathered gradient, of `m`, `v`
+        and the scratch, one tensor each: built once per selection (or whenever a buffer
+        is replaced), so a step makes no views."""
+        key = (idx, work, m, v, p.data_ptr())
+        cached = self._views.get(name)
+        if cached is not None and all(a is b for a, b in zip(cached[0][:4], key[:4])) \
+                and cached[0][4] == key[4]:
+            return cached[1]
+        columns = p.detach().t().unbind(0)
+        views = ([columns[j] for j in idx.tolist()], work.grad.unbind(0), m.unbind(0),
+                 v.unbind(0), work.scratch.unbind(0))
+        self._views[name] = (key, views)
+        return views
 
     def _work(self, name: str, p: torch.Tensor, idx: torch.Tensor,
               from_device: bool = True) -> "_Selected":
@@ -368,8 +409,8 @@ class ZenFlowStrategy(Strategy):
             return False
         with e.compute("device_optim", t, reads=(self.upload, e.flat_params),
                        writes=(e.flat_params,)):
-            keep = [(p, idx, take_columns(p.detach(), idx))
-                    for (name, p), idx in ((m, self.selected[m[0]]) for m in self.matrices)]
+            keep = [(p, self.selected[name], self._kept_columns(name, p))
+                    for name, p in self.matrices]
             keep_vec = [(p, p.detach().clone()) for _, p in self.vectors]
             kernels.copy_(e.flat_params, self.upload)
             for p, idx, vals in keep:
@@ -378,6 +419,16 @@ class ZenFlowStrategy(Strategy):
                 p.data.copy_(vals)
         self.pending, self.pending_ready = None, False
         return True
+
+    def _kept_columns(self, name: str, p: torch.Tensor) -> torch.Tensor:
+        """A copy of `p`'s selected columns, for `apply_pending` to put back: with fp32
+        weights into the selection's reusable values buffer (`_work`: no model-sized
+        allocation at each window end; its values are the weight's then anyway), else
+        into a fresh tensor (16-bit weights keep their fp32 values there)."""
+        idx = self.selected[name]
+        if self.low:
+            return take_columns(p.detach(), idx)
+        return take_columns(p.detach(), idx, out=self._work(name, p, idx, False).values)
 
     def finish(self, flush_partial: bool = False) -> None:
         """Apply what is pending; with `flush_partial`, first close the window still open
@@ -434,7 +485,7 @@ class ZenFlowStrategy(Strategy):
     def load_state_dict(self, state: dict) -> None:
         self.load_schedule_state(state)
         device = self.e.flat_params.device  # saved with map_location="cpu"
-        self.selected_values = {}
+        self.selected_values, self._views = {}, {}
         for name, values in (state.get("fp32_selected") or {}).items():
             p = dict(self.matrices)[name]
             self._work(name, p, self.selected[name], from_device=False).values.copy_(values)
