@@ -151,6 +151,11 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
             self.zero3.release_all()
             self.flat_params = self.flat_params.new_empty(0)  # its storage freed
         self.buckets = None
+        # the step's zeroing leaves the slots backward writes over (real/inplace_grads.py
+        # `deferrable`): not with gradient buckets (sent down during backward) or ZeRO-3
+        self.defer_zero = (self.inplace_grads is not None and not self.bucketed
+                           and self.zero3 is None)
+        self._zero_cache = None
         self.sent_down = None  # (host buffer, d2h event) of this step's bucketed d2h
         if self.bucketed:
             self.buckets = GradBuckets(self, config.bucket_elems)
@@ -275,6 +280,8 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
                           writes=(self.flat_grads,)):
             with Zero3Params.around(self.zero3, "backward"):
                 (loss * factor if factor != 1.0 else loss).backward(retain_graph=retain_graph)
+            if self.inplace_grads is not None:  # unwritten deferred slots read as zeros
+                self.inplace_grads.settle()
         if landing is not None:  # what backward did not complete goes down now
             self.sent_down = (landing, self.buckets.finish())
 
@@ -294,6 +301,9 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         self.micro_step = 0
         start = self._step_start if self._step_start is not None else self.recorder.now()
         self.lr = self.optimizer.lr
+        if self.inplace_grads is not None and self.inplace_grads.stale:  # no backward
+            with self.compute("device_optim", self.t, writes=(self.flat_grads,)):
+                self.inplace_grads.settle()
         self._bind_grad_views()
         # every rank then sees the same (non-)finite gradients; with buckets
         # (sent_down) each was all-reduced during backward already
@@ -346,7 +356,7 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         self.grads_read = None
         if record["skipped"] or not self.strategy.zeroes_grads:
             with self.compute("device_optim", self.t, writes=(self.flat_grads,)):
-                self._zero_grads()
+                self._zero_grads(defer=self.defer_zero)
         elif self.inplace_grads is not None:
             self.inplace_grads.zeroed()
         self.backend.end_step()  # the step ends when its device work has, then read
@@ -392,10 +402,32 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         return [n for n, p in self.named_params
                 if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
 
-    def _zero_grads(self) -> None:
-        kernels.zero_(self.flat_grads)
-        if self.inplace_grads is not None:  # the next backward writes weight gradients
-            self.inplace_grads.zeroed()
+    def _zero_grads(self, defer: bool = False) -> None:
+        """Zero the gradients; with `defer`, not the slots the next backward writes over
+        (`InplaceGrads.deferrable`: they read as zeros from the end of backward on)."""
+        ig = self.inplace_grads
+        skip = ig.deferrable() if defer and ig is not None else frozenset()
+        if not skip:
+            kernels.zero_(self.flat_grads)
+        for lo, hi in self._zero_ranges(skip) if skip else ():
+            kernels.zero_(self.flat_grads[lo:hi])
+        if ig is not None:  # the next backward writes weight gradients
+            ig.zeroed(stale=skip)
+
+    def _zero_ranges(self, skip: frozenset[int]) -> list[tuple[int, int]]:
+        """The flat-buffer ranges outside the slots of parameter ids `skip`, adjacent
+        slots merged (cached per `skip`)."""
+        if self._zero_cache is None or self._zero_cache[0] != skip:
+            ranges: list[list[int]] = []
+            for slot, (_, p) in zip(self.layout.slots, self.named_params):
+                if id(p) in skip:
+                    continue
+                if ranges and ranges[-1][1] == slot.offset:
+                    ranges[-1][1] += slot.numel
+                else:
+                    ranges.append([slot.offset, slot.offset + slot.numel])
+            self._zero_cache = (skip, [(lo, hi) for lo, hi in ranges])
+        return self._zero_cache[1]
 
     # -- results, checkpoints, shutdown -----------------------------------------------
     @property
