@@ -192,14 +192,15 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         # Gradients are views into one buffer: one d2h copy, one all-reduce, one zero,
         # and (InplaceGrads) weight gradients accumulated straight into it.
         self.flat_grads = self.backend.name(torch.zeros_like(self.flat_params), "flat_grads")
-        self._bind_grad_views()
         self.inplace_grads = (InplaceGrads([p for _, p in self.named_params])
                               if inplace_grads_wanted(self.config.inplace_grads,
                                                       self.use_cuda) else None)
+        self._bind_grad_views()
 
     def _bind_grad_views(self) -> None:
         """Point every `p.grad` at its slot of `flat_grads`; a gradient autograd replaced
         (or a caller set to None) is copied back (or zeroed) first."""
+        self._grad_views = []
         for slot, (_, p) in zip(self.layout.slots, self.named_params):
             view = self.layout.view(self.flat_grads, slot.name)
             if p.grad is None:
@@ -207,6 +208,26 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
             elif p.grad.data_ptr() != view.data_ptr():
                 view.copy_(p.grad)
             p.grad = view
+            self._grad_views.append(view)
+        self.grads_released = False
+        if self.inplace_grads is not None:
+            self.inplace_grads.unbound = False
+
+    def _release_grads(self) -> None:
+        """After a zeroing that left slots stale (`_zero_grads(defer=True)`): every
+        `p.grad` reads None, as after DeepSpeed's step (its optimizer's
+        `zero_grad(set_to_none=True)`), until `backward` binds the slots again."""
+        for _, p in self.named_params:
+            p.grad = None
+        self.grads_released = self.inplace_grads.unbound = True
+
+    def _rebind_grads(self) -> None:
+        """Before backward: the slots `_release_grads` let go are each `p.grad` again (a
+        `.grad` the caller set since is left to the step to copy in)."""
+        for (_, p), view in zip(self.named_params, self._grad_views):
+            if p.grad is None:
+                p.grad = view
+        self.grads_released = self.inplace_grads.unbound = False
 
     def new_device_flat(self) -> torch.Tensor:
         return torch.zeros_like(self.flat_params)
@@ -271,6 +292,8 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         factor = 1.0 / self.config.grad_accum if scale_wrt_gas else 1.0
         if self.loss_scaler is not None:
             factor *= self.loss_scaler.scale
+        if self.grads_released:  # the slots the step let go (`_release_grads`)
+            self._rebind_grads()
         landing = None
         if self.buckets is not None and self.is_gradient_accumulation_boundary():
             landing = self.strategy.grads_landing(self.t)
@@ -404,7 +427,9 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
 
     def _zero_grads(self, defer: bool = False) -> None:
         """Zero the gradients; with `defer`, not the slots the next backward writes over
-        (`InplaceGrads.deferrable`: they read as zeros from the end of backward on)."""
+        (`InplaceGrads.deferrable`: they read as zeros from the end of backward on), and
+        then, so that no caller reads a stale slot, every `p.grad` is None until the next
+        backward (`_release_grads`)."""
         ig = self.inplace_grads
         skip = ig.deferrable() if defer and ig is not None else frozenset()
         if not skip:
@@ -413,20 +438,15 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
             kernels.zero_(self.flat_grads[lo:hi])
         if ig is not None:  # the next backward writes weight gradients
             ig.zeroed(stale=skip)
+        if skip:
+            self._release_grads()
 
     def _zero_ranges(self, skip: frozenset[int]) -> list[tuple[int, int]]:
-        """The flat-buffer ranges outside the slots of parameter ids `skip`, adjacent
-        slots merged (cached per `skip`)."""
+        """The flat-buffer ranges outside the slots of parameter ids `skip` (cached per
+        `skip`)."""
         if self._zero_cache is None or self._zero_cache[0] != skip:
-            ranges: list[list[int]] = []
-            for slot, (_, p) in zip(self.layout.slots, self.named_params):
-                if id(p) in skip:
-                    continue
-                if ranges and ranges[-1][1] == slot.offset:
-                    ranges[-1][1] += slot.numel
-                else:
-                    ranges.append([slot.offset, slot.offset + slot.numel])
-            self._zero_cache = (skip, [(lo, hi) for lo, hi in ranges])
+            names = {n for n, p in self.named_params if id(p) in skip}
+            self._zero_cache = (skip, self.layout.ranges_except(names))
         return self._zero_cache[1]
 
     # -- results, checkpoints, shutdown -----------------------------------------------

@@ -147,7 +147,8 @@ class InplaceGrads(TorchFunctionMode):
 
     Not routed, so plain autograd handles them: embeddings with `max_norm`, `sparse` or
     `scale_grad_by_freq`, weights that are not leaf parameters of the engine (a transposed
-    or sliced weight) and any parameter whose `.grad` is None (set to none by the caller).
+    or sliced weight) and any parameter whose `.grad` is None (set to none by the caller;
+    not when the owner set them all to None and binds them before backward: `unbound`).
     Gradient hooks registered on a routed weight do not fire (the gradient never passes
     through autograd); turn the mode off with `zfbench.inplace_grads: false` for such models.
     For the engine's own bookkeeping (real/grad_buckets.py: is a parameter's gradient
@@ -190,6 +191,9 @@ class InplaceGrads(TorchFunctionMode):
         self.uses: dict[int, int] = {}  # routed uses per parameter id, this forward
         self.plain: set[int] = set()  # parameter ids other ops used, this forward
         self.notify = None  # called with a parameter after each routed contribution
+        # the owner set every `.grad` to None and binds each to its slot again before
+        # backward (real/engine.py `_release_grads`): a forward routes them all the same
+        self.unbound = False
 
     def zeroed(self, stale=()) -> None:
         """The owner has just zeroed every parameter's `.grad` but those of `stale` (ids
@@ -244,7 +248,7 @@ class InplaceGrads(TorchFunctionMode):
 
     def _ours(self, w) -> bool:
         return (isinstance(w, torch.Tensor) and id(w) in self.ids and w.requires_grad
-                and w.grad is not None and torch.is_grad_enabled())
+                and (w.grad is not None or self.unbound) and torch.is_grad_enabled())
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -71,7 +71,11 @@ def _train(strategy: str, defer: bool, tmp_path, zeroes_grads: bool = True):
             engine.step()
             stale = engine.inplace_grads.stale
             deferred |= set(stale)
-            held |= any(bool(p.grad.any()) for p in model.parameters() if id(p) in stale)
+            # the slots left stale still hold last step's gradient, but no p.grad shows
+            # them: every one is None until the next backward (as after DeepSpeed's step)
+            held |= any(bool(engine.layout.view(engine.flat_grads, n).any())
+                        for n, p in model.named_parameters() if id(p) in stale)
+            assert all(p.grad is None for p in model.parameters()) == bool(stale)
     engine.save_checkpoint(tmp_path / f"{strategy}-{defer}", tag="end")
     engine.finish()
     params = _bits(engine.flat_params)
@@ -133,4 +137,73 @@ def test_deferrable_excludes_biases_embeddings_and_plain_uses():
     assert {names[i] for i in engine.inplace_grads.deferrable()} == {
         "up.weight", "down.weight", "side.weight", "out.weight"}
     engine.step()
+    engine.close()
+
+
+def _reference_grads(model, twin, ids, labels) -> dict:
+    """Plain torch's gradients of `twin` at `model`'s current weights (None: unused)."""
+    with torch.no_grad():
+        for p, q in zip(model.parameters(), twin.parameters()):
+            q.copy_(p)
+    twin.use_side, twin.plain_late = model.use_side, model.plain_late
+    twin.zero_grad(set_to_none=True)
+    twin(ids, labels).backward()
+    return {n: q.grad for n, q in twin.named_parameters()}
+
+
+def _reads_as(model, want: dict | None) -> None:
+    """Every p.grad reads as `want` (plain torch's gradients, None read as zeros) or, with
+    `want` None, as zeros or None: never as last step's gradient."""
+    for n, p in model.named_parameters():
+        ref = None if want is None else want[n]
+        if ref is None:
+            assert p.grad is None or not p.grad.any(), n
+        else:
+            assert torch.allclose(p.grad, ref, rtol=1e-5, atol=1e-7), n
+
+
+@pytest.mark.parametrize("strategy", ["zero-offload", "zenflow"])
+def test_a_deepspeed_script_never_reads_a_stale_gradient(strategy):
+    """Through DeepSpeed's front door (`import zfbench.real as deepspeed`): after
+    backward each p.grad is plain torch's gradient; after step() every p.grad is None, as
+    DeepSpeed's step leaves them (its ZeRO optimizer's zero_grad(set_to_none=True)), while
+    the slots behind them still hold last step's values; engine.zero_grad() and
+    optimizer.zero_grad() read as zeros or None, and the next backward after either gives
+    that batch's gradient alone."""
+    import zfbench.real as deepspeed
+
+    model, twin = Switchy(seed=2), Switchy(seed=2)
+    engine, optimizer, _, _ = deepspeed.initialize(
+        model=model, config=config(strategy), device="cpu", device_threads=1, host_threads=1)
+    assert engine.defer_zero
+    data, left_stale = batches(), False
+    for step, (side, plain) in enumerate([(True, False), (False, False), (True, True),
+                                          (True, False), (False, False)]):
+        model.use_side, model.plain_late = side, plain
+        ids, labels = next(data)
+        engine.backward(engine(ids, labels))
+        _reads_as(model, _reference_grads(model, twin, ids, labels))
+        if step == 3:  # dropped mid-step: the next backward's gradient is its own
+            (engine.zero_grad if strategy == "zenflow" else optimizer.zero_grad)()
+            _reads_as(model, None)
+            ids, labels = next(data)
+            engine.backward(engine(ids, labels))
+            _reads_as(model, _reference_grads(model, twin, ids, labels))
+        engine.step()
+        assert all(p.grad is None for p in model.parameters())
+        left_stale |= any(bool(engine.layout.view(engine.flat_grads, n).any())
+                          for n, p in model.named_parameters()
+                          if id(p) in engine.inplace_grads.stale)
+        if step == 1:  # after step, as scripts written for torch do
+            engine.zero_grad()
+            _reads_as(model, None)
+        if step == 2:
+            optimizer.zero_grad()
+            _reads_as(model, None)
+    assert left_stale  # the buffer held last step's values where p.grad read None
+    # forwards while every p.grad was None still took the in-place path (only `late`'s
+    # plain use took it off)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert {names[i] for i in engine.inplace_grads.deferrable()} == {
+        "up.weight", "down.weight", "side.weight", "out.weight"}
     engine.close()
