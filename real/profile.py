@@ -232,6 +232,11 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
         data = ({k: v.to(device) for k, v in batch.items()} for batch in data)
     block_times(model, data, 2, inplace, flat_grads, device)  # warm-up
     blocks = block_times(model, data, repeats, inplace, flat_grads, device)
+    # the slots the engine's step leaves for backward to write over (`defer_zero`): of the
+    # parameters these forwards used only as routed linear weights (read before ZeRO-3's
+    # hooks, whose copies the mode sees as other uses)
+    skip = inplace.deferrable() if isinstance(inplace, InplaceGrads) else frozenset()
+    kept = layout.ranges_except({name for name, p in named if id(p) in skip})
     hooks = zero3_hooks(model, data, repeats, inplace, flat_params, flat_grads, named, layout,
                         spec.engine_config("zenflow").prefetch_elems, blocks, device)
     tokens = spec.micro_batch * spec.seq
@@ -283,12 +288,8 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
 
     def zero():  # as Engine._zero_grads
         kernels.zero_(flat_grads)
-    # and as it zeroes where it leaves the slots backward writes over (`defer_zero`): all
-    # but the parameters the forwards above used only as routed linear weights
-    skip = inplace.deferrable() if isinstance(inplace, InplaceGrads) else frozenset()
-    kept = layout.ranges_except({name for name, p in named if id(p) in skip})
 
-    def zero_deferred():  # as Engine._zero_grads(defer=True)
+    def zero_deferred():  # as Engine._zero_grads(defer=True): the ranges `kept`
         for lo, hi in kept:
             kernels.zero_(flat_grads[lo:hi])
     # the `device` strategy's gradient clipping norm (16-bit: through its fp32 copy)
@@ -337,6 +338,7 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
         "select_s_per_elem": select_s / mat_elems,
         "grad_check_s_per_elem": check_s / total, "grad_zero_s_per_elem": zero_s / total,
         "grad_zero_deferred_s_per_elem": zero_deferred_s / total,
+        "grad_zero_deferred_share": sum(hi - lo for lo, hi in kept) / total,
         "grad_norm_s_per_elem": norm_s / total,
         "device_copy_s_per_elem": apply_s / total, "zero3_hooks": hooks,
         **rates}, describe_device(device))
