@@ -151,6 +151,11 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
             self.zero3.release_all()
             self.flat_params = self.flat_params.new_empty(0)  # its storage freed
         self.buckets = None
+        # the step's zeroing leaves the slots backward writes over (real/inplace_grads.py
+        # `deferrable`): not with gradient buckets (sent down during backward) or ZeRO-3
+        self.defer_zero = (self.inplace_grads is not None and not self.bucketed
+                           and self.zero3 is None)
+        self._zero_cache = None
         self.sent_down = None  # (host buffer, d2h event) of this step's bucketed d2h
         if self.bucketed:
             self.buckets = GradBuckets(self, config.bucket_elems)
@@ -187,14 +192,15 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         # Gradients are views into one buffer: one d2h copy, one all-reduce, one zero,
         # and (InplaceGrads) weight gradients accumulated straight into it.
         self.flat_grads = self.backend.name(torch.zeros_like(self.flat_params), "flat_grads")
-        self._bind_grad_views()
         self.inplace_grads = (InplaceGrads([p for _, p in self.named_params])
                               if inplace_grads_wanted(self.config.inplace_grads,
                                                       self.use_cuda) else None)
+        self._bind_grad_views()
 
     def _bind_grad_views(self) -> None:
         """Point every `p.grad` at its slot of `flat_grads`; a gradient autograd replaced
         (or a caller set to None) is copied back (or zeroed) first."""
+        self._grad_views = []
         for slot, (_, p) in zip(self.layout.slots, self.named_params):
             view = self.layout.view(self.flat_grads, slot.name)
             if p.grad is None:
@@ -202,6 +208,26 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
             elif p.grad.data_ptr() != view.data_ptr():
                 view.copy_(p.grad)
             p.grad = view
+            self._grad_views.append(view)
+        self.grads_released = False
+        if self.inplace_grads is not None:
+            self.inplace_grads.unbound = False
+
+    def _release_grads(self) -> None:
+        """After a zeroing that left slots stale (`_zero_grads(defer=True)`): every
+        `p.grad` reads None, as after DeepSpeed's step (its optimizer's
+        `zero_grad(set_to_none=True)`), until `backward` binds the slots again."""
+        for _, p in self.named_params:
+            p.grad = None
+        self.grads_released = self.inplace_grads.unbound = True
+
+    def _rebind_grads(self) -> None:
+        """Before backward: the slots `_release_grads` let go are each `p.grad` again (a
+        `.grad` the caller set since is left to the step to copy in)."""
+        for (_, p), view in zip(self.named_params, self._grad_views):
+            if p.grad is None:
+                p.grad = view
+        self.grads_released = self.inplace_grads.unbound = False
 
     def new_device_flat(self) -> torch.Tensor:
         return torch.zeros_like(self.flat_params)
@@ -266,6 +292,8 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         factor = 1.0 / self.config.grad_accum if scale_wrt_gas else 1.0
         if self.loss_scaler is not None:
             factor *= self.loss_scaler.scale
+        if self.grads_released:  # the slots the step let go (`_release_grads`)
+            self._rebind_grads()
         landing = None
         if self.buckets is not None and self.is_gradient_accumulation_boundary():
             landing = self.strategy.grads_landing(self.t)
@@ -275,6 +303,8 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
                           writes=(self.flat_grads,)):
             with Zero3Params.around(self.zero3, "backward"):
                 (loss * factor if factor != 1.0 else loss).backward(retain_graph=retain_graph)
+            if self.inplace_grads is not None:  # unwritten deferred slots read as zeros
+                self.inplace_grads.settle()
         if landing is not None:  # what backward did not complete goes down now
             self.sent_down = (landing, self.buckets.finish())
 
@@ -294,6 +324,9 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         self.micro_step = 0
         start = self._step_start if self._step_start is not None else self.recorder.now()
         self.lr = self.optimizer.lr
+        if self.inplace_grads is not None and self.inplace_grads.stale:  # no backward
+            with self.compute("device_optim", self.t, writes=(self.flat_grads,)):
+                self.inplace_grads.settle()
         self._bind_grad_views()
         # every rank then sees the same (non-)finite gradients; with buckets
         # (sent_down) each was all-reduced during backward already
@@ -346,7 +379,7 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         self.grads_read = None
         if record["skipped"] or not self.strategy.zeroes_grads:
             with self.compute("device_optim", self.t, writes=(self.flat_grads,)):
-                self._zero_grads()
+                self._zero_grads(defer=self.defer_zero)
         elif self.inplace_grads is not None:
             self.inplace_grads.zeroed()
         self.backend.end_step()  # the step ends when its device work has, then read
@@ -392,10 +425,29 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         return [n for n, p in self.named_params
                 if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
 
-    def _zero_grads(self) -> None:
-        kernels.zero_(self.flat_grads)
-        if self.inplace_grads is not None:  # the next backward writes weight gradients
-            self.inplace_grads.zeroed()
+    def _zero_grads(self, defer: bool = False) -> None:
+        """Zero the gradients; with `defer`, not the slots the next backward writes over
+        (`InplaceGrads.deferrable`: they read as zeros from the end of backward on), and
+        then, so that no caller reads a stale slot, every `p.grad` is None until the next
+        backward (`_release_grads`)."""
+        ig = self.inplace_grads
+        skip = ig.deferrable() if defer and ig is not None else frozenset()
+        if not skip:
+            kernels.zero_(self.flat_grads)
+        for lo, hi in self._zero_ranges(skip) if skip else ():
+            kernels.zero_(self.flat_grads[lo:hi])
+        if ig is not None:  # the next backward writes weight gradients
+            ig.zeroed(stale=skip)
+        if skip:
+            self._release_grads()
+
+    def _zero_ranges(self, skip: frozenset[int]) -> list[tuple[int, int]]:
+        """The flat-buffer ranges outside the slots of parameter ids `skip` (cached per
+        `skip`)."""
+        if self._zero_cache is None or self._zero_cache[0] != skip:
+            names = {n for n, p in self.named_params if id(p) in skip}
+            self._zero_cache = (skip, self.layout.ranges_except(names))
+        return self._zero_cache[1]
 
     # -- results, checkpoints, shutdown -----------------------------------------------
     @property

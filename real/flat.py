@@ -110,3 +110,17 @@ class FlatLayout:
         """Contiguous [start, end) ranges of at most `chunk_elems` covering the buffer."""
         step = max(1, int(chunk_elems))
         return [(a, min(a + step, self.total)) for a in range(0, self.total, step)]
+
+    def ranges_except(self, names) -> list[tuple[int, int]]:
+        """The [start, end) ranges of the slots not in `names`, adjacent slots merged (the
+        step's zeroing where the engine leaves the slots backward writes over: real/engine.py
+        `_zero_grads`, measured as such by real/profile.py)."""
+        ranges: list[list[int]] = []
+        for s in self.slots:
+            if s.name in names:
+                continue
+            if ranges and ranges[-1][1] == s.offset:
+                ranges[-1][1] += s.numel
+            else:
+                ranges.append([s.offset, s.offset + s.numel])
+        return [(lo, hi) for lo, hi in ranges]

@@ -23,6 +23,9 @@ for real/grad_buckets.py, is in `InplaceGrads`' docstring.
 
 from __future__ import annotations
 
+import functools
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
@@ -41,14 +44,15 @@ def wanted(configured: bool | None, on_cuda: bool) -> bool:
     return (not on_cuda) if configured is None else bool(configured)
 
 
-def _accumulate(param: torch.Tensor, grad_fn, mode=None):
+def _accumulate(param: torch.Tensor, grad_fn, mode=None, writes: bool = True):
     """Add grad_fn(param.grad, first) into param.grad in place when it is set (and tell
     `mode.notify`); else return grad_fn(None, False) for autograd. `first`: the slot is
     known to hold zeros (`InplaceGrads.first_write`), so the contribution may be written
-    instead of added."""
+    instead of added; a grad_fn that always adds (`writes` False) gets a stale slot
+    zeroed first."""
     if param.grad is None:
         return grad_fn(None, False)
-    first = mode is not None and mode.first_write(param)
+    first = mode is not None and mode.first_write(param, writes)
     grad_fn(param.grad, first)
     if mode is not None and mode.notify is not None:
         mode.notify(param)
@@ -81,6 +85,8 @@ class _LinearIntoGrad(torch.autograd.Function):
                 return out
             if first and out.is_contiguous():
                 return torch.mm(g2.t(), x2, out=out)
+            if first:  # neither layout: the slot may be stale (`zeroed(stale=...)`)
+                out.zero_()
             return out.addmm_(g2.t(), x2)
 
         def bias_grad(out, first):
@@ -89,7 +95,7 @@ class _LinearIntoGrad(torch.autograd.Function):
         gw = _accumulate(weight, weight_grad, ctx.mode) if ctx.needs_input_grad[1] else None
         gb = None
         if ctx.bias is not None and ctx.needs_input_grad[2]:
-            gb = _accumulate(ctx.bias, bias_grad, ctx.mode)
+            gb = _accumulate(ctx.bias, bias_grad, ctx.mode, writes=False)
         return gx, gw, gb, None
 
 
@@ -118,7 +124,17 @@ class _EmbeddingIntoGrad(torch.autograd.Function):
                 return out.index_put_((flat_ids,), rows.to(out.dtype), accumulate=True)
             return out.index_add_(0, flat_ids, rows.to(out.dtype))
 
-        return None, _accumulate(weight, weight_grad, ctx.mode), None, None
+        return None, _accumulate(weight, weight_grad, ctx.mode, writes=False), None, None
+
+
+def _settle_one(ref, stale: set, grad=None):
+    """Zero the `.grad` of the parameter behind weakref `ref` if its id is in `stale`
+    (a tensor hook: `grad` is autograd's, passed through untouched)."""
+    p = ref()
+    if p is not None and id(p) in stale:
+        stale.discard(id(p))
+        if p.grad is not None:
+            p.grad.zero_()
 
 
 def _arg(args, kwargs, i, name, default=None):
@@ -131,7 +147,8 @@ class InplaceGrads(TorchFunctionMode):
 
     Not routed, so plain autograd handles them: embeddings with `max_norm`, `sparse` or
     `scale_grad_by_freq`, weights that are not leaf parameters of the engine (a transposed
-    or sliced weight) and any parameter whose `.grad` is None (set to none by the caller).
+    or sliced weight) and any parameter whose `.grad` is None (set to none by the caller;
+    not when the owner set them all to None and binds them before backward: `unbound`).
     Gradient hooks registered on a routed weight do not fire (the gradient never passes
     through autograd); turn the mode off with `zfbench.inplace_grads: false` for such models.
     For the engine's own bookkeeping (real/grad_buckets.py: is a parameter's gradient
@@ -145,6 +162,9 @@ class InplaceGrads(TorchFunctionMode):
     `.grad` that autograd makes (another op's use of the parameter) marks it as written
     through a post-accumulate hook, so the routed contribution then adds to it; code that
     writes into a routed `.grad` by hand between `zeroed()` and backward must not use this.
+    The owner may leave the slots of `deferrable()` parameters unzeroed (`zeroed(stale=)`):
+    the first write covers them, autograd's first add zeroes one first (a tensor hook),
+    and `settle()` zeroes those backward did not write.
     """
 
     def __init__(self, params) -> None:
@@ -153,28 +173,58 @@ class InplaceGrads(TorchFunctionMode):
         self.ids = {id(p) for p in params}
         # parameter ids whose .grad holds the zeros the owner wrote, unwritten since
         self.clean: set[int] = set()
-        clean = self.clean  # the hooks hold the set, not the mode
+        clean = self.clean  # the hooks hold the sets, not the mode
+        # parameter ids whose .grad the owner left unzeroed (`zeroed(stale=...)`): they
+        # read as zeros once written, or once `settle()` zeroed them
+        self.stale: set[int] = set()
+        stale = self.stale
         for p in params:
             if p.requires_grad and p.is_leaf:
                 p.register_post_accumulate_grad_hook(lambda q: clean.discard(id(q)))
+                # before autograd adds into a stale .grad, it is zeroed
+                p.register_hook(functools.partial(_settle_one, weakref.ref(p), stale))
+        self.params = {id(p): weakref.ref(p) for p in params}
+        # ever routed as a linear weight / ever used otherwise (bias, embedding, plain op)
+        self.linear_weights: set[int] = set()
+        self.other: set[int] = set()
         self.routed = 0  # calls routed in the last forward (tests read it)
         self.uses: dict[int, int] = {}  # routed uses per parameter id, this forward
         self.plain: set[int] = set()  # parameter ids other ops used, this forward
         self.notify = None  # called with a parameter after each routed contribution
+        # the owner set every `.grad` to None and binds each to its slot again before
+        # backward (real/engine.py `_release_grads`): a forward routes them all the same
+        self.unbound = False
 
-    def zeroed(self) -> None:
-        """The owner has just zeroed every parameter's `.grad`: the next routed
+    def zeroed(self, stale=()) -> None:
+        """The owner has just zeroed every parameter's `.grad` but those of `stale` (ids
+        from `deferrable()`: left as they were, read as zeros): the next routed
         contribution to each may be written instead of added."""
         self.clean.clear()
         self.clean.update(self.ids)
+        self.stale.clear()
+        self.stale.update(stale)
 
-    def first_write(self, param: torch.Tensor) -> bool:
+    def deferrable(self) -> frozenset[int]:
+        """Ids of the parameters only ever used as a routed linear weight: backward
+        writes each one's first contribution over its slot, so zeroing it can wait."""
+        return frozenset(self.linear_weights - self.other)
+
+    def first_write(self, param: torch.Tensor, writes: bool = True) -> bool:
         """Whether `param.grad` still holds the zeros of `zeroed()` (then no longer: the
-        caller writes it now)."""
+        caller writes it now; one that only adds, `writes` False, gets it zeroed)."""
         if id(param) in self.clean:
             self.clean.discard(id(param))
+            if not writes:
+                _settle_one(self.params[id(param)], self.stale)
+            self.stale.discard(id(param))
             return True
         return False
+
+    def settle(self) -> None:
+        """Zero the stale gradients backward did not write (at the end of backward,
+        before anything reads the gradients)."""
+        for i in list(self.stale):
+            _settle_one(self.params[i], self.stale)
 
     def reset(self) -> None:
         """Before a forward: clear the counts."""
@@ -192,12 +242,13 @@ class InplaceGrads(TorchFunctionMode):
         for a in (*args, *kwargs.values()):
             if isinstance(a, torch.Tensor) and id(a) in self.ids:
                 self.plain.add(id(a))
+                self.other.add(id(a))
             elif isinstance(a, (list, tuple)):
                 self._note_plain(a, {})
 
     def _ours(self, w) -> bool:
         return (isinstance(w, torch.Tensor) and id(w) in self.ids and w.requires_grad
-                and w.grad is not None and torch.is_grad_enabled())
+                and (w.grad is not None or self.unbound) and torch.is_grad_enabled())
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -206,6 +257,9 @@ class InplaceGrads(TorchFunctionMode):
             b = _arg(args, kwargs, 2, "bias")
             if self._ours(w) and (b is None or id(b) in self.ids):
                 self._route(w, b)
+                self.linear_weights.add(id(w))
+                if b is not None:
+                    self.other.add(id(b))
                 return _LinearIntoGrad.apply(x, w, b, self)
         elif func is F.embedding:
             ids, w = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
@@ -217,6 +271,7 @@ class InplaceGrads(TorchFunctionMode):
                 if pad is not None and pad < 0:
                     pad += w.shape[0]
                 self._route(w)
+                self.other.add(id(w))
                 return _EmbeddingIntoGrad.apply(ids, w, pad, self)
         self._note_plain(args, kwargs)
         return func(*args, **kwargs)

@@ -8,7 +8,8 @@ lanes, thread split, gradient path (`zfbench.real.inplace_grads`) and kernels
   with the loss), from module hooks around a real training step, median of repeats, and
   what ZeRO-3's gathers and releases on one rank add to them (`zero3_hooks`);
 - the device optimizer rate on the selected columns, the selection cost, ZenFlow's column
-  gather/scatter, the non-finite check, the clipping norm and the gradients' zeroing;
+  gather/scatter, the non-finite check, the clipping norm and the gradients' zeroing (all
+  of it, and the part the engine's step does where it defers the rest to backward);
 - the link and host-lane rates (`zfbench.real.rate_probe.RateProbe`): d2h and h2d alone
   and together, host AdamW and accumulation;
 - how much the device and host lanes slow each other when they run at once (cores over
@@ -231,6 +232,11 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
         data = ({k: v.to(device) for k, v in batch.items()} for batch in data)
     block_times(model, data, 2, inplace, flat_grads, device)  # warm-up
     blocks = block_times(model, data, repeats, inplace, flat_grads, device)
+    # the slots the engine's step leaves for backward to write over (`defer_zero`): of the
+    # parameters these forwards used only as routed linear weights (read before ZeRO-3's
+    # hooks, whose copies the mode sees as other uses)
+    skip = inplace.deferrable() if isinstance(inplace, InplaceGrads) else frozenset()
+    kept = layout.ranges_except({name for name, p in named if id(p) in skip})
     hooks = zero3_hooks(model, data, repeats, inplace, flat_params, flat_grads, named, layout,
                         spec.engine_config("zenflow").prefetch_elems, blocks, device)
     tokens = spec.micro_batch * spec.seq
@@ -282,6 +288,10 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
 
     def zero():  # as Engine._zero_grads
         kernels.zero_(flat_grads)
+
+    def zero_deferred():  # as Engine._zero_grads(defer=True): the ranges `kept`
+        for lo, hi in kept:
+            kernels.zero_(flat_grads[lo:hi])
     # the `device` strategy's gradient clipping norm (16-bit: through its fp32 copy)
     norm_scratch = None if dtype == torch.float32 else torch.empty(total, device=device)
 
@@ -291,6 +301,7 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
     norm_s = median_time(clip_norm, repeats, device)
     norm_scratch = None  # let the fp32 copy go (the closure is not called again)
     zero_s = median_time(zero, repeats, device)
+    zero_deferred_s = median_time(zero_deferred, repeats, device) if skip else zero_s
     # applying an uploaded update: one device buffer copied into another (as the engine's
     # `flat_params.copy_(upload)`); a same-dtype copy, not the d2h conversion
     apply_src = new_flat()
@@ -326,6 +337,8 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
         "master_copy_s_per_elem": master_s / total, "precision": precision,
         "select_s_per_elem": select_s / mat_elems,
         "grad_check_s_per_elem": check_s / total, "grad_zero_s_per_elem": zero_s / total,
+        "grad_zero_deferred_s_per_elem": zero_deferred_s / total,
+        "grad_zero_deferred_share": sum(hi - lo for lo, hi in kept) / total,
         "grad_norm_s_per_elem": norm_s / total,
         "device_copy_s_per_elem": apply_s / total, "zero3_hooks": hooks,
         **rates}, describe_device(device))

@@ -16,11 +16,12 @@ span for span (`python -m zfbench.validate`). This module owns only what differs
   backward over the whole gradient buffer, as the engine's `reduce_grads` does;
 - `device_thread_op`: the device thread's ops (compute, the gradient copy down) as work
   on the node's fluid pool, so the rate model applies to them;
-- the engine's per-step passes over every gradient (`grad_check_s`, `grad_zero_s`).
+- the engine's per-step passes over the gradients (`grad_check_s`, `grad_zero_s`).
 """
 
 from __future__ import annotations
 
+from zfbench.core.strategies import gradient_buckets_apply, zero_stage_of
 from zfbench.sims.costs import CostModel
 from zfbench.sims.fluid import Job, RateFn
 
@@ -105,6 +106,17 @@ def grad_check_s(costs: CostModel) -> float:
     return costs.params * costs.calibration["grad_check_s_per_elem"]
 
 
-def grad_zero_s(costs: CostModel) -> float:
-    """The engine zeroing every gradient at the end of each step."""
-    return costs.params * costs.calibration["grad_zero_s_per_elem"]
+def grad_zero_s(costs: CostModel, strategy: str) -> float:
+    """The engine zeroing the gradients at the end of each step of `strategy`: all of them,
+    or, where it leaves the slots backward writes over (real/engine.py `defer_zero`: not
+    with gradient buckets, which an offloading strategy has here on a GPU as in
+    zfbench.sims.rank_memory, nor on ZeRO-3), the rest, as the profile timed it
+    (`grad_zero_deferred_s_per_elem`; all of them where its in-place gradient path was
+    off). A profile from before that key prices the whole zeroing, as it did then."""
+    cal = costs.calibration
+    whole = cal["grad_zero_s_per_elem"]
+    deferred = not (zero_stage_of(strategy, costs.settings.zenflow.zero_stage) == 3
+                    or gradient_buckets_apply(strategy, costs.settings.scenario.precision,
+                                              not costs.emulated))
+    return costs.params * (cal.get("grad_zero_deferred_s_per_elem", whole) if deferred
+                           else whole)

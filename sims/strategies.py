@@ -331,11 +331,12 @@ class RankSim:
 
     def after_step(self, t: int, strategy: str):
         """Device work that closes every step: with a profile of zfbench's engine, which
-        zeroes every gradient (`CostModel.engine_grad_passes`), unless its device AdamW
-        did (`CostModel.zero_rides_device_adam`)."""
+        zeroes the gradients (`CostModel.engine_grad_passes`; `grad_zero_s`: those
+        backward does not write over), unless its device AdamW did
+        (`CostModel.zero_rides_device_adam`)."""
         c = self.costs
         if c.engine_grad_passes and not (device_adamw(strategy) and c.zero_rides_device_adam):
-            yield from self.compute("device_optim", t, grad_zero_s(c))
+            yield from self.compute("device_optim", t, grad_zero_s(c, strategy))
 
     def accumulate(self, strategy: str, t: int, micro: int):
         """Micro-step `micro` of step t that ends in no update: forward, backward, each
