@@ -3,8 +3,9 @@
 //
 // One pass over memory per host chunk: AdamW on fp32 master, moments and gradient, the
 // updated parameter also written into the 16-bit upload wire (bf16 or fp16, or none) and,
-// optionally, the gradient zeroed where it was read (ZenFlow's window); ZenFlow's
-// accumulation `window += alpha * grads` with 16-bit gradients widened on the fly; and
+// optionally, the gradient zeroed where it was read; ZenFlow's accumulation
+// `window += alpha * grads` with 16-bit gradients widened on the fly (a window's first
+// accumulation writes instead, so that nothing zeroes the window: issue 45); and
 // the conversions between fp32 and the 16-bit wires.
 //
 // The arithmetic is torch's, operation by operation, so the results are its bits
@@ -179,8 +180,12 @@ AdamSpan pick(int wire, bool zero, bool decay, bool small) {
   }
 }
 
-// KIND: 0 fp32, 1 bf16, 2 fp16 gradients
-template <int KIND>
+// KIND: 0 fp32, 1 bf16, 2 fp16 gradients. FRESH: the window's first accumulation, which
+// writes fma(g, alpha, +0.0) without reading the window: the bits of zeroing it and then
+// adding (+0.0 as the addend turns a -0.0 product into +0.0, as the zeroed window did; a
+// NaN or inf product stays one), in one pass that neither reads the stale window nor
+// leaves the zeroing to the AdamW pass before it (real/zenflow.py).
+template <int KIND, bool FRESH>
 void accum_span(float* __restrict w, const void* __restrict grads, float alpha, int64_t lo,
                 int64_t hi) {
   const float* __restrict gf = static_cast<const float*>(grads);
@@ -191,14 +196,15 @@ void accum_span(float* __restrict w, const void* __restrict grads, float alpha, 
       const int64_t e = b + BLOCK < hi ? b + BLOCK : hi;
       widen_fp16(g16 + b, wide, 0, e - b);
 #pragma omp simd
-      for (int64_t i = b; i < e; ++i) w[i] = std::fma(wide[i - b], alpha, w[i]);
+      for (int64_t i = b; i < e; ++i)
+        w[i] = std::fma(wide[i - b], alpha, FRESH ? 0.0f : w[i]);
     }
     return;
   }
 #pragma omp simd
   for (int64_t i = lo; i < hi; ++i) {
     const float gv = KIND == 0 ? gf[i] : from_bf16(g16[i]);
-    w[i] = std::fma(gv, alpha, w[i]);
+    w[i] = std::fma(gv, alpha, FRESH ? 0.0f : w[i]);
   }
 }
 
@@ -406,7 +412,7 @@ double sumsq_block(const float* src, int64_t lo, int64_t hi) {
 
 extern "C" {
 
-int zf_abi_version() { return 5; }
+int zf_abi_version() { return 6; }
 
 // AdamW (torch._fused_adamw_'s arithmetic) on n fp32 elements at global step `step`,
 // then the new parameters into `wire` (wire_kind 1 bf16, 2 fp16, 0 none) and, with
@@ -428,14 +434,18 @@ void zf_adamw(float* p, float* g, float* m, float* v, void* wire, int wire_kind,
 }
 
 // window[i] = fma(grads[i] widened to fp32, alpha, window[i]) (grads_kind 0 fp32, 1 bf16,
-// 2 fp16).
+// 2 fp16); with `fresh`, fma(..., +0.0): the window's first accumulation, its old
+// contents never read (`accum_span`).
 void zf_accumulate(float* window, const void* grads, int grads_kind, double alpha,
-                   int64_t n, int threads, int64_t serial_below) {
+                   int fresh, int64_t n, int threads, int64_t serial_below) {
+  using Span = void (*)(float*, const void*, float, int64_t, int64_t);
+  static const Span spans[2][3] = {
+      {accum_span<0, false>, accum_span<1, false>, accum_span<2, false>},
+      {accum_span<0, true>, accum_span<1, true>, accum_span<2, true>}};
+  const Span span = spans[fresh ? 1 : 0][grads_kind == 1 || grads_kind == 2 ? grads_kind : 0];
   const float a = float(alpha);
   split(n, threads, serial_below, [&](int64_t lo, int64_t hi) {
-    if (grads_kind == 1) accum_span<1>(window, grads, a, lo, hi);
-    else if (grads_kind == 2) accum_span<2>(window, grads, a, lo, hi);
-    else accum_span<0>(window, grads, a, lo, hi);
+    span(window, grads, a, lo, hi);
   });
 }
 

@@ -94,10 +94,11 @@ def _cpp_adamw(lib, p, g, m, v, wire, step, lr, beta1, beta2, eps, wd, zero_grad
                      zero_grad)
 
 
-def _cpp_accumulate(lib, window: Tensor, grads: Tensor, alpha: float) -> Tensor:
+def _cpp_accumulate(lib, window: Tensor, grads: Tensor, alpha: float,
+                    fresh: bool = False) -> Tensor:
     if window.numel():
         lib.zf_accumulate(window.data_ptr(), grads.data_ptr(), _GRAD_KIND[grads.dtype],
-                          float(alpha), window.numel(), torch.get_num_threads(),
+                          float(alpha), int(fresh), window.numel(), torch.get_num_threads(),
                           SERIAL_BELOW)
     return window
 
@@ -227,12 +228,16 @@ def _self_check(lib) -> str | None:
             return f"AdamW bits differ from torch's ({hyper}, wire {dtype}, zero {zero})"
     for dtype in _GRAD_KIND:
         grads = base[1].to(dtype)
-        for alpha in (1.0, 1 / 3):
+        for alpha, fresh in ((1.0, False), (1 / 3, False), (-0.25, True)):
             want[0].copy_(base[0])
             got[0].copy_(base[0])
-            torch_accumulate_(want[0], grads, alpha)
-            if not _same_bits(want[0], _cpp_accumulate(lib, got[0], grads, alpha)):
-                return f"accumulation bits differ from torch's ({dtype}, alpha {alpha})"
+            got[0][::31] = float("nan")  # a fresh window's old values are never read
+            if not fresh:
+                want[0][::31] = float("nan")
+            torch_accumulate_(want[0], grads, alpha, fresh=fresh)
+            if not _same_bits(want[0], _cpp_accumulate(lib, got[0], grads, alpha, fresh)):
+                return (f"accumulation bits differ from torch's ({dtype}, alpha {alpha}, "
+                        f"fresh {fresh})")
     special = torch.tensor([float("nan"), -float("nan"), float("inf"), -float("inf"), 0.0,
                             -0.0, 65520.0, 65504.0, 3e38, 1e-42, 2.0 ** -25, 2.0 ** -24])
     values = torch.cat([base[0] * 0.1, base[1] * 1e-3, base[3], special])
@@ -364,19 +369,22 @@ def host_adamw_(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor
 
 
 def accumulate_(window: Tensor, grads: Tensor, alpha: float = 1.0,
-                chunk_elems: int | None = None) -> Tensor:
+                chunk_elems: int | None = None, fresh: bool = False) -> Tensor:
     """`window += alpha * grads` in place (1-D, same length; the fp32 window, gradients
     in fp32, bf16 or fp16); returns `window`. One pass, each gradient widened as it is
     read; the bits of real.host_accum.accumulate_ (torch's add_: one fma per element),
-    which runs instead without the library (`chunk_elems` is its scratch chunk)."""
+    which runs instead without the library (`chunk_elems` is its scratch chunk). With
+    `fresh`, a window's first accumulation: the bits of zeroing the window and then
+    adding, in one pass that writes the window without reading it (so nothing else need
+    zero it: ZenFlow's AdamW pass no longer does, issue 45)."""
     fits = (window.dtype == torch.float32 and grads.dtype in _GRAD_KIND
             and window.shape == grads.shape and window.dim() == 1
             and window.is_contiguous() and grads.is_contiguous()
             and window.device.type == "cpu" and grads.device.type == "cpu")
     lib = _library() if fits else None
     if lib is None:
-        return torch_accumulate_(window, grads, alpha, chunk_elems)
-    return _cpp_accumulate(lib, window, grads, alpha)
+        return torch_accumulate_(window, grads, alpha, chunk_elems, fresh)
+    return _cpp_accumulate(lib, window, grads, alpha, fresh)
 
 
 def convert_(dst: Tensor, src: Tensor) -> Tensor:
