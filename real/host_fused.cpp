@@ -263,6 +263,56 @@ void widen_streamed(void* __restrict dst_, const void* __restrict src_, int64_t 
   for (; i < hi; ++i) dst[i] = KIND == 1 ? from_bf16(src[i]) : from_fp16(src[i]);
   _mm_sfence();  // the streamed stores are seen before the region ends
 }
+// A window's first accumulation (`accum_span<KIND, true>`'s bits: fma(g, alpha, +0.0))
+// with non-temporal stores from the window's first vector-aligned element on: the window
+// is not read, and a plain store that misses the cache reads the line before writing it
+// (real/host_fused.py `words_stream_above` says when: a window larger than the cache).
+template <int KIND>
+void accum_fresh_streamed(float* __restrict w, const void* __restrict grads, float alpha,
+                          int64_t lo, int64_t hi) {
+  const float* __restrict gf = static_cast<const float*>(grads);
+  const uint16_t* __restrict g16 = static_cast<const uint16_t*>(grads);
+#ifdef __AVX512F__
+  constexpr int64_t W = 16;
+#else
+  constexpr int64_t W = 8;
+#endif
+  auto one = [&](int64_t i) {
+    const float gv = KIND == 0 ? gf[i] : KIND == 1 ? from_bf16(g16[i]) : from_fp16(g16[i]);
+    w[i] = std::fma(gv, alpha, 0.0f);
+  };
+  int64_t i = lo;
+  for (; i < hi && (reinterpret_cast<uintptr_t>(w + i) & (W * 4 - 1)); ++i) one(i);
+#ifdef __AVX512F__
+  const __m512 a = _mm512_set1_ps(alpha), zero = _mm512_setzero_ps();
+  for (; i + W <= hi; i += W) {
+    __m512 g;
+    if constexpr (KIND == 0) {
+      g = _mm512_loadu_ps(gf + i);
+    } else {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g16 + i));
+      g = KIND == 1 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+                    : _mm512_cvtph_ps(h);
+    }
+    _mm512_stream_ps(w + i, _mm512_fmadd_ps(g, a, zero));
+  }
+#else
+  const __m256 a = _mm256_set1_ps(alpha), zero = _mm256_setzero_ps();
+  for (; i + W <= hi; i += W) {
+    __m256 g;
+    if constexpr (KIND == 0) {
+      g = _mm256_loadu_ps(gf + i);
+    } else {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g16 + i));
+      g = KIND == 1 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                    : _mm256_cvtph_ps(h);
+    }
+    _mm256_stream_ps(w + i, _mm256_fmadd_ps(g, a, zero));
+  }
+#endif
+  for (; i < hi; ++i) one(i);
+  _mm_sfence();  // the streamed stores are seen before the region ends
+}
 #endif
 
 // 4-byte words (fp32) of [lo, hi): copied (`src` non-null) or zeroed, and with `check`
@@ -435,14 +485,24 @@ void zf_adamw(float* p, float* g, float* m, float* v, void* wire, int wire_kind,
 
 // window[i] = fma(grads[i] widened to fp32, alpha, window[i]) (grads_kind 0 fp32, 1 bf16,
 // 2 fp16); with `fresh`, fma(..., +0.0): the window's first accumulation, its old
-// contents never read (`accum_span`).
+// contents never read (`accum_span`), with non-temporal stores from `stream_above`
+// elements on where the CPU has them.
 void zf_accumulate(float* window, const void* grads, int grads_kind, double alpha,
-                   int fresh, int64_t n, int threads, int64_t serial_below) {
+                   int fresh, int64_t n, int threads, int64_t serial_below,
+                   int64_t stream_above) {
   using Span = void (*)(float*, const void*, float, int64_t, int64_t);
   static const Span spans[2][3] = {
       {accum_span<0, false>, accum_span<1, false>, accum_span<2, false>},
       {accum_span<0, true>, accum_span<1, true>, accum_span<2, true>}};
-  const Span span = spans[fresh ? 1 : 0][grads_kind == 1 || grads_kind == 2 ? grads_kind : 0];
+  const int kind = grads_kind == 1 || grads_kind == 2 ? grads_kind : 0;
+  Span span = spans[fresh ? 1 : 0][kind];
+#ifdef ZF_STREAM
+  static const Span streamed[3] = {accum_fresh_streamed<0>, accum_fresh_streamed<1>,
+                                   accum_fresh_streamed<2>};
+  if (fresh && n >= stream_above) span = streamed[kind];
+#else
+  (void)stream_above;
+#endif
   const float a = float(alpha);
   split(n, threads, serial_below, [&](int64_t lo, int64_t hi) {
     span(window, grads, a, lo, hi);

@@ -127,7 +127,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.zf_adamw.argtypes = [vp, vp, vp, vp, vp, i32, i32, i64, f64, f64, f64, f64, f64, f64,
                              i32, i64]
     lib.zf_adamw.restype = None
-    lib.zf_accumulate.argtypes = [vp, vp, i32, f64, i32, i64, i32, i64]
+    lib.zf_accumulate.argtypes = [vp, vp, i32, f64, i32, i64, i32, i64, i64]
     lib.zf_accumulate.restype = None
     lib.zf_convert.argtypes = [vp, vp, i32, i32, i64, i32, i64, i64]
     lib.zf_convert.restype = None

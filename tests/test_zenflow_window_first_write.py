@@ -81,8 +81,10 @@ def test_first_accumulation_equals_zeroing_then_adding(n, offset, dtype, alpha, 
         try:
             for threads in (1, 2):
                 torch.set_num_threads(threads)
-                direct = host_fused._cpp_accumulate(lib, old.clone(), grads, alpha, True)
-                assert same(want, direct), (n, dtype, alpha, threads)
+                for stream_above in (0, 1 << 62):  # non-temporal stores and plain ones
+                    direct = host_fused._cpp_accumulate(lib, old.clone(), grads, alpha,
+                                                        True, stream_above)
+                    assert same(want, direct), (n, dtype, alpha, threads, stream_above)
         finally:
             torch.set_num_threads(threads_before)
 
@@ -99,6 +101,21 @@ def test_a_minus_zero_product_comes_out_plus_zero():
             want = before(torch.empty(44), g, alpha)
             assert torch.equal(bits(got), bits(want))
             assert not bool(torch.signbit(got[g.float() == 0]).any())
+
+
+def test_a_first_accumulation_past_the_cache_streams(monkeypatch):
+    """Streamed stores from the first element where the window written and the gradients
+    read pass the last-level cache; never below it or where no cache size is known."""
+    window = torch.zeros(1000)
+    monkeypatch.setattr(host_fused, "_llc", [1000 * 6 - 1])
+    assert host_fused.fresh_stream_above(window, torch.zeros(1000).bfloat16()) == 0
+    assert host_fused.fresh_stream_above(window, torch.zeros(1000)) == 0
+    monkeypatch.setattr(host_fused, "_llc", [1000 * 6])
+    assert host_fused.fresh_stream_above(window, torch.zeros(1000).bfloat16()) \
+        == host_fused.WORDS_STREAM_ABOVE
+    monkeypatch.setattr(host_fused, "_llc", [None])
+    assert host_fused.fresh_stream_above(window, torch.zeros(1000)) \
+        == host_fused.WORDS_STREAM_ABOVE
 
 
 # -- the engine, against its computation before ------------------------------------------
