@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <omp.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -266,50 +267,45 @@ void widen_streamed(void* __restrict dst_, const void* __restrict src_, int64_t 
 // A window's first accumulation (`accum_span<KIND, true>`'s bits: fma(g, alpha, +0.0))
 // with non-temporal stores from the window's first vector-aligned element on: the window
 // is not read, and a plain store that misses the cache reads the line before writing it
-// (real/host_fused.py `words_stream_above` says when: a window larger than the cache).
+// (real/host_fused.py `fresh_stream_above` says when: past the last-level cache).
+#ifdef __AVX512F__  // one vector of 16-bit gradients widened, and its streamed fma
+using FreshVec = __m512;
+inline FreshVec fresh_wide(const __m256i h, bool bf16) {
+  return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h); }
+inline void fresh_store(float* w, FreshVec g, FreshVec a) { _mm512_stream_ps(w, _mm512_fmadd_ps(g, a, _mm512_setzero_ps())); }
+#else
+using FreshVec = __m256;
+inline FreshVec fresh_wide(const __m128i h, bool bf16) {
+  return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h); }
+inline void fresh_store(float* w, FreshVec g, FreshVec a) { _mm256_stream_ps(w, _mm256_fmadd_ps(g, a, _mm256_setzero_ps())); }
+#endif
+
 template <int KIND>
 void accum_fresh_streamed(float* __restrict w, const void* __restrict grads, float alpha,
                           int64_t lo, int64_t hi) {
   const float* __restrict gf = static_cast<const float*>(grads);
   const uint16_t* __restrict g16 = static_cast<const uint16_t*>(grads);
-#ifdef __AVX512F__
-  constexpr int64_t W = 16;
-#else
-  constexpr int64_t W = 8;
-#endif
+  constexpr int64_t W = sizeof(FreshVec) / sizeof(float);
+  using Half = std::conditional_t<W == 16, __m256i, __m128i>;  // W 16-bit gradients
+  FreshVec a;
+  for (int64_t k = 0; k < W; ++k) reinterpret_cast<float*>(&a)[k] = alpha;
   auto one = [&](int64_t i) {
     const float gv = KIND == 0 ? gf[i] : KIND == 1 ? from_bf16(g16[i]) : from_fp16(g16[i]);
     w[i] = std::fma(gv, alpha, 0.0f);
   };
   int64_t i = lo;
   for (; i < hi && (reinterpret_cast<uintptr_t>(w + i) & (W * 4 - 1)); ++i) one(i);
-#ifdef __AVX512F__
-  const __m512 a = _mm512_set1_ps(alpha), zero = _mm512_setzero_ps();
   for (; i + W <= hi; i += W) {
-    __m512 g;
+    FreshVec g;
     if constexpr (KIND == 0) {
-      g = _mm512_loadu_ps(gf + i);
+      std::memcpy(&g, gf + i, sizeof g);
     } else {
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g16 + i));
-      g = KIND == 1 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
-                    : _mm512_cvtph_ps(h);
+      Half h;
+      std::memcpy(&h, g16 + i, sizeof h);
+      g = fresh_wide(h, KIND == 1);
     }
-    _mm512_stream_ps(w + i, _mm512_fmadd_ps(g, a, zero));
+    fresh_store(w + i, g, a);
   }
-#else
-  const __m256 a = _mm256_set1_ps(alpha), zero = _mm256_setzero_ps();
-  for (; i + W <= hi; i += W) {
-    __m256 g;
-    if constexpr (KIND == 0) {
-      g = _mm256_loadu_ps(gf + i);
-    } else {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g16 + i));
-      g = KIND == 1 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
-                    : _mm256_cvtph_ps(h);
-    }
-    _mm256_stream_ps(w + i, _mm256_fmadd_ps(g, a, zero));
-  }
-#endif
   for (; i < hi; ++i) one(i);
   _mm_sfence();  // the streamed stores are seen before the region ends
 }
