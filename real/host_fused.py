@@ -1,5 +1,6 @@
-"""The host chunk in one pass over memory: AdamW, the upload wire and the window's zeroing
-together, ZenFlow's accumulation with 16-bit gradients widened on the fly, and the
+"""The host chunk in one pass over memory: AdamW and the upload wire together (and a
+gradient's zeroing, which the engine no longer asks for), ZenFlow's accumulation with
+16-bit gradients widened on the fly (a window's first writes it: no zeroing pass), and the
 conversions between fp32 and the 16-bit wires.
 
 This module owns the kernels the engine calls through `zfbench.real.kernels`

@@ -146,7 +146,10 @@ CASES = {
 
 
 def _state(engine) -> dict:
+    """What the host holds once its jobs are done (the last accumulation runs on the
+    host lane after `step()` returns)."""
     s = engine.strategy
+    engine.host_lane.wait(s.accum_job, engine.host_timeout_s)
     host = s.host
     return {"params": [p.detach().clone() for _, p in engine.named_params],
             "master": host.master.clone(), "m": host.m.clone(), "v": host.v.clone(),
