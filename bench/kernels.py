@@ -20,9 +20,11 @@ references reach on the machine (e.g. more streams per core in flight). Bytes pe
 
     host_adamw_            28        p, g, m, v read; p, m, v written (fp32)
       + h2d wire           28 + s    the new parameters also written in the device dtype
-      + zero window        +4        the gradient (ZenFlow's window) written with zeros
+      + zero window        +4        the gradient written with zeros (ZenFlow's window
+                                     before its first accumulation wrote it, issue 45)
     adamw_foreach_         28        the same on the device (fp32 master or selected values)
     accumulate_            8 + s     fp32 window read and written, gradients read
+      (a window's first)   4 + s     fp32 window written, not read; gradients read
     copy_ (conversions)    4 + s     one read, one write, in the two dtypes
     copy_ (same dtype)     2 s       an upload applied; the emulated link copies
     sum_of_squares         4         one read (the host clip's norm, fp32)
@@ -137,7 +139,8 @@ def host_chunk_rows(t: Table, n: int, dtype: torch.dtype) -> None:
     fused = host_fused.backend()
     for zero in (False, True):
         what = "host_adamw_" + (" + zero window" if zero else "")
-        who = "zenflow (window update)" if zero else OFFLOAD
+        who = ("- (zenflow's window before: its first accumulation writes it now)" if zero
+               else OFFLOAD)
 
         def run(zero=zero):
             K.host_adamw_(p, g, m, v, wire, step=1, zero_grad=zero, **HP)
@@ -168,6 +171,9 @@ def dtype_rows(t: Table, n: int, dtype: torch.dtype, ratio: float) -> None:
     host_chunk_rows(t, n, dtype)
     t.add("accumulate_", lambda: K.accumulate_(window, wire, 0.25), n, 8 + s, "zenflow",
           "host", f"fp32 += {d}", "real.host_fused.accumulate_", host_fused.backend())
+    t.add("accumulate_ (a window's first)",
+          lambda: K.accumulate_(window, wire, 0.25, fresh=True), n, 4 + s, "zenflow",
+          "host", f"fp32 = {d}", "real.host_fused.accumulate_", host_fused.backend())
     t.add("accumulate_: torch ops (before)", lambda: torch_accumulate_(window, wire, 0.25),
           n, 8 + s, "- (replaced by accumulate_)", "host", f"fp32 += {d}",
           "real.host_accum.accumulate_")

@@ -37,14 +37,18 @@ def chunk_elems_here() -> int:
 
 
 def accumulate_(window: torch.Tensor, grads: torch.Tensor, alpha: float = 1.0,
-                chunk_elems: int | None = None) -> torch.Tensor:
+                chunk_elems: int | None = None, fresh: bool = False) -> torch.Tensor:
     """`window += alpha * grads` in place (1-D, same length); returns `window`.
     `chunk_elems` (default CHUNK_ELEMS per thread of this thread's torch pool) bounds
-    the fp32 scratch of mixed-dtype input."""
+    the fp32 scratch of mixed-dtype input. With `fresh` (a window's first accumulation)
+    the window is zeroed first, chunk by chunk where the input is converted: the result
+    does not depend on what the window held (NaN included)."""
     if window.shape != grads.shape:
         raise ValueError(f"window {tuple(window.shape)} and gradients "
                          f"{tuple(grads.shape)} differ in shape")
     if grads.dtype == window.dtype:
+        if fresh:
+            window.zero_()
         return window.add_(grads, alpha=alpha)
     if chunk_elems is None:
         chunk_elems = chunk_elems_here()
@@ -56,5 +60,7 @@ def accumulate_(window: torch.Tensor, grads: torch.Tensor, alpha: float = 1.0,
         hi = min(n, lo + chunk_elems)
         part = scratch[:hi - lo]
         part.copy_(grads[lo:hi])
+        if fresh:
+            window[lo:hi].zero_()
         window[lo:hi].add_(part, alpha=alpha)
     return window

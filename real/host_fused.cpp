@@ -3,8 +3,9 @@
 //
 // One pass over memory per host chunk: AdamW on fp32 master, moments and gradient, the
 // updated parameter also written into the 16-bit upload wire (bf16 or fp16, or none) and,
-// optionally, the gradient zeroed where it was read (ZenFlow's window); ZenFlow's
-// accumulation `window += alpha * grads` with 16-bit gradients widened on the fly; and
+// optionally, the gradient zeroed where it was read; ZenFlow's accumulation
+// `window += alpha * grads` with 16-bit gradients widened on the fly (a window's first
+// accumulation writes instead, so that nothing zeroes the window: issue 45); and
 // the conversions between fp32 and the 16-bit wires.
 //
 // The arithmetic is torch's, operation by operation, so the results are its bits
@@ -25,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <omp.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -179,8 +181,12 @@ AdamSpan pick(int wire, bool zero, bool decay, bool small) {
   }
 }
 
-// KIND: 0 fp32, 1 bf16, 2 fp16 gradients
-template <int KIND>
+// KIND: 0 fp32, 1 bf16, 2 fp16 gradients. FRESH: the window's first accumulation, which
+// writes fma(g, alpha, +0.0) without reading the window: the bits of zeroing it and then
+// adding (+0.0 as the addend turns a -0.0 product into +0.0, as the zeroed window did; a
+// NaN or inf product stays one), in one pass that neither reads the stale window nor
+// leaves the zeroing to the AdamW pass before it (real/zenflow.py).
+template <int KIND, bool FRESH>
 void accum_span(float* __restrict w, const void* __restrict grads, float alpha, int64_t lo,
                 int64_t hi) {
   const float* __restrict gf = static_cast<const float*>(grads);
@@ -191,14 +197,15 @@ void accum_span(float* __restrict w, const void* __restrict grads, float alpha, 
       const int64_t e = b + BLOCK < hi ? b + BLOCK : hi;
       widen_fp16(g16 + b, wide, 0, e - b);
 #pragma omp simd
-      for (int64_t i = b; i < e; ++i) w[i] = std::fma(wide[i - b], alpha, w[i]);
+      for (int64_t i = b; i < e; ++i)
+        w[i] = std::fma(wide[i - b], alpha, FRESH ? 0.0f : w[i]);
     }
     return;
   }
 #pragma omp simd
   for (int64_t i = lo; i < hi; ++i) {
     const float gv = KIND == 0 ? gf[i] : from_bf16(g16[i]);
-    w[i] = std::fma(gv, alpha, w[i]);
+    w[i] = std::fma(gv, alpha, FRESH ? 0.0f : w[i]);
   }
 }
 
@@ -255,6 +262,51 @@ void widen_streamed(void* __restrict dst_, const void* __restrict src_, int64_t 
 #endif
   }
   for (; i < hi; ++i) dst[i] = KIND == 1 ? from_bf16(src[i]) : from_fp16(src[i]);
+  _mm_sfence();  // the streamed stores are seen before the region ends
+}
+// A window's first accumulation (`accum_span<KIND, true>`'s bits: fma(g, alpha, +0.0))
+// with non-temporal stores from the window's first vector-aligned element on: the window
+// is not read, and a plain store that misses the cache reads the line before writing it
+// (real/host_fused.py `fresh_stream_above` says when: past the last-level cache).
+#ifdef __AVX512F__  // one vector of 16-bit gradients widened, and its streamed fma
+using FreshVec = __m512;
+inline FreshVec fresh_wide(const __m256i h, bool bf16) {
+  return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h); }
+inline void fresh_store(float* w, FreshVec g, FreshVec a) { _mm512_stream_ps(w, _mm512_fmadd_ps(g, a, _mm512_setzero_ps())); }
+#else
+using FreshVec = __m256;
+inline FreshVec fresh_wide(const __m128i h, bool bf16) {
+  return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h); }
+inline void fresh_store(float* w, FreshVec g, FreshVec a) { _mm256_stream_ps(w, _mm256_fmadd_ps(g, a, _mm256_setzero_ps())); }
+#endif
+
+template <int KIND>
+void accum_fresh_streamed(float* __restrict w, const void* __restrict grads, float alpha,
+                          int64_t lo, int64_t hi) {
+  const float* __restrict gf = static_cast<const float*>(grads);
+  const uint16_t* __restrict g16 = static_cast<const uint16_t*>(grads);
+  constexpr int64_t W = sizeof(FreshVec) / sizeof(float);
+  using Half = std::conditional_t<W == 16, __m256i, __m128i>;  // W 16-bit gradients
+  FreshVec a;
+  for (int64_t k = 0; k < W; ++k) reinterpret_cast<float*>(&a)[k] = alpha;
+  auto one = [&](int64_t i) {
+    const float gv = KIND == 0 ? gf[i] : KIND == 1 ? from_bf16(g16[i]) : from_fp16(g16[i]);
+    w[i] = std::fma(gv, alpha, 0.0f);
+  };
+  int64_t i = lo;
+  for (; i < hi && (reinterpret_cast<uintptr_t>(w + i) & (W * 4 - 1)); ++i) one(i);
+  for (; i + W <= hi; i += W) {
+    FreshVec g;
+    if constexpr (KIND == 0) {
+      std::memcpy(&g, gf + i, sizeof g);
+    } else {
+      Half h;
+      std::memcpy(&h, g16 + i, sizeof h);
+      g = fresh_wide(h, KIND == 1);
+    }
+    fresh_store(w + i, g, a);
+  }
+  for (; i < hi; ++i) one(i);
   _mm_sfence();  // the streamed stores are seen before the region ends
 }
 #endif
@@ -406,7 +458,7 @@ double sumsq_block(const float* src, int64_t lo, int64_t hi) {
 
 extern "C" {
 
-int zf_abi_version() { return 5; }
+int zf_abi_version() { return 6; }
 
 // AdamW (torch._fused_adamw_'s arithmetic) on n fp32 elements at global step `step`,
 // then the new parameters into `wire` (wire_kind 1 bf16, 2 fp16, 0 none) and, with
@@ -428,14 +480,28 @@ void zf_adamw(float* p, float* g, float* m, float* v, void* wire, int wire_kind,
 }
 
 // window[i] = fma(grads[i] widened to fp32, alpha, window[i]) (grads_kind 0 fp32, 1 bf16,
-// 2 fp16).
+// 2 fp16); with `fresh`, fma(..., +0.0): the window's first accumulation, its old
+// contents never read (`accum_span`), with non-temporal stores from `stream_above`
+// elements on where the CPU has them.
 void zf_accumulate(float* window, const void* grads, int grads_kind, double alpha,
-                   int64_t n, int threads, int64_t serial_below) {
+                   int fresh, int64_t n, int threads, int64_t serial_below,
+                   int64_t stream_above) {
+  using Span = void (*)(float*, const void*, float, int64_t, int64_t);
+  static const Span spans[2][3] = {
+      {accum_span<0, false>, accum_span<1, false>, accum_span<2, false>},
+      {accum_span<0, true>, accum_span<1, true>, accum_span<2, true>}};
+  const int kind = grads_kind == 1 || grads_kind == 2 ? grads_kind : 0;
+  Span span = spans[fresh ? 1 : 0][kind];
+#ifdef ZF_STREAM
+  static const Span streamed[3] = {accum_fresh_streamed<0>, accum_fresh_streamed<1>,
+                                   accum_fresh_streamed<2>};
+  if (fresh && n >= stream_above) span = streamed[kind];
+#else
+  (void)stream_above;
+#endif
   const float a = float(alpha);
   split(n, threads, serial_below, [&](int64_t lo, int64_t hi) {
-    if (grads_kind == 1) accum_span<1>(window, grads, a, lo, hi);
-    else if (grads_kind == 2) accum_span<2>(window, grads, a, lo, hi);
-    else accum_span<0>(window, grads, a, lo, hi);
+    span(window, grads, a, lo, hi);
   });
 }
 

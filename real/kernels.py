@@ -8,9 +8,9 @@ so the probe times the very function the engine runs (tests/test_kernel_identity
 replaces each attribute with a counting wrapper and runs both). The kernels and their lanes:
 
 - `host_adamw_` (real/host_fused.py), every offloading strategy's host chunk: AdamW over
-  fp32 master chunks, the new parameters rounded into the 16-bit h2d wire and ZenFlow's
-  window zeroed, in one pass; `accumulate_` (real/host_fused.py): ZenFlow's
-  `window += alpha * grads` into fp32; both host lane;
+  fp32 master chunks and the new parameters rounded into the 16-bit h2d wire, in one
+  pass; `accumulate_` (real/host_fused.py): ZenFlow's `window += alpha * grads` into
+  fp32, a window's first writing it (`fresh`: nothing zeroes it); both host lane;
 - `adamw_foreach_` (real/adamw.py): device AdamW, `device` and `zenflow`; compute lane;
 - `copy_`: a dtype-converting copy (the d2h wire into fp32 on the host lane; the device
   strategy's fp32 gradient and master write-back and the applied upload on the compute lane;

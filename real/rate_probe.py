@@ -5,8 +5,8 @@ and how every measurement of `zfbench.real.profile` waits for the device it time
 host side works on for a model of `total` parameters (a device-precision flat buffer, the
 fp32 master, gradient and moments); `measure(repeats)` then times, as the engine does them
 and with the engine's own kernels (`zfbench.real.kernels`), the d2h and h2d links alone
-and together, the host lane's AdamW chunk, accumulation, clipping norm, conversion and
-ZenFlow's zeroing, again at each strategy's host thread count (`host_lanes`), and on CUDA
+and together, the host lane's AdamW chunk, accumulation (and a window's first), clipping
+norm and conversion, again at each strategy's host thread count (`host_lanes`), and on CUDA
 how the upload link and host AdamW slow each other (`RateProbe.measure` lists each key).
 tests/test_kernel_identity.py checks that the probe and the engine reach the same kernels
 with the same dtypes. Pinned buffers are `zfbench.real.backend.register_pinned`'s,
@@ -37,7 +37,7 @@ from zfbench.real.backend import register_pinned, unregister_pinned
 
 RATE_KEYS = ("d2h_bytes_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s_both",
              "h2d_bytes_per_s_both", "host_adam_params_per_s", "host_accum_elems_per_s",
-             "host_norm_elems_per_s", "host_zero_elems_per_s")
+             "host_norm_elems_per_s", "host_accum_first_elems_per_s")
 # with 16-bit weights only: both host conversions of the wires, per element
 CONVERT_KEY = "host_convert_elems_per_s"
 
@@ -111,7 +111,7 @@ def in_thread(fn, threads: int):
 
 
 HOST_LANE_KEYS = ("host_adam_params_per_s", "host_accum_elems_per_s",
-                  "host_norm_elems_per_s", "host_zero_elems_per_s")
+                  "host_norm_elems_per_s", "host_accum_first_elems_per_s")
 # A profile's host-lane rates of the strategies whose host step runs on another thread
 # count than the probe's (on a GPU: all the rank's cores but for ZenFlow,
 # real/distributed.py `lane_threads`): {strategy: {"host_threads": n, HOST_LANE_KEYS...}}
@@ -168,13 +168,12 @@ class RateProbe:
         # (none with fp32 weights: the master goes up itself)
         self.h2d_wire = None if dtype == torch.float32 else self.up_wire
 
-    def host_adam(self, zero_grad: bool = False) -> None:
+    def host_adam(self) -> None:
         """One host chunk over the whole master, as the engine runs it: AdamW, with 16-bit
-        weights the new parameters into the h2d wire, and with `zero_grad` the gradient
-        zeroed (ZenFlow's window), in one pass (values are irrelevant to its time)."""
+        weights the new parameters into the h2d wire, in one pass (values are irrelevant
+        to its time)."""
         kernels.host_adamw_(self.master, self.grad, self.m, self.v, self.h2d_wire, step=1,
-                            lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01,
-                            zero_grad=zero_grad)
+                            lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
 
     def _links(self):
         """(d2h, h2d, d2h_sync, h2d_sync): the two copies and the waits that time each to
@@ -222,11 +221,11 @@ class RateProbe:
           gradients; and, with 16-bit weights, the conversion the host lane still runs apart
           (`copy_`: gradients out of the d2h wire into fp32), `host_convert_elems_per_s` (absent
           with fp32 weights: the engine converts nothing then; profiles from before issue 45
-          timed the h2d conversion here too, then a pass of its own); last, what clearing
-          ZenFlow's window adds to the host chunk (`host_adamw_` with `zero_grad`: the engine
-          zeroes the window chunk in the AdamW pass), as `host_zero_elems_per_s`: elements over
-          the added seconds (the median over interleaved pairs of the difference, at least 2 %
-          of AdamW's own seconds; before issue 45 a `zero_` pass of its own); these host-lane
+          timed the h2d conversion here too, then a pass of its own); a ZenFlow window's first
+          accumulation (`accumulate_` with `fresh`: it writes the window, which nothing
+          zeroes), `host_accum_first_elems_per_s` (profiles before it timed instead what
+          zeroing the window in the AdamW pass added, `host_zero_elems_per_s`, the engine's
+          work then, which the simulator still prices from them); these host-lane
           rates again on each other thread count a strategy's host step runs on
           (`strategy_threads`; on a GPU every strategy but ZenFlow gets all the rank's cores,
           real/distributed.py `lane_threads`), as `host_lanes`: {strategy: {host_threads,
@@ -273,6 +272,9 @@ class RateProbe:
         def accum():
             kernels.accumulate_(self.m, self.landed, 0.25)
 
+        def accum_first():  # a window's first: written, its old values not read
+            kernels.accumulate_(self.m, self.landed, 0.25, fresh=True)
+
         def norm():
             kernels.sum_of_squares(self.grad)
 
@@ -283,13 +285,10 @@ class RateProbe:
             return in_thread(lambda: (fn(), median_time(fn, repeats))[1], threads)
         rates = {"host_adam_params_per_s": self.total / timed(self.host_adam),
                  "host_accum_elems_per_s": self.total / timed(accum),
+                 "host_accum_first_elems_per_s": self.total / timed(accum_first),
                  "host_norm_elems_per_s": self.total / timed(norm)}
         if self.dev.dtype != torch.float32:
             rates[CONVERT_KEY] = self.total / timed(convert)
-        # last: clearing the gradient (ZenFlow's window, in the chunk's AdamW pass) leaves
-        # zeros, which no rate above depends on; the next call's rates neither
-        rates["host_zero_elems_per_s"] = self.total / in_thread(
-            lambda: zeroing_s(self.host_adam, repeats), threads)
         return rates
 
     def _link_host_contention(self, h2d, h2d_sync, h2d_alone: float, adam_alone: float,
@@ -328,29 +327,6 @@ class RateProbe:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown: CUDA may be gone
             pass
-
-
-#: the least share of the host chunk's seconds a zeroing is taken to add (noise can
-#: make the measured difference vanish or turn negative)
-MIN_ZERO_SHARE = 0.02
-
-
-def zeroing_s(host_chunk, repeats: int) -> float:
-    """Seconds the zeroing adds to `host_chunk(zero_grad=...)`: the median over `repeats`
-    interleaved pairs of (with zeroing - without), at least MIN_ZERO_SHARE of the chunk
-    without (each run once before it is timed)."""
-    host_chunk(zero_grad=False)
-    host_chunk(zero_grad=True)
-    extra, alone = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        host_chunk(zero_grad=False)
-        middle = time.perf_counter()
-        host_chunk(zero_grad=True)
-        end = time.perf_counter()
-        alone.append(middle - start)
-        extra.append((end - middle) - (middle - start))
-    return max(statistics.median(extra), MIN_ZERO_SHARE * statistics.median(alone))
 
 
 def _loop_in_thread(fn, threads: int):

@@ -135,10 +135,10 @@ class Strategy:
         self.B.copy("h2d", "h2d_param", t, target[e.shard_lo + a:e.shard_lo + b], src)
 
     def _adam_upload_chunks(self, t: int, grad: torch.Tensor, step: int,
-                            target: torch.Tensor, zero_after: bool = False):
+                            target: torch.Tensor):
         """One host-lane callable per chunk: AdamW on it at `step`, writing its new
-        parameters into the h2d wire (16-bit weights) and zeroing the gradient chunk
-        (`zero_after`) in the same pass (`kernels.host_adamw_`), then its parameters up
+        parameters into the h2d wire (16-bit weights) in the same pass
+        (`kernels.host_adamw_`), then its parameters up
         into `target` (an h2d span); the last one records the event after every upload
         (`self.uploaded`)."""
         host, opt, B = self.host, self.opt, self.B
@@ -148,9 +148,8 @@ class Strategy:
                 wire = self.h2d_wire(target, a, b)
                 B.access("host", "host_optim", reads=(grad[a:b],),
                          writes=(host.master[a:b], host.m[a:b], host.v[a:b])
-                         + ((grad[a:b],) if zero_after else ())
                          + ((wire,) if wire is not None else ()))
-                host.adam_chunk(a, b, grad, step, opt, wire, zero_after)
+                host.adam_chunk(a, b, grad, step, opt, wire)
                 self.params_up(t, target, a, b, wire)
             jobs.append(chunk)
 
@@ -267,13 +266,12 @@ class HostState:
         self.master.copy_(flat_params[self.lo:self.hi].detach())
 
     def adam_chunk(self, a: int, b: int, grad: torch.Tensor, step: int, opt,
-                   wire: torch.Tensor | None = None, zero_grad: bool = False) -> None:
+                   wire: torch.Tensor | None = None) -> None:
         """AdamW on chunk [a, b) at `step`; its new parameters also rounded into `wire`
-        (the h2d wire's span, 16-bit weights) and the gradient chunk zeroed (`zero_grad`),
-        in the same pass over memory."""
+        (the h2d wire's span, 16-bit weights) in the same pass over memory."""
         kernels.host_adamw_(self.master[a:b], grad[a:b], self.m[a:b], self.v[a:b], wire,
                             step=step, lr=opt.lr, beta1=opt.betas[0], beta2=opt.betas[1],
-                            eps=opt.eps, weight_decay=opt.weight_decay, zero_grad=zero_grad)
+                            eps=opt.eps, weight_decay=opt.weight_decay)
 
     def clip_(self, grad: torch.Tensor, clip: float) -> None:
         """Scale `grad` in place to global L2 norm `clip` (clip_grad_norm_ semantics)."""

@@ -8,7 +8,7 @@ Implements docs/zenflow.md ("One step after warm-up", in its numbering):
      the 1-D parameters; a pending asynchronous update is applied before that.
 3.   Every post-warm-up step the gradient goes down (d2h lane) and is accumulated on the
      host lane, divided by U (or summed, and divided by the window's length at the flush,
-     with `update_interval: auto`).
+     with `update_interval: auto`); a window's first step writes its buffer (no zeroing).
 4.   Not a boundary: device AdamW on the selected columns and 1-D parameters.
 5.   Boundary: host AdamW over the whole fp32 master on the window gradient (clipped by
      its global L2 norm), bias correction at step t + 1, then the master goes up; on the
@@ -145,10 +145,13 @@ class ZenFlowStrategy(Strategy):
         # into staging (bf16: the wire, added as bf16) once the last accumulation read it
         landed, done = self.grads_down(t, self.grads_landing(t))
         alpha = 1.0 / self.grad_divisor
+        # a window's first accumulation writes it (`fresh`): nothing zeroes a window
+        # buffer after its host update read it, so its old values are never read
+        fresh = self.window_len == 0
 
         def accumulate() -> None:
             self.B.access("host", "host_accum", reads=(landed,), writes=(window,))
-            kernels.accumulate_(window, landed, alpha)
+            kernels.accumulate_(window, landed, alpha, fresh=fresh)
         self.accum_job = e.host_lane.submit(
             "host_accum", t, [accumulate], urgent=True,
             after=[(done, "host waits for the d2h of the gradients")])
@@ -362,8 +365,7 @@ class ZenFlowStrategy(Strategy):
 
     # -- host update of a window ------------------------------------------------------
     def update_chunks(self, t: int, grad: torch.Tensor, target: torch.Tensor, scale: float,
-                      zero_after: bool = False, landed: torch.Tensor | None = None,
-                      divisor: float = 1.0):
+                      landed: torch.Tensor | None = None, divisor: float = 1.0):
         """Host chunks: the gradient (from the wire, into fp32; divided or scaled), clipped,
         AdamW chunk by chunk with each chunk's parameters up."""
         host, e = self.host, self.e
@@ -378,7 +380,7 @@ class ZenFlowStrategy(Strategy):
             if scale != 1.0:
                 grad.mul_(scale)
             host.clip_(grad, clip)
-        return [prepare] + self._adam_upload_chunks(t, grad, t + 1, target, zero_after)
+        return [prepare] + self._adam_upload_chunks(t, grad, t + 1, target)
 
     def flush(self, t: int, window: torch.Tensor) -> None:
         e = self.e
@@ -395,7 +397,7 @@ class ZenFlowStrategy(Strategy):
             self.apply_pending(t)
             after.append((self.B.record("compute"), "uploads wait for the apply"))
         job = e.host_lane.submit("host_optim", t, self.update_chunks(
-            t, window, self.upload, scale, zero_after=True), after=after)
+            t, window, self.upload, scale), after=after)
         self.parity ^= 1
         self.pending = job
         if not self.zf.overlap_step:
@@ -451,13 +453,23 @@ class ZenFlowStrategy(Strategy):
         if self.pending is not None:
             e.host_lane.wait(self.pending, e.host_timeout_s)
             self.B.wait("compute", self.uploaded, "checkpoint waits for the uploads")
-        return {"host": self.host.state_dict(), "upload": self.upload,
+        return {"host": self._host_state(), "upload": self.upload,
                 "selected": self.selected, "device_count": self.device_count,
                 "parity": self.parity, "window_len": self.window_len,
                 "pending": self.pending is not None or self.pending_ready,
                 "tracker": None if self.tracker is None else self.tracker.__dict__,
                 "auto_boundary_next": self.auto_boundary_next,
                 "chosen_windows": self.chosen_windows}
+
+    def _host_state(self) -> dict:
+        """The host state to save: a window buffer no open window holds is saved as zeros,
+        as it was when the AdamW pass zeroed it (its stale values are never read: the
+        next window's first accumulation writes it), so checkpoints keep their bytes."""
+        state = self.host.state_dict()
+        live = {self.parity} if self.window_len else set()
+        state["grads"] = [g if i not in (0, 1) or i in live else torch.zeros_like(g)
+                          for i, g in enumerate(state["grads"])]
+        return state
 
     def load_schedule_state(self, state: dict) -> None:
         self.host.load_state_dict(state["host"])

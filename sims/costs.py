@@ -31,7 +31,7 @@ from zfbench.core.schedule import selected_elements
 
 __all__ = ["STRATEGIES", "TRANSFER_MODES", "PRECISIONS", "OFFLOAD_PARAMS", "SimSettings",
            "SimSettingsError", "load_calibration", "Bucket", "CostModel",
-           "ADAM_BYTES_PER_PARAM", "ACCUM_BYTES_PER_ELEMENT",
+           "ADAM_BYTES_PER_PARAM", "ACCUM_BYTES_PER_ELEMENT", "ACCUM_FIRST_BYTES_PER_ELEMENT",
            "DEVICE_OPTIM_HBM_EFFICIENCY"]
 
 # Bytes per parameter of a memory-bound Adam step with fp32 master weights and moments:
@@ -41,6 +41,9 @@ __all__ = ["STRATEGIES", "TRANSFER_MODES", "PRECISIONS", "OFFLOAD_PARAMS", "SimS
 ADAM_BYTES_PER_PARAM = 28.0
 # Host gradient accumulation: read a 16-bit gradient, read and write an fp32 accumulator.
 ACCUM_BYTES_PER_ELEMENT = 10.0
+# A ZenFlow window's first accumulation in zfbench's engine (issue 45): the accumulator
+# written, not read (streamed stores past the cache, real/host_fused.py).
+ACCUM_FIRST_BYTES_PER_ELEMENT = ACCUM_BYTES_PER_ELEMENT - 4.0
 # The per-core host accumulation rate is zfbench.sims.host_step.ACCUM_ELEMS_PER_CORE_S
 # (memory-bound streaming, independent of the host's CPU-Adam rate).
 # Fraction of peak HBM bandwidth a fused device Adam achieves (judgment; multi-tensor
@@ -411,13 +414,39 @@ class CostModel:
                 else None)
 
     @cached_property
+    def window_first_write(self) -> bool:
+        """Whether ZenFlow's window is written by its first accumulation instead of zeroed
+        in the AdamW pass (zfbench's engine since issue 45): profiles that measured that
+        accumulation (`host_accum_first_elems_per_s`) and presets with the engine's host
+        job; profiles from before price the zeroing they measured, as then."""
+        if self.calibration is None:
+            return self.engine_host_job
+        return "host_accum_first_elems_per_s" in self.calibration
+
+    @cached_property
     def zero_units_per_core_s(self) -> float | None:
         """Elements/s per core of clearing ZenFlow's fp32 window, as a profile measured it
-        (`host_zero_elems_per_s`: what zeroing adds to zfbench's engine's AdamW pass over
-        a chunk, which clears the window chunk it read; before issue 45 a pass of its
-        own); None where not measured (presets, older profiles)."""
+        (`host_zero_elems_per_s`: what zeroing added to zfbench's engine's AdamW pass over
+        a chunk, which cleared the window chunk it read, before `window_first_write`;
+        before that a pass of its own); None where not measured (presets, older profiles)
+        or where nothing zeroes the window."""
         rate = (self.calibration or {}).get("host_zero_elems_per_s")
-        return None if rate is None else rate / self.node.host.cores
+        if rate is None or self.window_first_write:
+            return None
+        return rate / self.node.host.cores
+
+    @cached_property
+    def accum_first_units_per_core_s(self) -> float:
+        """Elements/s per core of a ZenFlow window's first accumulation: with
+        `window_first_write`, as a profile measured it (`host_accum_first_elems_per_s`), or
+        from presets the accumulation's bytes per second over its fewer bytes
+        (ACCUM_FIRST_BYTES_PER_ELEMENT); else every accumulation's rate."""
+        if not self.window_first_write:
+            return self.accum_units_per_core_s
+        if self.calibration is not None:
+            return self.calibration["host_accum_first_elems_per_s"] / self.node.host.cores
+        return (self.accum_units_per_core_s * ACCUM_BYTES_PER_ELEMENT
+                / ACCUM_FIRST_BYTES_PER_ELEMENT)
 
     @cached_property
     def deepspeed_host_step(self) -> bool:

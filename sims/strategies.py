@@ -23,7 +23,8 @@ import math
 
 import simpy
 
-from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM, CostModel
+from zfbench.sims.costs import (ACCUM_BYTES_PER_ELEMENT, ACCUM_FIRST_BYTES_PER_ELEMENT,
+                                ADAM_BYTES_PER_PARAM, CostModel)
 from zfbench.sims.emulated import device_thread_op, grad_check_s, grad_zero_s
 from zfbench.sims import host_busy, host_step, host_traffic, pageable, partitioning
 from zfbench.sims.fluid import FluidPool, Job
@@ -158,7 +159,7 @@ class RankSim:
 
     def host_work(self, op: str, step: int, elems: float, deps,
                   convert_elems: float = 0.0, zero_elems: float = 0.0,
-                  from_wire_elems: float = 0.0) -> simpy.Event:
+                  from_wire_elems: float = 0.0, first: bool = False) -> simpy.Event:
         """Host-lane work; a host AdamW chunk also converts `convert_elems` elements of
         the wires its AdamW rate leaves out (the gradients into fp32; the parameters go
         into the device's dtype within the engine's AdamW pass, in profiles from issue 45
@@ -168,10 +169,14 @@ class RankSim:
         measured what zeroing adds (`zero_units_per_core_s`). From presets with the
         engine's host job (`CostModel.engine_host_job`) the AdamW chunk is one job of the
         engine's bytes (zfbench.core.engine_host_bytes): its wire, `from_wire_elems`
-        gradient elements widened from the d2h wire, `zero_elems` zeroed."""
+        gradient elements widened from the d2h wire, `zero_elems` zeroed. Where the engine
+        zeroes no window (`CostModel.window_first_write`) `zero_elems` is moot, and a
+        window's `first` accumulation writes it (`accum_first_units_per_core_s`)."""
         if elems <= 0:
             return _fired(self.env)
         c = self.costs
+        if c.window_first_write:
+            zero_elems = 0.0
         if op == "host_optim" and c.engine_host_job:
             b = engine_host_bytes.host_job_bytes(c.elem_bytes, from_wire_elems / elems,
                                                  zero_elems / elems, c.engine_clips)
@@ -190,6 +195,9 @@ class RankSim:
         elif op in ("host_clip", "host_convert"):
             b = CLIP_BYTES_PER_ELEM if op == "host_clip" else CONVERT_BYTES_PER_ELEM
             job = Job("host", self.rank, elems, b, c.stream_units_per_core_s(b))
+        elif first and c.window_first_write:
+            job = Job("host", self.rank, elems, ACCUM_FIRST_BYTES_PER_ELEMENT,
+                      c.accum_first_units_per_core_s)
         else:
             job = Job("host", self.rank, elems, ACCUM_BYTES_PER_ELEMENT,
                       c.accum_units_per_core_s)

@@ -70,9 +70,9 @@ def zenflow_zero2_step(sim, t: int):
         yield from all_done(sim.env, [scores])
     if not early:
         yield from sim.copy_grads_down(t, bytes_of, deps_of)
-    if not shipped:
+    if not shipped:  # a window's first accumulation writes it (`CostModel.window_first_write`)
         st[("accum", t)] = sim.host_work("host_accum", t, c.share(sum(unselected)),
-                                          list(down.values()))
+                                          list(down.values()), first=t == window_start)
     st.pop(("accum", t - 1), None)
     if c.is_boundary(t):
         window_deps = [st.get(("accum", t))] if not shipped else list(down.values())

@@ -69,8 +69,12 @@ def engine_zero3_step(sim, t: int):
     prev_accum = st.pop(("accum", t - 1), None)
     down = yield from _copy_down(sim, "d2h_grad", t, c.share(sum(unselected)) * c.elem_bytes,
                                  [prev_accum])
-    st[("accum", t)] = sim.host_work("host_accum", t, c.share(sum(unselected)), [down])
+    # a window's first accumulation writes it (`CostModel.window_first_write`)
+    st[("accum", t)] = sim.host_work("host_accum", t, c.share(sum(unselected)), [down],
+                                     first=st.pop("window_open", None) is None)
+    st["window_open"] = True
     if c.is_boundary(t):
+        st.pop("window_open", None)
         if s.zenflow.overlap_step:
             yield from _apply(sim, t, st.pop("pending", None))
         # as ZeRO-2's engine window: fp32 already, only the parameters going up are

@@ -84,13 +84,14 @@ def test_zero_offload_host_job_seconds_by_hand(job, extra):
 
 
 def test_window_job_over_zero_offload_job_is_their_bytes():
-    """ZenFlow's window job (34 B: no widening, the zeroing) against ZeRO-Offload's (36 B)
-    on the same cores: parameters per second in the ratio 36 / 34."""
+    """ZenFlow's window job (30 B: no widening, and no zeroing since the window's first
+    accumulation writes it, issue 45) against ZeRO-Offload's (36 B) on the same cores:
+    parameters per second in the ratio 36 / 30."""
     s = SimSettings.from_knobs(**BASE, host_job="engine")
     zo, params = host_optim_s(s, "zero-offload")
     zf, _ = host_optim_s(s.with_(update_interval=4), "zenflow")
     # one window job per window of update_interval steps
-    assert zo / zf == pytest.approx(36 / 34, rel=1e-6)
+    assert zo / zf == pytest.approx(36 / 30, rel=1e-6)
     deepspeed = SimSettings.from_knobs(**BASE)
     ds_zo, _ = host_optim_s(deepspeed, "zero-offload")  # CPU-Adam alone: 28 B
     assert zo / ds_zo == pytest.approx(36 / 28, rel=1e-6)

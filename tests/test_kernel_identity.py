@@ -140,7 +140,8 @@ def test_the_check_fails_when_the_probe_times_another_function(recorded, monkeyp
     class OtherKernels:  # the probe's view of the module, with one kernel swapped
         def __getattr__(self, name):
             if name == "accumulate_":
-                return lambda window, grads, alpha=1.0: window.add_(grads, alpha=alpha)
+                return lambda window, grads, alpha=1.0, fresh=False: window.add_(
+                    grads, alpha=alpha)
             return getattr(kernels, name)
     monkeypatch.setattr(rate_probe, "kernels", OtherKernels())
     probe_calls("bf16")

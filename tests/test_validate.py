@@ -85,39 +85,64 @@ def test_simulate_with_profile_uses_measured_costs(profile_path, capsys):
 
 
 @pytest.mark.slow
-def test_zenflow_window_update_clears_the_window_at_the_measured_rate(profile_path):
-    """The engine zeroes ZenFlow's window after each chunk's Adam: with the profile's
-    `host_zero_elems_per_s` Z, a window's host update lasts params / Z longer (lanes that
-    do not slow each other); a profile without the rate (older ones) simulates none, and
-    ZeRO-Offload's host step, which clears nothing, is unchanged."""
-
+def test_zenflow_window_is_priced_as_the_engine_runs_it(profile_path):
+    """Since issue 45 the engine zeroes no window: a window's first accumulation writes
+    it. A profile that measured that accumulation (`host_accum_first_elems_per_s` F,
+    which the probe now measures) prices each window's first accumulation at F and every
+    other at the accumulation's rate, and no zeroing even where a stale
+    `host_zero_elems_per_s` Z is beside it; an older profile (Z, no F) prices the zeroing
+    as before, a window's host update params / Z longer, and every accumulation alike.
+    ZeRO-Offload's host step, which has neither, is unchanged."""
     from zfbench.real.profile import with_rates
     raw = json.loads(profile_path.read_text())
-    assert raw["calibration"]["host_zero_elems_per_s"] > 0  # the probe measures it
+    assert raw["calibration"]["host_accum_first_elems_per_s"] > 0  # the probe measures it
+    assert "host_zero_elems_per_s" not in raw["calibration"]
     apart = {"compute_factor_when_host_busy": 1.0, "host_factor_when_compute_busy": 1.0}
+    base = {k: v for k, v in raw["calibration"].items()
+            if k not in ("host_zero_elems_per_s", "host_accum_first_elems_per_s")}
+    accum = base["host_accum_elems_per_s"]
+    variants = {"old": {}, "old_zero": {"host_zero_elems_per_s": 2e6},
+                "new": {"host_accum_first_elems_per_s": accum},
+                "new_slow": {"host_accum_first_elems_per_s": 2e6,
+                             "host_zero_elems_per_s": 2e6}}
     paths = {}
-    for name, zero_rate in (("none", None), ("slow", 2e6)):
-        cal = {k: v for k, v in raw["calibration"].items() if k != "host_zero_elems_per_s"}
-        profile = with_rates({**raw, "calibration": cal}, {
-            **apart, **({} if zero_rate is None else {"host_zero_elems_per_s": zero_rate})})
-        paths[name] = profile_path.with_name(f"zero_{name}.json")
+    for name, rates in variants.items():
+        profile = with_rates({**raw, "calibration": base}, {**apart, **rates})
+        paths[name] = profile_path.with_name(f"window_{name}.json")
         paths[name].write_text(json.dumps(profile))
-    s = SimSettings.from_knobs(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
-                               profile=str(paths["none"]), steps=12)
+    s = SimSettings.from_knobs(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16,
+                               precision="fp32", profile=str(paths["old"]), steps=12)
 
-    def host_optim_s(strategy: str, which: str) -> float:
+    def op_s(strategy: str, which: str, op: str):
         result = simulate(s.with_(profile=str(paths[which])), strategy)
-        spans = result.timeline.spans_frame()
-        return spans.query("op == 'host_optim'")["duration_s"].sum(), result.costs
+        spans = result.timeline.spans_frame().query(f"op == '{op}'")
+        return spans.groupby("step")["duration_s"].sum(), result.costs
 
-    none, costs = host_optim_s("zenflow", "none")
-    slow, _ = host_optim_s("zenflow", "slow")
+    old, costs = op_s("zenflow", "old", "host_optim")
     windows = sum(costs.is_boundary(t) and t >= costs.settings.zenflow.full_warm_up_rounds
                   for t in range(12))
     assert windows >= 2
-    assert slow - none == pytest.approx(windows * costs.params / 2e6, rel=1e-6)
-    assert host_optim_s("zero-offload", "slow")[0] == pytest.approx(
-        host_optim_s("zero-offload", "none")[0], rel=1e-12)
+    zeroed, _ = op_s("zenflow", "old_zero", "host_optim")
+    assert zeroed.sum() - old.sum() == pytest.approx(windows * costs.params / 2e6, rel=1e-6)
+    for which in ("new", "new_slow"):  # no zeroing priced, whatever Z says
+        assert op_s("zenflow", which, "host_optim")[0].sum() == pytest.approx(old.sum(),
+                                                                              rel=1e-9)
+    # the accumulation: at F where F equals the accumulation's rate, as before; a slow F
+    # lengthens exactly the first accumulation of each window
+    acc_old, _ = op_s("zenflow", "old", "host_accum")
+    acc_same, _ = op_s("zenflow", "new", "host_accum")
+    acc_slow, _ = op_s("zenflow", "new_slow", "host_accum")
+    assert acc_same.to_list() == pytest.approx(acc_old.to_list(), rel=1e-9)
+    longer = acc_slow - acc_old
+    first = [t for t in acc_old.index if t >= costs.settings.zenflow.full_warm_up_rounds
+             and (t == costs.settings.zenflow.full_warm_up_rounds or costs.is_boundary(t - 1))]
+    assert len(first) == windows or len(first) == windows + 1
+    assert set(longer[longer > 1e-12].index) == set(first)
+    elems = acc_old[first[0]] * accum  # the accumulated elements (one rank)
+    assert longer[first[0]] == pytest.approx(elems / 2e6 - acc_old[first[0]], rel=1e-6)
+    for which in ("old_zero", "new_slow"):
+        assert op_s("zero-offload", which, "host_optim")[0].sum() == pytest.approx(
+            op_s("zero-offload", "old", "host_optim")[0].sum(), rel=1e-12)
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,9 @@ the gradients that crossed in the device's 16-bit dtype widened into the fp32 gr
 (`to_host_dtype`, ZeRO-Offload only: ZenFlow's window is fp32 already), the clipping norm
 and scaling where `gradient_clipping` > 0 (`HostState.clip_`), then chunk by chunk one
 fused pass (real/host_fused.py `host_adamw_`): AdamW reads the fp32 gradient, master, m
-and v and writes master, m and v, rounds the new parameters into the 16-bit h2d wire and,
-for ZenFlow's window, zeroes the gradient it read. DeepSpeed's ZeRO-Offload step runs
+and v and writes master, m and v, and rounds the new parameters into the 16-bit h2d wire
+(until issue 45 it also zeroed ZenFlow's window, the `zero` share; now the window's first
+accumulation writes it, zfbench.sims.costs `window_first_write`). DeepSpeed's ZeRO-Offload step runs
 other passes (zfbench.sims.host_step). The simulator costs the engine's job from these
 bytes (`host_job_bytes`) when its `host_job` setting names the engine (issue 44).
 """
@@ -40,7 +41,8 @@ def host_job_bytes(elem_bytes: int, from_wire: float = 0.0, zero: float = 0.0,
                    clip: bool = False) -> float:
     """Bytes per parameter of one host job: AdamW with its wire, plus the share `from_wire`
     of its elements widened from the d2h wire and the share `zero` zeroed (each in [0, 1]),
-    plus the clipping passes. bf16 ZeRO-Offload: 36 B (48 clipped); ZenFlow's window 34 B."""
+    plus the clipping passes. bf16 ZeRO-Offload: 36 B (48 clipped); ZenFlow's window 30 B
+    (34 zeroed)."""
     for name, share in (("from_wire", from_wire), ("zero", zero)):
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"{name} must be a share in [0, 1], got {share!r}")
