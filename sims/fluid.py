@@ -45,8 +45,13 @@ class Job:
     remaining: float = field(init=False)
     rate: float = field(init=False, default=0.0)
 
-    def __post_init__(self) -> None:
-        self.remaining = float(self.amount)
+    def __init__(self, kind: str, rank: int, amount: float, bytes_per_unit: float = 1.0,
+                 units_per_core_s: float = 0.0, done: simpy.Event | None = None) -> None:
+        # the dataclass's own __init__ and __post_init__ in one call (a run makes ~10^5)
+        self.kind, self.rank, self.amount = kind, rank, amount
+        self.bytes_per_unit, self.units_per_core_s, self.done = (bytes_per_unit,
+                                                                 units_per_core_s, done)
+        self.remaining, self.rate = float(amount), 0.0
 
 
 RateFn = Callable[[list[Job]], Sequence[float]]
@@ -54,15 +59,17 @@ RateFn = Callable[[list[Job]], Sequence[float]]
 
 class _Timer:
     """The pool's wake-up at the soonest completion: a bare SimPy heap entry (processed
-    exactly like a `Timeout`, without the `Event` machinery the pool does not need)."""
+    exactly like a `Timeout`, without the `Event` machinery the pool does not need). It
+    always succeeds with no value (class attributes); its pool's timers share one
+    callbacks list (SimPy's loop reads it, never changes it)."""
 
-    __slots__ = ("callbacks", "_ok", "_value", "version")
+    __slots__ = ("callbacks", "version")
+    _ok, _value = True, None
 
-    def __init__(self, callback, version: int) -> None:
-        self.callbacks = [callback]
-        self._ok = True
-        self._value = None
-        self.version = version
+
+_new_timer = _Timer.__new__
+_Event = simpy.Event
+_new_event = _Event.__new__
 
 
 class FluidPool:
@@ -84,10 +91,12 @@ class FluidPool:
         self._key_ids: dict = {}  # each distinct job_key seen -> a small int (cheap to hash)
         self._keys: list = []  # that int for each active job (None without a job_key)
         self._memo: dict[tuple, tuple[float, ...]] = {}
+        self._timer_callbacks = [self._on_timer]
 
     def run(self, job: Job) -> simpy.Event:
         """Start `job` now; the returned event fires when its work is done."""
-        job.done = simpy.Event(self.env)
+        done = job.done = _new_event(_Event)  # simpy.Event(env), inlined
+        done.env, done.callbacks = self.env, []
         if job.amount <= 0:
             job.done.succeed()
             return job.done
@@ -135,8 +144,9 @@ class FluidPool:
             if left < soonest:  # min(): the first of equal values wins, as here
                 soonest = left
         # As `env.timeout(soonest)` would: same time, priority and place in the queue.
-        heappush(self._queue, (self.env._now + soonest, _NORMAL, next(self._eid),
-                               _Timer(self._on_timer, self._version)))
+        timer = _new_timer(_Timer)
+        timer.callbacks, timer.version = self._timer_callbacks, self._version
+        heappush(self._queue, (self.env._now + soonest, _NORMAL, next(self._eid), timer))
 
     def _on_timer(self, timer: _Timer) -> None:
         if timer.version != self._version:

@@ -37,14 +37,14 @@ class Op:
 
 class _Hop:
     """A bare entry in SimPy's event queue: `env.step()` processes it like any event (it
-    calls the callbacks once), without the `Event`/`Process`/`Condition` machinery."""
+    calls the callbacks once), without the `Event`/`Process`/`Condition` machinery. It
+    always succeeds with no value (class attributes, read as an event's)."""
 
-    __slots__ = ("callbacks", "_ok", "_value")
+    __slots__ = ("callbacks",)
+    _ok, _value = True, None
 
     def __init__(self, callback) -> None:
         self.callbacks = [callback]
-        self._ok = True
-        self._value = None
 
 
 def call_now(env: simpy.Environment, callback) -> None:
@@ -57,16 +57,16 @@ def call_now(env: simpy.Environment, callback) -> None:
 class _Wait(_Hop):
     """The lane worker waiting for a submit or for a queue head's dependency.
 
-    It stands for the `AnyOf` condition a generator worker would yield: `check` is
-    registered where that condition's check would be, and the first check schedules the
-    wait itself (as the condition schedules itself), whose processing resumes the worker.
-    (The wait keeps no reference to its bound `check`: no reference cycle, so it is freed
-    at once rather than left to the cyclic garbage collector.)
+    It stands for the `AnyOf` condition a generator worker would yield: the wait itself
+    (callable: its check) is registered where that condition's check would be, and the
+    first check schedules the wait (as the condition schedules itself), whose processing
+    resumes the worker. Being its own check, it is hooked and unhooked by identity, with
+    no bound method made for either.
     """
 
     __slots__ = ("lane", "pending", "woken", "deps")
 
-    def check(self, _event) -> None:
+    def __call__(self, _event) -> None:
         if self.pending:
             self.pending = False
             lane = self.lane
@@ -76,6 +76,8 @@ class _Wait(_Hop):
 _URGENT, _NORMAL = simpy.events.URGENT, simpy.events.NORMAL
 _PENDING = simpy.events.PENDING
 _new_wait = _Wait.__new__
+_Event = simpy.Event
+_new_event = _Event.__new__
 
 
 class Lane:
@@ -113,7 +115,8 @@ class Lane:
                record_lane: str | None = None) -> simpy.Event:
         """Queue an op; the returned event fires when it has finished. `record_lane`
         names the lane its span belongs to when this worker runs another lane's op."""
-        done = simpy.Event(self.env)
+        done = _new_event(_Event)  # simpy.Event(env), inlined
+        done.env, done.callbacks = self.env, []
         deps = tuple(deps) if None not in deps else tuple([d for d in deps if d is not None])
         item = Op(op, step, deps, seconds, job, nbytes, done, record_lane)
         if op in self.priority_ops:
@@ -124,7 +127,7 @@ class Lane:
         if wait is not None and wait.pending and not wait.woken:
             # A waiting worker is woken through one event, as by a wake-up `Event`.
             wait.woken = True
-            heappush(self._queue, (self.env._now, _NORMAL, next(self._eid), _Hop(wait.check)))
+            heappush(self._queue, (self.env._now, _NORMAL, next(self._eid), _Hop(wait)))
         return done
 
     # -- the worker: run ops in order until none is ready, then wait -----------------
@@ -133,11 +136,10 @@ class Lane:
 
     def _on_wait(self, wait: _Wait) -> None:
         self._wait = None
-        check = wait.check  # equal to (not the same object as) the bound checks hooked
         for dep in wait.deps:  # as a condition does: unhook from events yet to fire
             callbacks = dep.callbacks
             if callbacks is not None:
-                callbacks.remove(check)
+                callbacks.remove(wait)
         self._run()
 
     def _on_delay(self, _event) -> None:
@@ -198,29 +200,41 @@ class Lane:
 
     def _start_wait(self) -> None:
         wait = self._wait = _new_wait(_Wait)
-        wait.callbacks, wait._ok, wait._value = self._wait_callbacks, True, None
-        wait.lane, wait.pending, wait.woken = self, True, False
-        wait.deps = hooked = []  # the dependencies its check is registered on
-        check = wait.check
+        wait.callbacks, wait.lane = self._wait_callbacks, self
+        wait.pending, wait.woken = True, False
+        wait.deps = hooked = []  # the dependencies it is registered on (as its check)
         if self._urgent:
             for dep in self._urgent[0].deps:
                 if dep._value is _PENDING:
-                    dep.callbacks.append(check)
+                    dep.callbacks.append(wait)
                     hooked.append(dep)
         if self._normal:
             for dep in self._normal[0].deps:
                 if dep._value is _PENDING:
-                    dep.callbacks.append(check)
+                    dep.callbacks.append(wait)
                     hooked.append(dep)
 
 
 def run_compute(env: simpy.Environment, timeline: Timeline, rank: int, op: str, step: int,
                 seconds: float):
     """Run one op on the compute lane (the calling strategy process) and record it."""
-    t0 = env.now
-    if seconds > 0:
-        yield env.timeout(seconds)
-    timeline.add(rank, "compute", op, step, t0, env.now)
+    t0 = env._now
+    if seconds > 0:  # `yield env.timeout(seconds)`: the same queue entry, a bare one
+        timeout = _new_timeout(_Timeout)
+        timeout.callbacks = []
+        heappush(env._queue, (t0 + seconds, _NORMAL, next(env._eid), timeout))
+        yield timeout
+    timeline.add(rank, "compute", op, step, t0, env._now)
+
+
+class _Timeout(_Hop):
+    """`env.timeout(seconds)` as a process waits on it: a bare queue entry that succeeds
+    with no value, to whose callbacks the waiting process adds its resumption."""
+
+    __slots__ = ()
+
+
+_new_timeout = _Timeout.__new__
 
 
 class _AllFired(simpy.Event):

@@ -22,6 +22,8 @@ gradient and each rank copies down and updates a 1/N share of every bucket.
 
 from __future__ import annotations
 
+from heapq import heappush
+
 import simpy
 
 from zfbench.core.strategies import STRATEGY_LIST, ZERO_OFFLOAD_STRATEGIES
@@ -140,11 +142,15 @@ def reduce_deps(sim, npass: int, i: int, previous: list[int]) -> list:
         return []
     sync = sim.sync
     sync.arrive(("at_reduce", npass, i, sim.rank))
-    keys = [("at_reduce", npass, i, r) for r in range(c.gpus)]
-    if previous:
-        last = previous[-1]
-        keys += [("down", npass, last, r) for r in sim.owners_of[last]]
-    return sync.events(keys)
+    # every rank waits for the same events: the first to ask names them for all
+    found = sync.waits.get((npass, i))
+    if found is None:
+        keys = [("at_reduce", npass, i, r) for r in range(c.gpus)]
+        if previous:
+            last = previous[-1]
+            keys += [("down", npass, last, r) for r in sim.owners_of[last]]
+        found = sync.waits[(npass, i)] = sync.events(keys)
+    return found
 
 
 class Sync:
@@ -155,6 +161,7 @@ class Sync:
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env
         self._events: dict = {}
+        self.waits: dict = {}  # (pass, bucket) -> what its reduction waits for (reduce_deps)
 
     def event(self, key) -> simpy.Event:
         ev = self._events.get(key)
@@ -177,14 +184,34 @@ class Sync:
         once that one is processed. The very schedule (one entry in SimPy's queue now,
         at normal priority, whose processing triggers the named event), without making
         the event itself (nothing else waits for it)."""
-        shared = self.event(key)
-        call_now(self.env, lambda _e: shared.succeed())
+        call_now(self.env, _Succeed(self.event(key)))
 
     def publish(self, key, done: simpy.Event) -> None:
         """The event named `key` fires when `done` has fired."""
         shared = self.event(key)
-        if done.processed:
+        if done.callbacks is None:  # processed
             shared.succeed()
         else:
-            done.callbacks.append(lambda _e: shared.succeed())
+            done.callbacks.append(_Succeed(shared))
 
+
+
+class _Succeed:
+    """`event.succeed()` as a callback, without a closure: triggers `event` and queues it
+    (`Event.succeed`, inlined: the same entry at the same place)."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event: simpy.Event) -> None:
+        self.event = event
+
+    def __call__(self, _hop) -> None:
+        event = self.event
+        if event._value is not _PENDING:
+            raise RuntimeError(f"{event} has already been triggered")
+        event._ok, event._value = True, None
+        env = event.env
+        heappush(env._queue, (env._now, _NORMAL, next(env._eid), event))
+
+
+_PENDING, _NORMAL = simpy.events.PENDING, simpy.events.NORMAL

@@ -21,7 +21,7 @@ from heapq import heappop
 
 import simpy
 
-from zfbench.core.trace import Timeline, check_span
+from zfbench.core.trace import _LANE_SET, _OP_SET, Timeline, check_span
 from zfbench.sims import zero3
 from zfbench.sims.partitioning import owns_partitions
 
@@ -49,7 +49,8 @@ class ReplicaTimeline:
 
     def add(self, rank: int, lane: str, op: str, step: int, t_start_s: float,
             t_end_s: float, nbytes: int = 0) -> None:
-        check_span(lane, op, t_start_s, t_end_s)
+        if lane not in _LANE_SET or op not in _OP_SET or not t_end_s >= t_start_s:
+            check_span(lane, op, t_start_s, t_end_s)  # (inlined as in Timeline.add)
         self.spans.append((lane, op, step, t_start_s, t_end_s, int(nbytes)))
 
     def mark_step(self, rank: int, step: int, t_start_s: float, t_end_s: float) -> None:
@@ -92,18 +93,20 @@ def replicated_rates(rate_fn, env: simpy.Environment, first_rank: int, copies: i
     memoized by its jobs' keys and groups (`rate_fn.job_key`, a pure function of those)."""
     job_key = rate_fn.job_key
     memo: dict[tuple, tuple[float, ...]] = {}
+    key_ids: dict = {}  # each distinct job key seen -> a small int (cheap to hash)
     others = range(first_rank + 1, first_rank + copies)
 
     def rates(active: list) -> list[float]:
         event, key, groups, last = env._replica_event, [], [], None
         for job in active:
             started = job.__dict__.get("_replica_event")
-            if started is None:  # started by the event running now
+            if started is None:  # started by the event running now: its group and key
                 started = job._replica_event = event
+                job._replica_key = key_ids.setdefault(job_key(job), len(key_ids))
             if started != last:  # a new group begins at this job
                 groups.append(len(key))
                 last = started
-            key.append(job_key(job))
+            key.append(job._replica_key)
         groups.append(len(key))
         memo_key = (tuple(key), tuple(groups))
         found = memo.get(memo_key)

@@ -431,13 +431,14 @@ class RankSim:
                                              partitioning.reduce_deps(self, npass, i, previous))
             previous.append(i)
             deps = [ev for ev in (red, *extra_deps_of(i)) if ev is not None]
-            if round(bytes_of(i)) > 0:
-                down[i] = self.transfer(self.d2h, "d2h_grad", t, bytes_of(i), deps)
+            nbytes = bytes_of(i)
+            if round(nbytes) > 0:
+                sent = down[i] = self.transfer(self.d2h, "d2h_grad", t, nbytes, deps)
             else:  # a rank owning none of the bucket copies nothing
-                down[i] = all_of(self.env, deps)
+                sent = down[i] = all_of(self.env, deps)
             if self.owned and self.costs.gpus > 1:
-                self.sync.publish(("down", npass, i, self.rank), down[i])
-            return down[i]
+                self.sync.publish(("down", npass, i, self.rank), sent)
+            return sent
         yield from self.backward(t, (lambda i: None) if self.emulated else after, reduce,
                                  grad_check)
         return down
