@@ -11,7 +11,9 @@ every machine, and the run's time follows it (bench/results/sim_speed.csv: some 
 700 thousand events per second on its 2-core Xeon, by how loaded the machine is).
 
 Where the numbers come from: `MEASURED_EVENTS` is what this very run (`settings()`, each
-strategy) processed on branch simfast (issue 45, item 5), where the strategies whose ranks
+strategy) processed on branch simfast (issue 45, item 5), recounted on main 717dc45
+(2026-11-28: zero-offload +178, zero-offload-dpu -73, zenflow -211 since the first count,
+from schedule changes of sessions 23-24, not attributed one by one), where the strategies whose ranks
 run alike simulate one rank for the node's four (zfbench.sims.replicas; branch simspeed
 measured 14,024 / 103,768 / 39,162 events for device / zero-infinity / zenflow simulating
 every rank). The budget is `BUDGET_FACTOR` times that.
@@ -34,10 +36,10 @@ STEPS = 20
 # SimPy events of `settings()` per strategy, as measured (module docstring).
 MEASURED_EVENTS = {
     "device": 3_506,
-    "zero-offload": 35_381,
-    "zero-offload-dpu": 34_102,
+    "zero-offload": 35_559,
+    "zero-offload-dpu": 34_029,
     "zero-infinity": 26_872,
-    "zenflow": 10_335,
+    "zenflow": 10_124,
 }
 BUDGET_FACTOR = 1.2
 
