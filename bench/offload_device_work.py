@@ -10,7 +10,8 @@ under bench/results/gpu/, nothing simulated:
    `device` lane also holds its GPU AdamW, which an offloading lane lacks; its seconds come
    from the same session's profile (`<run>/../profile/profile.json`), as the simulator
    reads a profile (`CostModel.device_step_s`: elements / `device_optim_elems_per_s` +
-   elements x `master_copy_s_per_elem`). Per offloading step i:
+   elements x `master_copy_s_per_elem`, or the engine's update timed by newer profiles,
+   `device_step_s_per_elem`). Per offloading step i:
    `excess_i = compute_i - (median device compute - device update)`.
 2. validate's per-op busy seconds (`validate/ops.csv`, measured columns): each offloading
    cell's forward and backward over the `device` cell's, same shape and run.
@@ -49,7 +50,10 @@ WHAT_IF_SEQS = tuple(range(512, 8192 + 1, 256))  # micro-batch 1: tokens per GPU
 
 def device_update_s(params: float, calibration: dict) -> float:
     """The `device` strategy's optimizer step on its compute lane, from a profile's rates
-    (as `CostModel.device_step_s` with a calibration)."""
+    (as `CostModel.device_step_s` with a calibration: the engine's update where the
+    profile timed it, else the selected columns' AdamW rate and the master copies)."""
+    if "device_step_s_per_elem" in calibration:
+        return params * calibration["device_step_s_per_elem"]
     return (params / calibration["device_optim_elems_per_s"]
             + params * calibration.get("master_copy_s_per_elem", 0.0))
 

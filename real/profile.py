@@ -8,8 +8,9 @@ lanes, thread split, gradient path (`zfbench.real.inplace_grads`) and kernels
   with the loss), from module hooks around a real training step, median of repeats, and
   what ZeRO-3's gathers and releases on one rank add to them (`zero3_hooks`);
 - the device optimizer rate on the selected columns, the selection cost, ZenFlow's column
-  gather/scatter, the non-finite check, the clipping norm and the gradients' zeroing (all
-  of it, and the part the engine's step does where it defers the rest to backward);
+  gather/scatter, the non-finite check, the clipping norm, the gradients' zeroing (all of
+  it, and the part the engine's step does where it defers the rest to backward) and the
+  `device` strategy's own update over the whole buffer (its kernels, zeroing included);
 - the link and host-lane rates (`zfbench.real.rate_probe.RateProbe`): d2h and h2d alone
   and together, host AdamW and accumulation;
 - how much the device and host lanes slow each other when they run at once (cores over
@@ -42,6 +43,7 @@ from zfbench.real.model import build_model
 from zfbench.real.distributed import host_threads_by_strategy
 from zfbench.real.rate_probe import Clock, RateProbe, lane_contention, median_time
 from zfbench.real.runner import RunSpec, batches
+from zfbench.real.strategies import FlatAdamW
 from zfbench.core.config_zenflow import DEFAULT_TOPK_RATIO
 from zfbench.core.models import get_model
 from zfbench.core.provenance import machine
@@ -185,6 +187,28 @@ def _master_copy_s(flat_params, flat_grads, repeats: int, device=None) -> float:
     return median_time(copies, repeats, device)
 
 
+def _device_step_s(flat_params, flat_grads, config, repeats: int, device=None
+                   ) -> float | None:
+    """Seconds of the `device` strategy's optimizer update over the whole flat buffer: the
+    engine's own (real/strategies.py `FlatAdamW.update_`, its buffers, kernels and
+    zeroing), at the config's AdamW settings; None where its state does not fit the
+    GPU's memory (the simulator then prices it from the selected columns' AdamW rate)."""
+    try:
+        adam = FlatAdamW(flat_params)
+    except torch.OutOfMemoryError:
+        return None
+    step, opt = [0], config.optimizer
+
+    def device_step():
+        step[0] += 1
+        adam.update_(flat_params, flat_grads, step[0], opt, adam.zeroes_grads)
+    device_step()
+    try:
+        return median_time(device_step, repeats, device)
+    finally:
+        del adam
+
+
 def measure_profile(spec: RunSpec, repeats: int = 5,
                     topk_ratio: float = DEFAULT_TOPK_RATIO,
                     strategy_threads: dict[str, int] | None = None) -> dict:
@@ -302,6 +326,8 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
     norm_scratch = None  # let the fp32 copy go (the closure is not called again)
     zero_s = median_time(zero, repeats, device)
     zero_deferred_s = median_time(zero_deferred, repeats, device) if skip else zero_s
+    device_step_s = _device_step_s(flat_params, flat_grads, spec.engine_config("device"),
+                                   repeats, device)
     # applying an uploaded update: one device buffer copied into another (as the engine's
     # `flat_params.copy_(upload)`); a same-dtype copy, not the d2h conversion
     apply_src = new_flat()
@@ -340,6 +366,7 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
         "grad_zero_deferred_s_per_elem": zero_deferred_s / total,
         "grad_zero_deferred_share": sum(hi - lo for lo, hi in kept) / total,
         "grad_norm_s_per_elem": norm_s / total,
+        **({} if device_step_s is None else {"device_step_s_per_elem": device_step_s / total}),
         "device_copy_s_per_elem": apply_s / total, "zero3_hooks": hooks,
         **rates}, describe_device(device))
 

@@ -178,20 +178,16 @@ class Strategy:
                        fused=fused)
 
 
-class DeviceStrategy(Strategy):
-    """Everything on the accelerator: AdamW over all parameters, fp32 state on device.
+class FlatAdamW:
+    """The `device` strategy's optimizer over the engine's whole flat buffer: its fp32
+    master (the buffer itself with fp32 weights), moments and scratch, and `update_`, the
+    step's kernels. real/profile.py times this same update on the profile's flat buffers
+    (`device_step_s_per_elem`, what the simulator prices the device strategy's step with),
+    so the profile times what the engine runs (tests/test_profile_device_step.py).
+    `zeroes_grads`: on the CPU lanes with fp32 weights the gradients are zeroed in the
+    AdamW pass (`adamw_foreach_(..., zero_grads=True)`)."""
 
-    It runs on the engine's flat buffers as one tensor (the same AdamW per element as per
-    parameter, one weight decay for all): one fused kernel over contiguous memory, whatever
-    the parameters' layout inside the buffer. On the CPU lanes with fp32 weights the
-    gradients are zeroed in that pass (`adamw_foreach_(..., zero_grads=True)`) and the
-    engine does not zero them again (`zeroes_grads`)."""
-
-    name = "device"
-
-    def __init__(self, engine) -> None:
-        super().__init__(engine)
-        flat = engine.flat_params
+    def __init__(self, flat: torch.Tensor) -> None:
         self.fp32 = flat.dtype == torch.float32
         self.zeroes_grads = self.fp32 and flat.device.type == "cpu"
         self.master = [flat] if self.fp32 else [flat.detach().float()]
@@ -200,6 +196,40 @@ class DeviceStrategy(Strategy):
         self.scratch = [torch.zeros_like(self.master[0])]
         # an fp32 copy of low-precision gradients, reused (fresh ones page-fault each step)
         self.grads32 = None if self.fp32 else [torch.zeros_like(self.master[0])]
+
+    def update_(self, flat_params: torch.Tensor, flat_grads: torch.Tensor, step: int, opt,
+                zero_grads: bool) -> None:
+        """AdamW at `step` (`opt`: lr, betas, eps, weight_decay) from `flat_grads` (through
+        their fp32 copy with 16-bit weights) into the master, then into `flat_params`."""
+        grads = [flat_grads]
+        if self.grads32 is not None:
+            kernels.copy_(self.grads32[0], flat_grads)
+            grads = self.grads32
+        kernels.adamw_foreach_(self.master, grads, self.m, self.v, [step], lr=opt.lr,
+                               beta1=opt.betas[0], beta2=opt.betas[1], eps=opt.eps,
+                               weight_decay=opt.weight_decay, scratch=self.scratch,
+                               zero_grads=zero_grads)
+        if not self.fp32:
+            kernels.copy_(flat_params, self.master[0])
+
+
+class DeviceStrategy(Strategy):
+    """Everything on the accelerator: AdamW over all parameters, fp32 state on device.
+
+    It runs on the engine's flat buffers as one tensor (the same AdamW per element as per
+    parameter, one weight decay for all): one fused kernel over contiguous memory, whatever
+    the parameters' layout inside the buffer (`FlatAdamW`). On the CPU lanes with fp32
+    weights the gradients are zeroed in that pass and the engine does not zero them again
+    (`zeroes_grads`)."""
+
+    name = "device"
+
+    def __init__(self, engine) -> None:
+        super().__init__(engine)
+        self.adam = FlatAdamW(engine.flat_params)
+        self.fp32 = self.adam.fp32
+        self.zeroes_grads = self.adam.zeroes_grads
+        self.master, self.m, self.v = self.adam.master, self.adam.m, self.adam.v
         self.count = 0
 
     def step(self, t: int) -> None:
@@ -208,18 +238,12 @@ class DeviceStrategy(Strategy):
                        writes=(e.flat_params, e.flat_grads)):
             clip = e.config.gradient_clipping
             if clip > 0:  # clip_grad_norm_'s rule on the flat buffer (all-reduced: whole)
-                norm = kernels.grad_norm(e.flat_grads,
-                                         None if self.grads32 is None else self.grads32[0])
+                grads32 = self.adam.grads32
+                norm = kernels.grad_norm(e.flat_grads, None if grads32 is None else grads32[0])
                 e.flat_grads.mul_(torch.clamp(clip / (norm + 1e-6), max=1.0))
             self.count += 1
-            grads = [e.flat_grads]
-            if self.grads32 is not None:
-                kernels.copy_(self.grads32[0], e.flat_grads)
-                grads = self.grads32
-            self._device_adam(self.master, grads, self.m, self.v, [self.count],
-                              self.scratch, zero_grads=self.zeroes_grads)
-            if not self.fp32:
-                kernels.copy_(e.flat_params, self.master[0])
+            self.adam.update_(e.flat_params, e.flat_grads, self.count, self.opt,
+                              self.zeroes_grads)
 
     def state_dict(self) -> dict:
         return {"m": self.m, "v": self.v, "count": self.count,

@@ -214,7 +214,8 @@ class CostModel:
         """The engine zeroes the gradients inside the `device` strategy's AdamW pass, not
         in a pass of its own (real/strategies.py `DeviceStrategy.zeroes_grads`): on the
         CPU lanes with fp32 weights (the callers say which strategy). The zeros' stores
-        inside that pass are not simulated (1-3% of it, bench/device_step_ops.py)."""
+        inside that pass are priced with it where the profile timed the engine's update
+        (`device_step_s`)."""
         return self.emulated and self.engine_grad_passes and self.elem_bytes == 4
 
     # -- sizes ------------------------------------------------------------------------
@@ -279,10 +280,14 @@ class CostModel:
         return numel * ADAM_BYTES_PER_PARAM / hbm
 
     def device_step_s(self, numel: float) -> float:
-        """The `device` strategy's whole optimizer step over `numel` elements: the fused
-        Adam, the measured master copies (a profile), and from presets DeepSpeed's passes
-        beside Adam (zfbench.sims.device_step: norm, flatten, fp32 conversion, clip, copy
-        back into the 16-bit weights)."""
+        """The `device` strategy's whole optimizer step over `numel` elements: with a
+        profile that timed the engine's own update (`device_step_s_per_elem`: its AdamW
+        kernel over the flat buffer, master copies, zeroing where it rides), that; with an
+        older profile the selected columns' AdamW rate and the master copies; from presets
+        the fused Adam and DeepSpeed's passes beside it (zfbench.sims.device_step: norm,
+        flatten, fp32 conversion, clip, copy back into the 16-bit weights)."""
+        if self.calibration is not None and "device_step_s_per_elem" in self.calibration:
+            return numel * self.calibration["device_step_s_per_elem"]
         s = self.device_optim_s(numel) + self.master_copy_s(numel)
         if self.calibration is None:
             hbm = self.node.gpu.hbm_bytes_per_s * DEVICE_OPTIM_HBM_EFFICIENCY
