@@ -183,3 +183,16 @@ def test_the_memory_check_counts_zenflow_with_the_configs_top_k_ratio(tmp_path):
     assert check.need(shape, "zero-offload") == estimate(shape, "zero-offload", 1, 8, 4)
     assert estimate(shape, "zenflow", 1, 8, 2, topk_ratio=0.5).device_bytes > \
         estimate(shape, "zenflow", 1, 8, 2).device_bytes
+
+
+def test_a_run_without_out_still_writes_its_results(tmp_path, monkeypatch, capsys):
+    """Every measured result is also a file: without --out the run's files land in
+    runs/run under the working directory, as the profile lands in runs/profile."""
+    monkeypatch.chdir(tmp_path)
+    assert main(TINY + ["--strategy", "device"]) == 0
+    assert "wrote runs/run/summary.csv" in capsys.readouterr().out
+    summary = pd.read_csv(tmp_path / "runs" / "run" / "summary.csv")
+    assert summary["strategy"].tolist() == ["device"]
+    assert summary.loc[0, "step_time_s"] > 0
+    lines = (tmp_path / "runs" / "run" / "device.steps.jsonl").read_text().splitlines()
+    assert len(lines) == 12

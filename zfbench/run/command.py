@@ -15,7 +15,7 @@ breakdown table (the simulator's, zfbench.report) and the loss, then this machin
 profile and the simulator's expectation beside each measured strategy (zfbench.run.expect).
 Everything is decided first (zfbench.run.plan: memory, a proxy, the shape, the precision),
 then executed (zfbench.run.execute), then reported (`report`); launched ranks get `--plan`.
-Files written to `--out`: `plan.json`, `summary.csv`/`.json`, `steps.csv`,
+Files written to `--out` (default runs/run, without `plan.json`): `plan.json`, `summary.csv`/`.json`, `steps.csv`,
 `<strategy>.steps.jsonl`, the timeline `<strategy>.spans.csv`/`.steps.csv`, `trace.json`.
 docs/commands.md ("run") has every flag, example and file in detail.
 """
@@ -41,7 +41,7 @@ from zfbench.real.host_fused import status as host_kernels_status
 from zfbench.real.memory import InsufficientMemoryError, check_configs_fit
 from zfbench.real.runner import RunSpec
 from zfbench.report import add_speedups, format_table
-from zfbench.run.defaults import DEFAULT_SEQ
+from zfbench.run.defaults import DEFAULT_SEQ, RESULTS_DIR
 from zfbench.run.execute import Execution, execute
 from zfbench.run.expect import print_expectation
 from zfbench.run.host_target import host_target_line
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "'builtin' uses the standard library's pydoc topics")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="directory for summary, per-step JSONL, spans, "
-                   "Chrome trace")
+                   f"Chrome trace (default {RESULTS_DIR})")
     p.add_argument("--profile", action="store_true",
                    help="measure this machine's costs (per-block forward/backward, device "
                         "optimizer, selection, d2h/h2d alone and together, host Adam and "
@@ -290,11 +290,10 @@ def report(run: RunPlan, ex: Execution) -> int:
     if proxy is not None:
         rows.extend(print_projection(proxy, run.configs, list(run.strategies), ex.ranks,
                                      rows))
-    if run.out:
-        write_outputs(run.out, rows, ex.results, summary_meta(run, ex, proxy, expectation,
-                                                               mfu_note))
-        print(f"wrote {run.out}/summary.csv, summary.json, steps.csv, per-step JSONL, "
-              f"spans and trace.json (open in https://ui.perfetto.dev)")
+    out = RESULTS_DIR if run.out is None else run.out
+    write_outputs(out, rows, ex.results, summary_meta(run, ex, proxy, expectation, mfu_note))
+    print(f"wrote {out}/summary.csv, summary.json, steps.csv, per-step JSONL, "
+          f"spans and trace.json (open in https://ui.perfetto.dev)")
     return 0
 
 

@@ -9,7 +9,12 @@ for every strategy asked for (the `device` strategy keeps AdamW's fp32 state on 
 so it decides the size when it runs); `gpu_sized` turns that pick, checked against the
 GPU's memory, into the run's RunSpec.
 """
+from pathlib import Path
+
 from zfbench.core.scenario import CPU_LANES, GPU_NODE
+
+# where a run's files go without --out: every measured result is also a file
+RESULTS_DIR = Path("runs/run")
 
 DEFAULT_SEQ = CPU_LANES.seq
 DEFAULT_PRECISION = GPU_NODE.precision

@@ -27,7 +27,7 @@ from zfbench.core.trace import write_json_atomic
 from zfbench.real.distributed import env_world
 from zfbench.real.memory import InsufficientMemoryError, check_configs_fit
 from zfbench.real.runner import RunSpec
-from zfbench.run.defaults import DEFAULT_SEQ, gpu_sized
+from zfbench.run.defaults import DEFAULT_SEQ, RESULTS_DIR, gpu_sized
 from zfbench.run.probe import (decide_precision, describe_scenario, is_default_scenario,
                                shape_given, size_default)
 
@@ -147,6 +147,8 @@ def spec_and_configs(args, world: int = 1, strategies=STRATEGIES
     if args.text not in (None, "builtin"):
         check_input_file(args.text, "--text")
     check_out_dir(args.out)
+    if args.out is None:
+        check_out_dir(RESULTS_DIR, f"the results directory (no --out: {RESULTS_DIR})")
     if (args.profile or args.project) and args.out is None:
         check_out_dir(Path("runs/profile"), "--profile (no --out: runs/profile)")
     spec = RunSpec(model=model, layers=layers, micro_batch=args.batch,
