@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -55,13 +56,30 @@ def split_model(spec: str) -> tuple[str, list[str]]:
     return (m.group(1), ["--layers", m.group(2)]) if m else (spec, [])
 
 
-def run_logged(cmd: list[str], log: Path, timeout_s: float) -> int:
+def deepspeed_arch_list(arch_list: str) -> str:
+    """TORCH_CUDA_ARCH_LIST as DeepSpeed 0.19.5's JIT builder can read it.
+
+    Its builder sorts the entries by `int()` of each part, so an entry with an
+    architecture suffix ("9.0a", "10.0f") stops its CPU Adam build before it starts (the
+    lent H200's image sets one: ValueError "invalid literal for int() with base 10: '0a'",
+    2026-11-28). The same list with the suffixes dropped names the same devices; "+PTX"
+    is kept, repeats are dropped, the order is kept."""
+    out: list[str] = []
+    for entry in arch_list.replace(" ", ";").split(";"):
+        m = re.fullmatch(r"(\d+)\.(\d+)[a-z]*(\+PTX)?", entry.strip())
+        cleaned = f"{m.group(1)}.{m.group(2)}{m.group(3) or ''}" if m else entry.strip()
+        if cleaned and cleaned not in out:
+            out.append(cleaned)
+    return ";".join(out)
+
+
+def run_logged(cmd: list[str], log: Path, timeout_s: float, env: dict | None = None) -> int:
     """Run `cmd`, its output into `log` and to this terminal's tail; its exit code."""
     print("==", " ".join(cmd), flush=True)
     with open(log, "w") as f:
         try:
             proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
-                                  timeout=timeout_s)
+                                  timeout=timeout_s, env=env)
         except subprocess.TimeoutExpired:
             f.write(f"\n[ds_gpu_side] killed after {timeout_s:.0f} s\n")
             return 124
@@ -97,13 +115,19 @@ def main(argv=None) -> int:
         ap.error(f"--engines {args.engines!r}: choose from {', '.join(ENGINE_STRATEGY)}")
     args.out.mkdir(parents=True, exist_ok=True)
     ds_dir = args.out / "deepspeed"
+    ds_env = dict(os.environ)
+    if ds_env.get("TORCH_CUDA_ARCH_LIST"):
+        ds_env["TORCH_CUDA_ARCH_LIST"] = deepspeed_arch_list(ds_env["TORCH_CUDA_ARCH_LIST"])
     rc = run_logged([sys.executable, str(BENCH / "ds_wallclock.py"), "--device", args.device,
                      "--dtype", args.dtype, "--shapes", f"{args.model}:{args.batch}:{args.seq}",
                      "--engines", ",".join(engines), "--warmup-windows",
                      str(args.warmup_windows), "--windows", str(args.windows),
-                     "--out", str(ds_dir)], args.out / "deepspeed.log", args.timeout_s)
+                     "--out", str(ds_dir)], args.out / "deepspeed.log", args.timeout_s,
+                    env=ds_env)
     result: dict = {"benchmark": "ds_gpu_side", "args": {k: str(v) for k, v in vars(args).items()},
-                    "deepspeed_exit_code": rc, "rows": []}
+                    "deepspeed_exit_code": rc, "rows": [],
+                    "torch_cuda_arch_list": {"given": os.environ.get("TORCH_CUDA_ARCH_LIST"),
+                                             "deepspeed_saw": ds_env.get("TORCH_CUDA_ARCH_LIST")}}
     ds_runs = {}
     if (ds_dir / "summary.json").exists():
         ds_summary = json.loads((ds_dir / "summary.json").read_text())

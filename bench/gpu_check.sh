@@ -38,7 +38,8 @@
 #                              overlapped ZenFlow beside zfbench's, MODEL at SEQ, bf16,
 #                              micro-batch 1, the same config (issue 45); DeepSpeed comes
 #                              from ./wheels/deepspeed (`make wheels-deepspeed`) when the
-#                              python lacks it, its CPU Adam built there with g++/ninja
+#                              python lacks it, its CPU Adam built there with g++/ninja;
+#                              DS_TIMEOUT_S (default 600) bounds each engine's process
 #   status.txt                 each step's exit code (a failed step does not stop the rest)
 # DEFAULT_STEPS=N gives run_default --steps N (the shape stays the GPU-sized default);
 # GPU_PRESET (default: the preset of the GPU torch names, else h100-sxm) is predict's --gpu.
@@ -63,6 +64,7 @@ STEPS=${STEPS:-12}
 GPU_PRESET=${GPU_PRESET:-}  # default: the preset of the GPU torch names (else h100-sxm)
 DEFAULT_STEPS=${DEFAULT_STEPS:-12}  # run_default's --steps (empty: the run's own, 30)
 VALIDATE_MIN=${VALIDATE_MIN:-1.5}
+DS_TIMEOUT_S=${DS_TIMEOUT_S:-600}  # deepspeed_side: each engine's process at most this long
 ONLY=${ONLY:-}
 PACK=${PACK:-}  # a .tgz path: the results folder packed into one file at the end
 SUBDIR=${SUBDIR:-}  # results under bench/results/gpu/<gpu-name>/SUBDIR (a later session's)
@@ -171,7 +173,7 @@ if { [ -z "$ONLY" ] || [[ " $ONLY " == *" deepspeed_side "* ]]; } &&
     wheels/deepspeed/*.whl && export PYTHONPATH="$DS_SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
 step deepspeed_side $PY bench/ds_gpu_side.py --model "$MODEL" --seq "$SEQ" \
-  --out "$OUT/deepspeed_side"
+  --timeout-s "$DS_TIMEOUT_S" --out "$OUT/deepspeed_side"
 step validate $PY -m zfbench.validate --device cuda --budget-min "$VALIDATE_MIN" --quiet \
   --out "$OUT/validate"
 echo "== gpu-check: wrote $OUT (exit codes in status.txt)"

@@ -206,7 +206,12 @@ def test_profile_measures_the_gpu_it_runs_on():
     for key in ("compute_factor_when_host_busy", "host_factor_when_compute_busy",
                 "h2d_factor_when_host_busy", "host_factor_when_h2d_busy"):
         assert 0 < cal[key] <= 1, key  # the last two: the upload link beside host AdamW
-    assert cal["host_zero_elems_per_s"] > 0
+    # every host-lane rate the probe measures (since session 25 a window's first
+    # accumulation, `host_accum_first_elems_per_s`, in place of the zeroing it replaced)
+    for key in ("host_accum_elems_per_s", "host_norm_elems_per_s",
+                "host_accum_first_elems_per_s"):
+        assert cal[key] > 0, key
+    assert "host_zero_elems_per_s" not in cal
 
 
 def test_rate_probe_copies_between_the_gpu_and_pinned_wires_of_its_dtype():

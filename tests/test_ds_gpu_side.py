@@ -38,7 +38,7 @@ def test_unknown_engine_is_refused_with_the_choices(capsys):
 def test_a_missing_deepspeed_is_recorded_with_what_is_needed(tmp_path, monkeypatch):
     """ds_wallclock failing (no DeepSpeed) leaves a side_by_side.json naming the error and
     the fix, no zfbench run (there is no config to run it with), and exit code 1."""
-    def fake_run(cmd, log, timeout_s):
+    def fake_run(cmd, log, timeout_s, env=None):
         log.write_text("DeepSpeed is not installed.\n")
         return 2
     monkeypatch.setattr(side, "run_logged", fake_run)
@@ -48,3 +48,15 @@ def test_a_missing_deepspeed_is_recorded_with_what_is_needed(tmp_path, monkeypat
     assert "not installed" in result["deepspeed_error"]
     assert "wheels-deepspeed" in result["deepspeed_needs"]
     assert [r["note"] for r in result["rows"]] == ["DeepSpeed did not run this engine"] * 2
+
+
+@pytest.mark.parametrize("given, wanted", [
+    ("9.0a", "9.0"), ("8.0;9.0a;10.0f+PTX", "8.0;9.0;10.0+PTX"), ("9.0 9.0a", "9.0"),
+    ("7.5;8.6+PTX", "7.5;8.6+PTX")])
+def test_the_arch_list_deepspeed_reads_drops_architecture_suffixes(given, wanted):
+    """DeepSpeed 0.19.5's builder parses every part of each entry as an int: what it is
+    given must hold none of the suffixes a CUDA image may set (the lent H200's did)."""
+    cleaned = side.deepspeed_arch_list(given)
+    assert cleaned == wanted
+    for entry in cleaned.split(";"):  # as deepspeed/ops/op_builder/builder.py sorts them
+        assert all(part.isdigit() for part in entry.split("+")[0].split("."))
