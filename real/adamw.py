@@ -2,10 +2,10 @@
 
 The device optimizer of every strategy (the whole model for `device`, the selected
 columns and 1-D parameters for `zenflow`) is torch.optim.AdamW's math with decoupled
-weight decay, on torch's fused AdamW kernel when every tensor is fp32 on the CPU (the
-emulated device lane) and on torch's foreach ops otherwise, so one call updates many
-tensors; the step number is passed in, since ZenFlow counts steps its own way
-(zenflow.md).
+weight decay, on torch's fused AdamW kernel when every tensor is fp32 and contiguous on
+the CPU (the emulated device lane) or on one CUDA device, and on torch's foreach ops
+otherwise, so one call updates many tensors; the step number is passed in, since ZenFlow
+counts steps its own way (zenflow.md).
 """
 
 from __future__ import annotations
@@ -43,10 +43,13 @@ def adamw_foreach_(params: list[torch.Tensor], grads: list[torch.Tensor],
         return
     if fused is None:
         fused = _fused_ok(params, grads, exp_avgs, exp_avg_sqs)
-    if grad_divisor != 1.0 and (zero_grads or not fused):
+    on_cpu = params[0].device.type == "cpu"
+    if grad_divisor != 1.0 and (zero_grads or not fused or not on_cpu):
+        # on CUDA too: the fused CPU kernel stores the quotient in the gradients, which
+        # the callers rely on; the CUDA kernel is not relied on to do the same
         torch._foreach_div_(grads, grad_divisor)
         grad_divisor = 1.0
-    if zero_grads and fused and all(
+    if zero_grads and fused and on_cpu and all(
             t.dim() == 1 for t in params + grads + exp_avgs + exp_avg_sqs):
         for p, g, m, v, s in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
             host_adamw_(p, g, m, v, step=s, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
@@ -63,9 +66,13 @@ def _adamw_foreach_(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta
     if fused:
         # torch's fused kernel: one pass per tensor, 3.6x the foreach ops on a CPU lane
         # (10.8M selected elements, one thread: 11.5 vs 41.9 ms); same math, rounding aside.
-        # One step tensor per distinct step number (the kernel only reads them): ZenFlow's
-        # per-column lists hold thousands of tensors of one step
-        counts = {s: torch.tensor(float(s)) for s in set(steps)}
+        # On one H200 the foreach ops' kernels took 29 ms a step for qwen2.5-1.5b's device
+        # update where plain PyTorch's fused AdamW took 12.4 (bench/results/gpu/
+        # NVIDIA-H200/2026-11-28, reference_step). One step tensor per distinct step number
+        # (the kernel only reads them): ZenFlow's per-column lists hold thousands of
+        # tensors of one step. On CUDA they live on the device (the kernel's rule), made by
+        # a fill kernel: a copy from pageable host memory would wait for the stream
+        counts = {s: step_tensor(s, params[0].device) for s in set(steps)}
         torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [],
                             [counts[s] for s in steps], lr=lr, beta1=beta1,
                             beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=False,
@@ -97,18 +104,27 @@ def columns_in_place_ok(weight: torch.Tensor) -> bool:
     contiguous elements), and `rows` is a multiple of the kernel's vector width
     (real/host_fused.py `TAIL`): its remainder loop rounds `v` otherwise (seen at rows 7,
     12 and 33; tests/test_zenflow_columns_in_place.py)."""
-    return (weight.dim() == 2 and is_column_major(weight) and weight.shape[0] % TAIL == 0
-            and _fused_ok([weight.t()]))
+    return (weight.dim() == 2 and weight.device.type == "cpu" and is_column_major(weight)
+            and weight.shape[0] % TAIL == 0 and _fused_ok([weight.t()]))
+
+
+def step_tensor(step: int, device: torch.device) -> torch.Tensor:
+    """The fused kernel's step count: on the CPU a plain tensor, on CUDA filled there."""
+    if device.type == "cpu":
+        return torch.tensor(float(step))
+    return torch.full((), float(step), dtype=torch.float32, device=device)
 
 
 def _fused_ok(*lists) -> bool:
-    """torch's fused AdamW applies: present, and every tensor fp32, contiguous, on CPU
-    (CUDA keeps the foreach path: the fused CUDA kernel is untested here, no GPU)."""
-    return hasattr(torch, "_fused_adamw_") and all(
-        t.dtype == torch.float32 and t.is_contiguous() and t.device.type == "cpu"
-        for tensors in lists for t in tensors)
+    """torch's fused AdamW applies: present, and every tensor fp32 and contiguous, all on
+    the CPU or all on one CUDA device."""
+    devices = {t.device for tensors in lists for t in tensors}
+    if not hasattr(torch, "_fused_adamw_") or len(devices) > 1:
+        return False
+    return all(d.type in ("cpu", "cuda") for d in devices) and all(
+        t.dtype == torch.float32 and t.is_contiguous() for tensors in lists for t in tensors)
 
 
 def fused_ok(tensors: list[torch.Tensor]) -> bool:
-    """`_fused_ok` over one list: whether torch's fused CPU kernel takes these tensors."""
+    """`_fused_ok` over one list: whether torch's fused kernel takes these tensors."""
     return _fused_ok(tensors)

@@ -31,3 +31,15 @@ def test_matches_torch_adamw_over_steps(layout):
                        eps=1e-8, weight_decay=0.1)
     for p, o in zip(params, ours):
         torch.testing.assert_close(o, p.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_fused_kernel_takes_one_device_of_cpu_or_cuda():
+    """fp32 contiguous tensors all on the CPU (or all on one CUDA device: tests/test_cuda.py)
+    take the fused kernel; tensors on a device it has no kernel for, or spread over two
+    devices, take the foreach ops."""
+    cpu = [torch.zeros(4), torch.zeros(3)]
+    meta = [torch.zeros(4, device="meta")]
+    assert _fused_ok(cpu)
+    assert not _fused_ok(meta)
+    assert not _fused_ok(cpu, meta)
+    assert not _fused_ok([torch.zeros(4, dtype=torch.bfloat16)])
