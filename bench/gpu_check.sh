@@ -44,7 +44,8 @@
 # DEFAULT_STEPS=N gives run_default --steps N (the shape stays the GPU-sized default);
 # GPU_PRESET (default: the preset of the GPU torch names, else h100-sxm) is predict's --gpu.
 # PACK=FILE.tgz packs bench/results/gpu/<gpu-name>/ into one file at the end (a lent
-# machine whose files come back a few at a time).
+# machine whose files come back a few at a time). On a time-limited lease
+# bench/gpu_calls.sh runs chosen steps in order under one budget, packing after each.
 # ONLY="profile validate" runs only the named steps (cuda_tests op_efficiency
 # reference_step kernel_census run_default run_model host_share profile predict contention
 # deepspeed_side validate), e.g. to fit each call of a
