@@ -31,7 +31,8 @@ for p in (ROOT, ROOT / "bench"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from host_lane_evidence import MACHINES, RUN, bench_parser, machine_facts  # noqa: E402
+from host_lane_evidence import (FIT_ACCUM_OVER_ADAM_STREAM, MACHINES, RUN,  # noqa: E402
+                                 bench_parser, machine_facts)
 from zfbench.core.trace import write_csv_atomic  # noqa: E402
 from zfbench.sims import host_traffic  # noqa: E402
 from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, CostModel, SimSettings  # noqa: E402
@@ -83,7 +84,7 @@ def rules(m: dict) -> list[tuple[str, str, callable]]:
             src["adam"])
     return [
         ("ratio 0.5 of the fitted AdamW stream (predict's rule)", "judgment, both",
-         lambda dst, src: host_traffic.accum_elems_per_s(dst["adam"])),
+         lambda dst, src: host_traffic.accum_elems_per_s(dst["adam"], FIT_ACCUM_OVER_ADAM_STREAM)),
         ("ratio of the fitted AdamW stream, carried", "derived on the other machine",
          lambda dst, src: host_traffic.accum_elems_per_s(dst["adam"], min(ratio_of(src), 1))),
         ("host_accum_per_core, carried", "derived on the other machine",
@@ -143,7 +144,8 @@ def span_table(results: Path, folder: str, settings: SimSettings, adam: float
     from zfbench.simulation import run
     table = pd.read_csv(results / folder / "predict_host_lane" / "zenflow_spans_per_step.csv")
     rows, res = run([({}, settings.with_(
-        host_accum_per_core=host_traffic.accum_elems_per_s(adam)))], [ZENFLOW], quiet=True)
+        host_accum_per_core=host_traffic.accum_elems_per_s(adam, FIT_ACCUM_OVER_ADAM_STREAM)))],
+        [ZENFLOW], quiet=True)
     row, spans = rows[0], res[((), ZENFLOW)].timeline.spans_frame()
     kept = spans[(spans["step"] >= int(row["steps_left_out"])) & (spans["rank"] == 0)]
     per_step = (kept["t_end_s"] - kept["t_start_s"]).groupby(kept["op"]).sum() / \

@@ -54,6 +54,11 @@ RUN = "run_qwen2.5-1.5b"
 # fit of DeepSpeed's host passes that these mechanisms were tested on (`predict --from-run`
 # itself now fits the engine's own host job, into predict_host_lane/: M5 implemented)
 FIT = "predict_host_lane_deepspeed"
+# The accumulation's share of the fitted AdamW's stream these runs' committed fits were made
+# with (sims/host_traffic.py's ACCUM_OVER_ADAM_STREAM until session 26): the runs' engine
+# accumulated with torch ops, before the fused host kernels, and the replays here and in
+# bench/host_accum_rules.py keep the fits' rule so that they reproduce them
+FIT_ACCUM_OVER_ADAM_STREAM = 0.5
 # Bytes a parameter of the engine's host jobs moved in these runs (real/strategies.py at
 # the runs' commits, before the fused host kernels; the run's config): AdamW reads the fp32
 # gradient and reads and writes the fp32 master, m and v (28 B); then the master goes into
@@ -360,7 +365,7 @@ def replay_rows(results: Path, fs: dict[str, dict]) -> list[dict]:
                      if v is not None}
             knobs.update(gpu=next(iter(hw["gpus"])), pcie=next(iter(hw["host_links"])),
                          host=host_name)
-            accum0 = host_traffic.accum_elems_per_s(adam)
+            accum0 = host_traffic.accum_elems_per_s(adam, FIT_ACCUM_OVER_ADAM_STREAM)
             # M5: the window job costs 38/40 of ZeRO-Offload's whole fitted host job, not
             # its AdamW part: the fitted AdamW slowed by that share (the simulator's own
             # thread scaling kept: M3)
@@ -371,7 +376,7 @@ def replay_rows(results: Path, fs: dict[str, dict]) -> list[dict]:
                 ("M5: window job from the fitted ZeRO-Offload host job (x38/40)",
                  adam * m5, accum0),
                 ("M5, accumulation following the slower AdamW (ratio rule kept)",
-                 adam * m5, host_traffic.accum_elems_per_s(adam * m5)),
+                 adam * m5, host_traffic.accum_elems_per_s(adam * m5, FIT_ACCUM_OVER_ADAM_STREAM)),
             ]
             first = f["window_step_s"][0]
             for i, (label, adam_core, accum_core) in enumerate(variants):

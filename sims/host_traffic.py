@@ -23,15 +23,16 @@ from zfbench.sims.costs import ACCUM_BYTES_PER_ELEMENT, ADAM_BYTES_PER_PARAM
 
 # The engine's host accumulation's bytes per second over its AdamW pass's, same host lane
 # and threads, from zfbench.real.rate_probe (`host_accum_elems_per_s` x 10 B over
-# `host_adam_params_per_s` x 28 B) in the profiles committed with their machines:
-# bench/results/gpu/NVIDIA-H200/2026-11-27/profile/profile.json 0.42 (8 threads) and 0.45
-# (its 16-thread zero-offload lane), bench/results/gpu/NVIDIA-H100-80GB-HBM3/profile/
-# profile.json 0.46 (8 threads), bench/results/first_command_ranks_expect/profile.json
-# 0.58 and bench/results/noflag_run_expect/profile.json 0.61 (AMD EPYC Zen 4, 1 thread).
-# Judgment: 0.5, the middle of 0.42-0.61 on two hosts. The H200 and H100 values come from
-# the machines whose runs check it (docs/results.md says so); the EPYC values alone
-# (0.6) are out of sample.
-ACCUM_OVER_ADAM_STREAM = 0.5
+# `host_adam_params_per_s` x 28 B). With the engine's fused host kernels
+# (real/host_fused.cpp, since 2026-11-27 23:04): 0.91-1.03 over 1 and 2 threads and 16M
+# and 64M elements on an Intel Xeon (Sapphire Rapids class, AVX-512 + AMX),
+# `python bench/accum_over_adam.py`, bench/results/accum_over_adam/ (2026-11-28). Rule:
+# 1.0, the accumulation streams memory as fast as AdamW does. Before those kernels the
+# torch-ops accumulation measured 0.42-0.46 (the H200-VM and H100-VM profiles of
+# 2026-11-26/27) and 0.58-0.61 (AMD EPYC Zen 4), and this was 0.5. Out of sample: the
+# H200-VM run of 2026-11-28 (the only GPU run with the fused kernels) measured its
+# accumulation at 8.7 G elements/s on 8 threads, 1.24x of its ZenFlow row's AdamW stream.
+ACCUM_OVER_ADAM_STREAM = 1.0
 
 
 def lane_stream_bytes_per_s(adam_params_per_s: float) -> float:
