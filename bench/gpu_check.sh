@@ -40,6 +40,9 @@
 #                              from ./wheels/deepspeed (`make wheels-deepspeed`) when the
 #                              python lacks it, its CPU Adam built there with g++/ninja;
 #                              DS_TIMEOUT_S (default 600) bounds each engine's process
+#   ds_window_copy/            bench/ds_window_copy.py: DeepSpeed's ZenFlow window-end copy
+#                              (its fp32 master into the GPU's bf16 weights) timed as it runs
+#                              and part by part, on MODEL's parameters (issue 44/45)
 #   status.txt                 each step's exit code (a failed step does not stop the rest)
 # DEFAULT_STEPS=N gives run_default --steps N (the shape stays the GPU-sized default);
 # GPU_PRESET (default: the preset of the GPU torch names, else h100-sxm) is predict's --gpu.
@@ -48,7 +51,7 @@
 # bench/gpu_calls.sh runs chosen steps in order under one budget, packing after each.
 # ONLY="profile validate" runs only the named steps (cuda_tests op_efficiency
 # reference_step kernel_census run_default run_model host_share profile predict contention
-# deepspeed_side validate), e.g. to fit each call of a
+# deepspeed_side ds_window_copy validate), e.g. to fit each call of a
 # time-limited session.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -175,6 +178,8 @@ if { [ -z "$ONLY" ] || [[ " $ONLY " == *" deepspeed_side "* ]]; } &&
 fi
 step deepspeed_side $PY bench/ds_gpu_side.py --model "$MODEL" --seq "$SEQ" \
   --timeout-s "$DS_TIMEOUT_S" --out "$OUT/deepspeed_side"
+ELEMS=$($PY -c "from zfbench.core.models import get_model; print(get_model('$MODEL').total_params)")
+step ds_window_copy $PY bench/ds_window_copy.py --elems "$ELEMS" --out "$OUT/ds_window_copy"
 step validate $PY -m zfbench.validate --device cuda --budget-min "$VALIDATE_MIN" --quiet \
   --out "$OUT/validate"
 echo "== gpu-check: wrote $OUT (exit codes in status.txt)"
