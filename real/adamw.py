@@ -4,8 +4,9 @@ The device optimizer of every strategy (the whole model for `device`, the select
 columns and 1-D parameters for `zenflow`) is torch.optim.AdamW's math with decoupled
 weight decay, on torch's fused AdamW kernel when every tensor is fp32 and contiguous on
 the CPU (the emulated device lane) or on one CUDA device, and on torch's foreach ops
-otherwise, so one call updates many tensors; the step number is passed in, since ZenFlow
-counts steps its own way (zenflow.md).
+otherwise, so one call updates many tensors (on the CPU, many tensors of one step number
+in one parallel region with the fused kernel's bits: real/host_segments.py); the step
+number is passed in, since ZenFlow counts steps its own way (zenflow.md).
 """
 
 from __future__ import annotations
@@ -15,7 +16,19 @@ import math
 import torch
 
 from zfbench.real.flat import is_column_major
-from zfbench.real.host_fused import TAIL, host_adamw_
+from zfbench.real.host_fused import TAIL, adamw_segments_, host_adamw_
+
+#: from this many tensors (of one step number) on, and on more than one thread, the fused
+#: CPU path is one parallel region over them all (real/host_segments.py), not
+#: torch._fused_adamw_'s region per tensor. Its fixed cost (one ctypes call) is a few
+#: microseconds, so two tensors already gain or tie (2-core Xeon-AMX, load 4.2, medians of
+#: 15: 2 x 1024 elements 0.015 ms against torch's 0.021, 2 x 65536 0.070 against 0.065,
+#: 2 x 1M 8.4 against 12.5); one tensor keeps torch's call. On one thread torch opens no
+#: region and the segments loop only adds its pointer table (1.3 us a tensor in Python,
+#: data_ptr and numel of four tensors): bench/adamw_segments.py's 2063 tensors, 5.4 M
+#: elements, 12.4 ms against torch's 12.1 on one thread, 9.1 against 15.2 on two (one
+#: tensor of that size: 4.5-4.7 ms; load 0.6, bench/results/adamw_segments/)
+SEGMENTS_FROM = 2
 
 
 def adamw_foreach_(params: list[torch.Tensor], grads: list[torch.Tensor],
@@ -63,6 +76,14 @@ def adamw_foreach_(params: list[torch.Tensor], grads: list[torch.Tensor],
 
 def _adamw_foreach_(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps,
                     weight_decay, scratch, grad_divisor=1.0, fused=True) -> None:
+    if fused and len(params) >= SEGMENTS_FROM and params[0].device.type == "cpu" and (
+            torch.get_num_threads() > 1 and len(set(steps)) == 1):
+        # one parallel region over all the tensors, torch's bits (torch's own call where
+        # the library is missing or rejected)
+        adamw_segments_(params, grads, exp_avgs, exp_avg_sqs, step=steps[0], lr=lr,
+                        beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+                        grad_divisor=grad_divisor)
+        return
     if fused:
         # torch's fused kernel: one pass per tensor, 3.6x the foreach ops on a CPU lane
         # (10.8M selected elements, one thread: 11.5 vs 41.9 ms); same math, rounding aside.

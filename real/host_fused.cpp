@@ -3,7 +3,9 @@
 //
 // One pass over memory per host chunk: AdamW on fp32 master, moments and gradient, the
 // updated parameter also written into the 16-bit upload wire (bf16 or fp16, or none) and,
-// optionally, the gradient zeroed where it was read; ZenFlow's accumulation
+// optionally, the gradient zeroed where it was read; the same AdamW over a list of
+// tensors in one parallel region, the gradients divided first (torch's grad_scale: ZenFlow's
+// device update, real/host_segments.py); ZenFlow's accumulation
 // `window += alpha * grads` with 16-bit gradients widened on the fly (a window's first
 // accumulation writes instead, so that nothing zeroes the window: issue 45); and
 // the conversions between fp32 and the 16-bit wires.
@@ -44,6 +46,7 @@ struct Adam {
   float bc2s;  // sqrt(1 - beta2^step)
   float eps;
   float nss;  // -lr / (1 - beta1^step)
+  float div;  // the gradient's divisor (torch's grad_scale, float-rounded; read with DIV)
 };
 
 inline uint16_t to_bf16(float f) {
@@ -129,8 +132,9 @@ void widen_fp16(const uint16_t* __restrict src, float* __restrict dst, int64_t l
   for (int64_t j = i; j < hi; ++j) dst[j] = from_fp16(src[j]);
 }
 
-// WIRE: 0 none, 1 bf16, 2 fp16
-template <int WIRE, bool ZERO, bool DECAY, bool SMALL>
+// WIRE: 0 none, 1 bf16, 2 fp16. DIV: the gradient divided by c.div first and the
+// quotient stored back into it (torch's fused CPU kernel with grad_scale).
+template <int WIRE, bool ZERO, bool DECAY, bool SMALL, bool DIV = false>
 void adamw_span(float* __restrict p, float* __restrict g, float* __restrict m,
                 float* __restrict v, void* __restrict wire, int64_t lo, int64_t hi,
                 const Adam& c) {
@@ -138,14 +142,15 @@ void adamw_span(float* __restrict p, float* __restrict g, float* __restrict m,
   if constexpr (WIRE == 2) {  // block by block: AdamW, then the block's p into the wire
     for (int64_t b = lo; b < hi; b += BLOCK) {
       const int64_t e = b + BLOCK < hi ? b + BLOCK : hi;
-      adamw_span<0, ZERO, DECAY, SMALL>(p, g, m, v, nullptr, b, e, c);
+      adamw_span<0, ZERO, DECAY, SMALL, DIV>(p, g, m, v, nullptr, b, e, c);
       narrow_fp16(p, w16, b, e);
     }
     return;
   }
 #pragma omp simd
   for (int64_t i = lo; i < hi; ++i) {
-    const float gv = g[i];
+    const float gv = DIV ? g[i] / c.div : g[i];
+    if (DIV) g[i] = gv;
     float pv = p[i];
     if (DECAY) pv = pv * c.decay;
     const float mv = m[i];
@@ -454,11 +459,27 @@ double sumsq_block(const float* src, int64_t lo, int64_t hi) {
   return (s >= 1e-20 && !std::isinf(s)) ? s : sumsq_span_wide(src, lo, hi);
 }
 
+// whether torch's lerp takes its `1 - beta1 < 0.5` branch (exp_avg + w * (g - exp_avg))
+bool small_lerp(double beta1) { return std::fabs(float(1 - beta1)) < 0.5f; }
+
+// torch._fused_adamw_'s constants at global step `step` (computed in double, then
+// float-rounded, as its kernel does); `div`: the gradient's divisor (its grad_scale)
+Adam adam_constants(double step, double lr, double beta1, double beta2, double eps,
+                    double wd, double div) {
+  const double bc1 = 1 - std::pow(beta1, step);
+  const double bc2 = 1 - std::pow(beta2, step);
+  const double step_size = lr / bc1;
+  const float w = float(1 - beta1);
+  return Adam{float(1 - lr * wd), small_lerp(beta1) ? w : w - 1.0f, float(beta2),
+              float(1 - beta2), float(std::sqrt(bc2)), float(eps), float(-step_size),
+              float(div)};
+}
+
 }  // namespace
 
 extern "C" {
 
-int zf_abi_version() { return 6; }
+int zf_abi_version() { return 7; }
 
 // AdamW (torch._fused_adamw_'s arithmetic) on n fp32 elements at global step `step`,
 // then the new parameters into `wire` (wire_kind 1 bf16, 2 fp16, 0 none) and, with
@@ -466,17 +487,52 @@ int zf_abi_version() { return 6; }
 void zf_adamw(float* p, float* g, float* m, float* v, void* wire, int wire_kind,
               int zero_grad, int64_t n, double step, double lr, double beta1, double beta2,
               double eps, double wd, int threads, int64_t serial_below) {
-  const double bc1 = 1 - std::pow(beta1, step);
-  const double bc2 = 1 - std::pow(beta2, step);
-  const double step_size = lr / bc1;
-  const float w = float(1 - beta1);
-  const bool small = std::fabs(w) < 0.5f;
-  const Adam c{float(1 - lr * wd), small ? w : w - 1.0f, float(beta2), float(1 - beta2),
-               float(std::sqrt(bc2)), float(eps), float(-step_size)};
-  const AdamSpan span = pick(wire_kind, zero_grad != 0, wd != 0.0, small);
+  const Adam c = adam_constants(step, lr, beta1, beta2, eps, wd, 1.0);
+  const AdamSpan span = pick(wire_kind, zero_grad != 0, wd != 0.0, small_lerp(beta1));
   split(n, threads, serial_below, [&](int64_t lo, int64_t hi) {
     span(p, g, m, v, wire, lo, hi, c);
   });
+}
+
+// AdamW (as zf_adamw, no wire, no zeroing) on `count` segments of fp32 elements, all at
+// global step `step`: segment k is ptrs[k], ptrs[count + k], ptrs[2 count + k],
+// ptrs[3 count + k] (param, grad, exp_avg, exp_avg_sq), `lens[k]` elements, each a
+// multiple of 16 (the caller hands each segment's last n % 16 to torch). With div != 1
+// each gradient is divided by `div` first and the quotient stored into it (torch's
+// grad_scale). One parallel region: the total element count is split as `split` splits
+// one buffer, each thread walking the segments its global range covers (a range starts
+// on a multiple of 16 elements, so inside each segment too).
+void zf_adamw_segments(void* const* ptrs, const int64_t* lens, int64_t count, double step,
+                       double lr, double beta1, double beta2, double eps, double wd,
+                       double div, int threads, int64_t serial_below) {
+  const Adam c = adam_constants(step, lr, beta1, beta2, eps, wd, div);
+  const bool decay = wd != 0.0, small = small_lerp(beta1), divide = c.div != 1.0f;
+  using S = AdamSpan;
+  static const S spans[2][2][2] = {
+      {{adamw_span<0, false, false, false>, adamw_span<0, false, false, true>},
+       {adamw_span<0, false, true, false>, adamw_span<0, false, true, true>}},
+      {{adamw_span<0, false, false, false, true>, adamw_span<0, false, false, true, true>},
+       {adamw_span<0, false, true, false, true>, adamw_span<0, false, true, true, true>}}};
+  const S span = spans[divide][decay][small];
+  int64_t* starts = new int64_t[count + 1];  // each segment's first global element
+  starts[0] = 0;
+  for (int64_t k = 0; k < count; ++k) starts[k + 1] = starts[k] + lens[k];
+  float* const* f = reinterpret_cast<float* const*>(ptrs);
+  split(starts[count], threads, serial_below, [&](int64_t lo, int64_t hi) {
+    // the last segment starting at or before lo (binary search), then on while < hi
+    int64_t a = 0, b = count;
+    while (b - a > 1) {
+      const int64_t mid = (a + b) / 2;
+      (starts[mid] <= lo ? a : b) = mid;
+    }
+    for (int64_t k = a; k < count && starts[k] < hi; ++k) {
+      const int64_t s0 = starts[k], from = lo > s0 ? lo - s0 : 0;
+      const int64_t to = (hi < starts[k + 1] ? hi : starts[k + 1]) - s0;
+      if (from < to)
+        span(f[k], f[count + k], f[2 * count + k], f[3 * count + k], nullptr, from, to, c);
+    }
+  });
+  delete[] starts;
 }
 
 // window[i] = fma(grads[i] widened to fp32, alpha, window[i]) (grads_kind 0 fp32, 1 bf16,

@@ -4,10 +4,10 @@ gradient's zeroing, which the engine no longer asks for), ZenFlow's accumulation
 conversions between fp32 and the 16-bit wires.
 
 This module owns the kernels the engine calls through `zfbench.real.kernels`
-(`host_adamw_`, `accumulate_`, and `convert_` inside `copy_`), the torch paths they fall
-back to, and the check that the C++ library (real/host_fused.cpp, built by
-real/host_native.py on first use) gives those paths' bits on the machine at hand;
-`backend()` says which ran ('cpp' or 'torch').
+(`host_adamw_`, `accumulate_`, and `convert_` inside `copy_`; `adamw_segments_` through
+real/adamw.py), the torch paths they fall back to, and the check that the C++ library
+(real/host_fused.cpp, built by real/host_native.py on first use) gives those paths' bits
+on the machine at hand; `backend()` says which ran ('cpp' or 'torch').
 
 Why one pass (issue 45: 30 B per parameter instead of 34 over two passes, with the
 H100 host's measurements) is in `host_adamw_`'s docstring. Results are the torch path's
@@ -30,8 +30,10 @@ from torch import Tensor
 from zfbench.real import host_native
 from zfbench.real.host_accum import accumulate_ as torch_accumulate_
 from zfbench.real.host_adam import _check, host_adamw_ as torch_host_adamw_
+from zfbench.real.host_segments import (check_segments, cpp_adamw_segments_,
+                                        torch_adamw_segments_)
 
-__all__ = ["accumulate_", "backend", "convert_", "copy_checked_", "host_adamw_", "status",
+__all__ = ["accumulate_", "adamw_segments_", "backend", "convert_", "copy_checked_", "host_adamw_", "status",
            "sum_of_squares", "zero_"]
 
 #: elements torch's vector loop covers per step at most (AVX512 floats); the last
@@ -216,7 +218,9 @@ def _self_check(lib) -> str | None:
     out as another NaN (its sign and payload follow each instruction's operand order; torch's
     own loops differ there too). On load, a self-check runs both paths on a buffer past the
     threading threshold, for every wire dtype, with and without zeroing, with and without
-    weight decay, and for both lerp branches, and both conversions on special values; any
+    weight decay, and for both lerp branches, the segments loop over a list of views
+    (real/host_segments.py `check_segments`: gradient divisors too), and both conversions
+    on special values; any
     difference in a number's bits (a torch built otherwise, another CPU) rejects the library
     with one warning line, and torch's ops run.
     """
@@ -272,7 +276,8 @@ def _self_check(lib) -> str | None:
                     and _same_bits(low.float(), _cpp_convert(
                         lib, torch.empty_like(values), low, stream_above))):
                 return f"conversion bits differ from torch's ({dtype})"
-    return _check_words(lib, values) or _check_sum_of_squares(lib, values)
+    return (_check_words(lib, values) or _check_sum_of_squares(lib, values)
+            or check_segments(lib, torch.get_num_threads(), SERIAL_BELOW, TAIL))
 
 
 def _check_sum_of_squares(lib, values: Tensor) -> str | None:
@@ -389,6 +394,25 @@ def host_adamw_(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor
         _torch_adamw(*args)
     else:
         _cpp_adamw(lib, *args)
+
+
+def adamw_segments_(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
+                    exp_avg_sqs: list[Tensor], *, step: int, lr: float, beta1: float,
+                    beta2: float, eps: float, weight_decay: float,
+                    grad_divisor: float = 1.0) -> None:
+    """torch._fused_adamw_ over the lists at one step number, the gradients divided by
+    `grad_divisor` first and the quotients stored into them (its `grad_scale`), in one
+    parallel region over all the tensors (real/host_segments.py), with its bits; without
+    the library that torch call itself. Every tensor contiguous fp32 on the CPU (the
+    caller's `fused` check), each quadruple of one element count."""
+    args = (int(step), float(lr), float(beta1), float(beta2), float(eps),
+            float(weight_decay), float(grad_divisor))
+    lib = _library()
+    if lib is None:
+        torch_adamw_segments_(params, grads, exp_avgs, exp_avg_sqs, *args)
+    else:
+        cpp_adamw_segments_(lib, params, grads, exp_avgs, exp_avg_sqs, *args,
+                            torch.get_num_threads(), SERIAL_BELOW, TAIL)
 
 
 def accumulate_(window: Tensor, grads: Tensor, alpha: float = 1.0,

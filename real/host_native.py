@@ -41,7 +41,7 @@ from zfbench.core.provenance import cpuinfo
 
 SOURCE = Path(__file__).with_name("host_fused.cpp")
 LIB_NAME = "libzf_host.so"
-ABI_VERSION = 6
+ABI_VERSION = 7
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopenmp",
          "-fPIC", "-shared", "-std=c++17")
 BUILD_TIMEOUT_S = 300
@@ -127,6 +127,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.zf_adamw.argtypes = [vp, vp, vp, vp, vp, i32, i32, i64, f64, f64, f64, f64, f64, f64,
                              i32, i64]
     lib.zf_adamw.restype = None
+    lib.zf_adamw_segments.argtypes = [vp, vp, i64, f64, f64, f64, f64, f64, f64, f64, i32,
+                                      i64]
+    lib.zf_adamw_segments.restype = None
     lib.zf_accumulate.argtypes = [vp, vp, i32, f64, i32, i64, i32, i64, i64]
     lib.zf_accumulate.restype = None
     lib.zf_convert.argtypes = [vp, vp, i32, i32, i64, i32, i64, i64]
