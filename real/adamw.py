@@ -17,6 +17,7 @@ import torch
 
 from zfbench.real.flat import is_column_major
 from zfbench.real.host_fused import TAIL, adamw_segments_, host_adamw_
+from zfbench.real.host_segments import torch_fused_adamw_
 
 #: from this many tensors (of one step number) on, and on more than one thread, the fused
 #: CPU path is one parallel region over them all (real/host_segments.py), not
@@ -89,17 +90,9 @@ def _adamw_foreach_(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta
         # (10.8M selected elements, one thread: 11.5 vs 41.9 ms); same math, rounding aside.
         # On one H200 the foreach ops' kernels took 29 ms a step for qwen2.5-1.5b's device
         # update where plain PyTorch's fused AdamW took 12.4 (bench/results/gpu/
-        # NVIDIA-H200/2026-11-28, reference_step). One step tensor per distinct step number
-        # (the kernel only reads them): ZenFlow's per-column lists hold thousands of
-        # tensors of one step. On CUDA they live on the device (the kernel's rule), made by
-        # a fill kernel: a copy from pageable host memory would wait for the stream
-        counts = {s: step_tensor(s, params[0].device) for s in set(steps)}
-        torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [],
-                            [counts[s] for s in steps], lr=lr, beta1=beta1,
-                            beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=False,
-                            maximize=False,
-                            grad_scale=(None if grad_divisor == 1.0
-                                        else torch.tensor(float(grad_divisor))))
+        # NVIDIA-H200/2026-11-28, reference_step)
+        torch_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2,
+                           eps, weight_decay, grad_divisor)
         return
     if weight_decay:
         torch._foreach_mul_(params, 1 - lr * weight_decay)
@@ -127,13 +120,6 @@ def columns_in_place_ok(weight: torch.Tensor) -> bool:
     12 and 33; tests/test_zenflow_columns_in_place.py)."""
     return (weight.dim() == 2 and weight.device.type == "cpu" and is_column_major(weight)
             and weight.shape[0] % TAIL == 0 and _fused_ok([weight.t()]))
-
-
-def step_tensor(step: int, device: torch.device) -> torch.Tensor:
-    """The fused kernel's step count: on the CPU a plain tensor, on CUDA filled there."""
-    if device.type == "cpu":
-        return torch.tensor(float(step))
-    return torch.full((), float(step), dtype=torch.float32, device=device)
 
 
 def _fused_ok(*lists) -> bool:

@@ -33,8 +33,8 @@ from zfbench.real.host_adam import _check, host_adamw_ as torch_host_adamw_
 from zfbench.real.host_segments import (check_segments, cpp_adamw_segments_,
                                         torch_adamw_segments_)
 
-__all__ = ["accumulate_", "adamw_segments_", "backend", "convert_", "copy_checked_", "host_adamw_", "status",
-           "sum_of_squares", "zero_"]
+__all__ = ["accumulate_", "adamw_segments_", "backend", "convert_", "copy_checked_",
+           "host_adamw_", "status", "sum_of_squares", "zero_"]
 
 #: elements torch's vector loop covers per step at most (AVX512 floats); the last
 #: n % TAIL elements go to torch (its remainder loop has its own rounding)

@@ -9,7 +9,8 @@ the threads once, each thread walking the segments its range covers, with the ar
 of `zf_adamw` (`adamw_span`): torch's bits. Each segment's last n % TAIL elements go to
 torch in one batched call, as `host_fused._cpp_adamw` hands them to it.
 
-This module owns the torch reference (`torch_adamw_segments_`), the C++ call
+This module owns torch's fused call as every fused path makes it (`torch_fused_adamw_`,
+any device, per-tensor step numbers), the reference (`torch_adamw_segments_`), the C++ call
 (`cpp_adamw_segments_`, given the loaded library) and the self-check that rejects a library
 whose segments path differs in any bit (`check_segments`); real/host_fused.py's
 `adamw_segments_` chooses between them.
@@ -22,23 +23,42 @@ from array import array
 import torch
 from torch import Tensor
 
-__all__ = ["check_segments", "cpp_adamw_segments_", "torch_adamw_segments_"]
+__all__ = ["check_segments", "cpp_adamw_segments_", "step_tensor", "torch_adamw_segments_",
+           "torch_fused_adamw_"]
+
+
+def step_tensor(step: int, device: torch.device) -> Tensor:
+    """The fused kernel's step count: on the CPU a plain tensor, on CUDA filled there (a
+    fill kernel: a copy from pageable host memory would wait for the stream)."""
+    if device.type == "cpu":
+        return torch.tensor(float(step))
+    return torch.full((), float(step), dtype=torch.float32, device=device)
+
+
+def torch_fused_adamw_(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
+                       exp_avg_sqs: list[Tensor], steps: list[int], lr: float, beta1: float,
+                       beta2: float, eps: float, wd: float, grad_divisor: float = 1.0) -> None:
+    """torch._fused_adamw_ with each tensor's own step number (one step tensor per distinct
+    number, on the tensors' device: the kernel only reads them, and ZenFlow's lists hold
+    thousands of tensors of one step), the gradients divided by `grad_divisor` (its
+    `grad_scale`, which on the CPU stores the quotient into them)."""
+    if not params:
+        return
+    counts = {s: step_tensor(s, params[0].device) for s in set(steps)}
+    torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], [counts[s] for s in steps],
+                        lr=lr, beta1=beta1, beta2=beta2, weight_decay=wd, eps=eps,
+                        amsgrad=False, maximize=False,
+                        grad_scale=(None if grad_divisor == 1.0
+                                    else torch.tensor(float(grad_divisor))))
 
 
 def torch_adamw_segments_(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
                           exp_avg_sqs: list[Tensor], step: int, lr: float, beta1: float,
                           beta2: float, eps: float, wd: float,
                           grad_divisor: float = 1.0) -> None:
-    """The reference: one torch._fused_adamw_ call at one step number, the gradients
-    divided by `grad_divisor` (its `grad_scale`, which stores the quotient into them)."""
-    if not params:
-        return
-    count = torch.tensor(float(step))
-    torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], [count] * len(params),
-                        lr=lr, beta1=beta1, beta2=beta2, weight_decay=wd, eps=eps,
-                        amsgrad=False, maximize=False,
-                        grad_scale=(None if grad_divisor == 1.0
-                                    else torch.tensor(float(grad_divisor))))
+    """The reference: `torch_fused_adamw_` with one step number for every tensor."""
+    torch_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [step] * len(params), lr,
+                       beta1, beta2, eps, wd, grad_divisor)
 
 
 def cpp_adamw_segments_(lib, params: list[Tensor], grads: list[Tensor],
