@@ -15,22 +15,26 @@ Owns:
 - The files: `write_summary` (summary.csv and summary.json: the header, then the rows),
   `steps_rows` / `write_steps` (steps.csv: one row per strategy, rank and step with
   `zfbench.analysis.breakdown.BREAKDOWN_COLUMNS`), `staging_dir` and `land` (every file
-  written into a hidden staging directory, then renamed into place).
+  written into a hidden staging directory, then renamed into place, then the files of
+  the command's own names (`Owned`) this run did not write removed: one run's files).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import posixpath
 import shutil
 import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pandas as pd
 
-from zfbench.core.trace import write_json_atomic
-from zfbench.core.strategies import BASELINE
+from zfbench.core.trace import FORMATS, write_json_atomic
+from zfbench.core.strategies import BASELINE, SIM_STRATEGIES
 
 SUMMARY_COLUMNS = (
     "strategy", "ranks", "steps_measured", "steps_left_out", "steps_needed", "too_short",
@@ -225,7 +229,74 @@ def staging_dir(out: Path):
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def land(stage: Path, out: Path) -> None:
-    """Move every file written into `stage` into `out` (a rename each)."""
-    for path in stage.iterdir():
-        os.replace(path, out / path.name)
+@dataclass(frozen=True)
+class Owned:
+    """The file names a command owns in its output directory, as paths relative to it:
+    `names` (fnmatch patterns: "summary.csv", "inferred_hardware.*.json") and
+    `per_strategy` (templates, "{}" a strategy of the record, zfbench.core.strategies:
+    "{}.steps.jsonl", "profiles/{}.json"; `labelled`: a sweep case's "<label>." may come
+    before the strategy). A name it does not own (a user's notes.txt) is never removed."""
+
+    names: tuple[str, ...] = ()
+    per_strategy: tuple[str, ...] = ()
+    labelled: bool = False
+
+    def owns(self, rel: str) -> bool:
+        if any(fnmatchcase(rel, pattern) for pattern in self.names):
+            return True
+        for template in self.per_strategy:
+            head, tail = template.split("{}")
+            if len(rel) > len(head) + len(tail) and rel.startswith(head) \
+                    and rel.endswith(tail):
+                middle = rel[len(head):len(rel) - len(tail)]
+                strategy = middle.rsplit(".", 1)[-1] if self.labelled else middle
+                if "/" not in middle and strategy in SIM_STRATEGIES:
+                    return True
+        return False
+
+    def stale(self, out: Path, written) -> list[Path]:
+        """The files in `out` it owns that are not in `written` (relative paths), looked
+        for in `out` and in the folders its patterns name."""
+        folders = {posixpath.dirname(p) for p in (*self.names, *self.per_strategy)}
+        keep = {Path(p).as_posix() for p in written}
+        found = []
+        for folder in sorted(folders):
+            where = out / folder
+            if where.is_dir():
+                found += [f for f in sorted(where.iterdir()) if f.is_file() and
+                          f.relative_to(out).as_posix() not in keep and
+                          self.owns(f.relative_to(out).as_posix())]
+        return found
+
+
+# What a timeline leaves per run: `<prefix>spans.<fmt>` and `<prefix>steps.<fmt>`
+# (zfbench.core.trace.write_timeline), as `Owned.per_strategy` templates.
+TIMELINE_FILES = tuple(f"{{}}.{kind}.{fmt}" for kind in ("spans", "steps")
+                       for fmt in FORMATS)
+
+
+def remove_stale(out: Path, owned: Owned, written) -> list[Path]:
+    """Remove from `out` every file `owned` claims that this run did not write
+    (`written`, paths relative to `out`): a later run with fewer strategies or cases
+    leaves none of an earlier run's files beside its own. Returns what it removed."""
+    gone = owned.stale(out, written)
+    for path in gone:
+        path.unlink(missing_ok=True)
+    return gone
+
+
+def land(stage: Path, out: Path, owned: Owned | None = None, kept=()) -> list[Path]:
+    """Move every file written into `stage` into `out` (a rename each); then, with
+    `owned`, remove the files of `out` it claims that neither came from `stage` nor are
+    in `kept` (what the run wrote into `out` itself, relative paths): `remove_stale`.
+
+    Guaranteed: a run that dies before landing leaves `out` as it was (the staging
+    directory holds every half-written file); every file in `out` is whole (renames);
+    once `land` returns, `out` holds exactly this run's files of the names `owned`
+    claims, beside every file it does not claim. Landing writes nothing, only renames
+    then removes, so only a crash inside that short window leaves the new files beside
+    some stale ones (the next landing removes them)."""
+    names = [path.name for path in stage.iterdir()]
+    for name in names:
+        os.replace(stage / name, out / name)
+    return [] if owned is None else remove_stale(out, owned, [*names, *kept])

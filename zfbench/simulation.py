@@ -17,7 +17,8 @@ their files.
 - The report a simulated run adds to the shared one (`zfbench.report`): `summary_row`
   (the `SUMMARY_COLUMNS` `python -m zfbench.run` writes too), `too_short_warning`, and
   `write_outputs`, which writes every file (summary, steps.csv, the timelines, the
-  streamed trace.json, drawing the steps `TraceRule` says) through a staging directory.
+  streamed trace.json, drawing the steps `TraceRule` says) through a staging directory,
+  removing an earlier run's files of the same names it did not write (`SIMULATED_FILES`).
 
 A command module: it imports sims/ and analysis/ (docs/design.md's arrows).
 """
@@ -42,8 +43,8 @@ from zfbench.analysis.breakdown import step_breakdown, summarize
 from zfbench.core.progress import progress
 from zfbench.core.trace import (Timeline, TraceSteps, chrome_events_text, columnar_format,
                                 write_chrome_trace, write_timeline)
-from zfbench.report import (add_speedups, complete_row, land, staging_dir, steps_rows,
-                            steps_text, write_steps, write_summary)
+from zfbench.report import (TIMELINE_FILES, Owned, add_speedups, complete_row, land,
+                            staging_dir, steps_rows, steps_text, write_steps, write_summary)
 from zfbench.sims.costs import SimSettings, SimSettingsError
 from zfbench.sims.settings import knob_fields
 from zfbench.sims.simulator import SimResult, simulate, steps_needed
@@ -232,15 +233,23 @@ def _trace_text(shown: Timeline | None, strategy: str, window: TraceSteps | None
     return offset, chrome_events_text(shown, strategy, offset, window)
 
 
+# The files a simulated run writes (a sweep's case labels before each timeline's
+# strategy): an earlier run's of these names that a later one did not write are removed.
+SIMULATED_FILES = Owned(names=("summary.csv", "summary.json", "steps.csv", "trace.json"),
+                        per_strategy=TIMELINE_FILES, labelled=True)
+
+
 def write_outputs(out: Path, head: dict, rows: list[dict], results: dict,
                   extras: dict[str, str] | None = None, trace: TraceRule = TraceRule(),
-                  fmt: str | None = None, staging: Path | None = None) -> None:
-    """Write every file into a staging directory, then move them into `out`.
-    `results` maps (labels as a tuple of items, strategy) to a SimResult, or to the
-    RunFiles `finish_run` left in `staging`; `head` is the summary.json's header
-    (settings, sweep, provenance ...; the trace rule is added); `extras` more files by
-    name (their text). `trace`: the steps trace.json draws (no trace.json with a sweep);
-    `fmt`: the timeline format, by default Parquet where pyarrow imports, else CSV."""
+                  fmt: str | None = None, staging: Path | None = None,
+                  owned: Owned = SIMULATED_FILES) -> None:
+    """Write every file into a staging directory, then move them into `out` and remove
+    the files `owned` claims that this run did not write (zfbench.report.land; the
+    command's names, by default `SIMULATED_FILES`). `results` maps (labels as a tuple
+    of items, strategy) to a SimResult, or to the RunFiles `finish_run` left in
+    `staging`; `head` is the summary.json's header (settings, sweep, provenance ...; the
+    trace rule is added); `extras` more files by name (their text). `trace`: the steps
+    trace.json draws (no trace.json with a sweep); `fmt`: the timeline format, by default Parquet where pyarrow imports, else CSV."""
     chrome = all(not items for items, _ in results)
     with nullcontext(staging) if staging is not None else staging_dir(out) as stage:
         plan = FilePlan(stage, trace, fmt or columnar_format(), chrome)
@@ -263,7 +272,7 @@ def write_outputs(out: Path, head: dict, rows: list[dict], results: dict,
                                {s: r.trace for (_, s), r in done.items()}, window,
                                {s: r.trace_text for (_, s), r in done.items()
                                 if r.trace_text is not None})
-        land(stage, out)
+        land(stage, out, owned)
 
 
 def steps_drawn(timeline: Timeline) -> dict[str, str]:

@@ -16,8 +16,9 @@ Baselines (one of):
   --paper                the ZenFlow paper's eight ZeRO-Offload bars (4 GPUs)
 
 --out gets summary.csv/json, range.csv, inferred.json, inferred_hardware.json (replayable
-with python -m zfbench.simulate --hardware), steps.csv, spans and trace.json; with --paper
-also paper.csv and paper.json. The method, its limits and the files: docs/commands.md,
+with python -m zfbench.simulate --hardware), steps.csv, spans and trace.json (an earlier
+prediction's files of those names it did not write removed); with --paper also paper.csv
+and paper.json. The method, its limits and the files: docs/commands.md,
 "predict".
 """
 
@@ -42,13 +43,18 @@ from zfbench.core.strategies import BASELINE, has_windows
 from zfbench.predict import inputs as predict_inputs
 from zfbench.cli_checks import (ZENFLOW_KNOBS, CliError, OneLineParser, check_out_dir,
                                 fail, zenflow_flags)
-from zfbench.report import fits_cell, json_ready, render, times
-from zfbench.simulation import KNOBS, parse_value, run, write_outputs
+from zfbench.report import Owned, fits_cell, json_ready, render, times
+from zfbench.simulation import SIMULATED_FILES, KNOBS, parse_value, run, write_outputs
 from zfbench.core.trace import write_csv_atomic, write_json_atomic
 from zfbench.validate.calibrated import calibrated_on
 
 PROG = "python -m zfbench.predict"
 INFERRED = ("mfu", "bandwidth_scale", "profile", "hardware")  # found, not given
+# What a prediction writes beside a simulated run's files (one inferred hardware file per
+# fit that reached its target): an earlier prediction's it did not write are removed.
+PREDICTED_FILES = Owned(names=(*SIMULATED_FILES.names, "range.csv", "inferred.json",
+                               "inferred_hardware.json", "inferred_hardware.*.json"),
+                        per_strategy=SIMULATED_FILES.per_strategy, labelled=True)
 
 
 def build_parser() -> OneLineParser:
@@ -420,7 +426,8 @@ def _main(argv: list[str] | None, workdir: tempfile.TemporaryDirectory) -> int:
                     f"inferred_hardware.{f.case}.json"
                 extras[name] = Path(f.settings.machine.hardware).read_text()
         try:
-            write_outputs(args.out, json_ready(head), rows, results, extras)
+            write_outputs(args.out, json_ready(head), rows, results, extras,
+                          owned=PREDICTED_FILES)
         except OSError as err:
             return fail(f"writing {args.out}: {err}")
         print(f"wrote {args.out}/summary.csv, summary.json, range.csv, inferred.json, "

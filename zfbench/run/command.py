@@ -16,7 +16,8 @@ profile and the simulator's expectation beside each measured strategy (zfbench.r
 Everything is decided first (zfbench.run.plan: memory, a proxy, the shape, the precision),
 then executed (zfbench.run.execute), then reported (`report`); launched ranks get `--plan`.
 Files written to `--out` (default runs/run, without `plan.json`): `plan.json`, `summary.csv`/`.json`, `steps.csv`,
-`<strategy>.steps.jsonl`, the timeline `<strategy>.spans.csv`/`.steps.csv`, `trace.json`.
+`<strategy>.steps.jsonl`, the timeline `<strategy>.spans.csv`/`.steps.csv`, `trace.json`;
+an earlier run's files of those names that this run did not write are removed.
 docs/commands.md ("run") has every flag, example and file in detail.
 """
 
@@ -291,10 +292,21 @@ def report(run: RunPlan, ex: Execution) -> int:
         rows.extend(print_projection(proxy, run.configs, list(run.strategies), ex.ranks,
                                      rows))
     out = RESULTS_DIR if run.out is None else run.out
-    write_outputs(out, rows, ex.results, summary_meta(run, ex, proxy, expectation, mfu_note))
+    write_outputs(out, rows, ex.results, summary_meta(run, ex, proxy, expectation, mfu_note),
+                  written_before(out, run, ex))
     print(f"wrote {out}/summary.csv, summary.json, steps.csv, per-step JSONL, "
           f"spans and trace.json (open in https://ui.perfetto.dev)")
     return 0
+
+
+def written_before(out: Path, run: RunPlan, ex: Execution) -> list[str]:
+    """What the run wrote into `out` before its report (paths relative to it), kept when
+    its files land: plan.json (with --out) and the profiles where they went there."""
+    kept = [PLAN_FILE] if run.out is not None else []
+    for path in (ex.profile_path, *ex.profiles.values()):
+        if path is not None and Path(path).resolve().is_relative_to(out.resolve()):
+            kept.append(Path(path).resolve().relative_to(out.resolve()).as_posix())
+    return kept
 
 
 def summary_meta(run: RunPlan, ex: Execution, proxy: dict | None,

@@ -15,6 +15,8 @@ from zfbench.core.scenario import CPU_LANES, GPU_NODE
 
 # where a run's files go without --out: every measured result is also a file
 RESULTS_DIR = Path("runs/run")
+# the plan a run writes into --out before its first step (zfbench.run.plan)
+PLAN_FILE = "plan.json"
 
 DEFAULT_SEQ = CPU_LANES.seq
 DEFAULT_PRECISION = GPU_NODE.precision

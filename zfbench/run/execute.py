@@ -19,7 +19,8 @@ from pathlib import Path
 from zfbench.core.trace import write_json_atomic
 from zfbench.real.runner import RunSpec, train
 from zfbench.run.probe import describe_scenario
-from zfbench.run.report import describe_config, measurement_window, memory_room
+from zfbench.report import remove_stale
+from zfbench.run.report import PROFILE_FILES, describe_config, measurement_window, memory_room
 
 PROFILE_DIR = Path("runs/profile")  # where a profile goes without --out
 
@@ -78,12 +79,14 @@ def print_header(plan, ranks: int) -> None:
 
 def write_profile(spec: RunSpec, out: Path | None) -> tuple[Path, str]:
     """Measure this machine's profile for `spec` (zfbench.real.profile) into
-    OUT/profile.json: (its path, the line that says what it measured)."""
+    OUT/profile.json, removing an earlier run's OUT/profiles/<strategy>.json (it measures
+    none around the strategies): (its path, the line that says what it measured)."""
     from zfbench.real.profile import measure_profile
 
     path = (out or PROFILE_DIR) / "profile.json"
     profile = measure_profile(spec)
     write_json_atomic(path, profile)
+    remove_stale(path.parent, PROFILE_FILES, ())
     cal = profile["calibration"]
     lanes = "".join(f", {name} {lane['host_adam_params_per_s'] / 1e6:.0f} M on "
                     f"{lane['host_threads']}" for name, lane in

@@ -9,7 +9,8 @@ strategy, measured and simulated step, stall and its parts side by side
 (`format_expectation`); `describe_lanes` says what bounds the gain here (each lane's
 threads and achieved rates, beside the bandwidth the host kernels reach alone). The
 profiles are written beside the run's files (OUT/profile.json, the mean;
-OUT/profiles/<strategy>.json) so `python -m zfbench.simulate --profile` can replay them.
+OUT/profiles/<strategy>.json, an earlier run's of other strategies removed) so
+`python -m zfbench.simulate --profile` can replay them.
 
 Several ranks on this CPU (`--gpus 4` without a GPU) are simulated as they run: rank 0
 measures the profile and rates alone while the others wait at a barrier (with the threads
@@ -126,6 +127,8 @@ class Calibration:
         strategy; return the mean's path (None on ranks other than 0)."""
         from zfbench.core.trace import write_json_atomic
         from zfbench.real.profile import mean_profile, measure_profile, with_rates
+        from zfbench.report import remove_stale
+        from zfbench.run.report import PROFILE_FILES
 
         self._time_collectives()
         if not self.lead:
@@ -141,6 +144,8 @@ class Calibration:
         for strategy, rates in self.rates.items():
             self.paths[strategy] = out / "profiles" / f"{strategy}.json"
             write_json_atomic(self.paths[strategy], with_rates(profile, rates))
+        # an earlier run's profiles of strategies this one did not run
+        remove_stale(out, PROFILE_FILES, [p.relative_to(out) for p in self.paths.values()])
         return path
 
 

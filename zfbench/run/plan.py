@@ -27,11 +27,9 @@ from zfbench.core.trace import write_json_atomic
 from zfbench.real.distributed import env_world
 from zfbench.real.memory import InsufficientMemoryError, check_configs_fit
 from zfbench.real.runner import RunSpec
-from zfbench.run.defaults import DEFAULT_SEQ, RESULTS_DIR, gpu_sized
+from zfbench.run.defaults import DEFAULT_SEQ, PLAN_FILE, RESULTS_DIR, gpu_sized  # noqa: F401
 from zfbench.run.probe import (decide_precision, describe_scenario, is_default_scenario,
                                shape_given, size_default)
-
-PLAN_FILE = "plan.json"
 
 
 @dataclass(frozen=True)

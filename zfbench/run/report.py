@@ -12,7 +12,8 @@ reason in summary.json), memory per rank and `fits` from the engine's own estima
 (`zfbench.real.memory`, `memory_columns`), and the output directory: summary.csv/json
 (the rows, the run's settings, every strategy's effective config, where the numbers came
 from, and what mfu and fits were measured against), steps.csv (the per-step breakdown),
-per-strategy JSONL, spans and trace.json, all through a staging directory and renames.
+per-strategy JSONL, spans and trace.json, all through a staging directory and renames;
+then the files of an earlier run it did not write again are removed (`RUN_FILES`).
 
 Part of the command `python -m zfbench.run` (its concept: the run's report, apart from
 running it): like the command, it imports real/, sims/ or analysis/ (docs/design.md's
@@ -31,8 +32,9 @@ from zfbench.core.schedule import assumed_window_steps
 from zfbench.core.schedule import measurement_window as steps_left_out
 from zfbench.core.trace import merge_chrome_traces, write_json_atomic
 from zfbench.run.host_target import host_target_columns, uploads_on_host_worker
-from zfbench.report import (add_speedups, complete_row, json_ready, land, staging_dir,
-                            steps_rows, write_steps, write_summary)
+from zfbench.run.defaults import PLAN_FILE
+from zfbench.report import (TIMELINE_FILES, Owned, add_speedups, complete_row, json_ready,
+                            land, staging_dir, steps_rows, write_steps, write_summary)
 
 
 def measurement_window(cfg: EngineConfig) -> tuple[int, int]:
@@ -212,9 +214,23 @@ def summary_row(result, work: StepWork, skip: int, needed: int,
     return complete_row(row)
 
 
-def write_outputs(out: Path, rows: list[dict], results: dict, meta: dict) -> None:
-    """Every file into a staging directory, then renamed into `out`; `meta` (settings,
-    configs, provenance, column notes) goes into summary.json before the rows."""
+# Each strategy's profile measured around it (zfbench.run.expect), beside profile.json.
+PROFILE_FILES = Owned(per_strategy=("profiles/{}.json",))
+# Every file name a run writes into its directory (plan.json and the profiles before the
+# report, the rest through `write_outputs`): those of an earlier run it did not write
+# again are removed when it lands (zfbench.report.land).
+RUN_FILES = Owned(names=("summary.csv", "summary.json", "steps.csv", "trace.json",
+                         PLAN_FILE, "profile.json"),
+                  per_strategy=(*TIMELINE_FILES, "{}.steps.jsonl",
+                                *PROFILE_FILES.per_strategy))
+
+
+def write_outputs(out: Path, rows: list[dict], results: dict, meta: dict,
+                  kept=()) -> None:
+    """Every file into a staging directory, then renamed into `out`, and the files of
+    `RUN_FILES` this run did not write removed (`kept`: those it wrote into `out`
+    itself, relative paths: plan.json, the profiles); `meta` (settings, configs,
+    provenance, column notes) goes into summary.json before the rows."""
     with staging_dir(out) as staging:
         write_summary(staging, meta, rows)
         tables = []
@@ -229,7 +245,7 @@ def write_outputs(out: Path, rows: list[dict], results: dict, meta: dict) -> Non
         write_steps(staging, tables)
         write_json_atomic(staging / "trace.json", merge_chrome_traces(
             {s: r.timeline for s, r in results.items()}))
-        land(staging, out)
+        land(staging, out, RUN_FILES, kept)
 
 
 def project(spec, shape, strategies: list[str], profile_path: Path,

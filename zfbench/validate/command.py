@@ -9,8 +9,8 @@ at two (topk_ratio, update_interval) pairs and on ZeRO-3 at the first (`cell_pla
 simulator runs the same cells with that profile, host and link rates measured around each.
 Written to `--out` (default runs/validate): `validate.csv`, `ops.csv` (busy seconds per
 step by lane and op, measured beside simulated), `validate_summary.json`, `profiles/` and
-`traces/`; rewritten as each shape finishes. A cell whose schedule signature differs
-makes the command exit non-zero; bad input is one `error: ...` line, exit 2.
+`traces/`; rewritten as each shape finishes, an earlier run's others removed at the end.
+A cell whose schedule signature differs exits non-zero; bad input: one `error:` line, 2.
 On CUDA (`--device cuda`, or `auto` where torch sees a GPU) the profiles, probes and cells
 run on the GPU in bf16 with zfbench.run's GPU defaults, the simulator takes the profile's
 copy engines, and a shape beyond the model's positions grows its batch (at most MAX_BATCH).
@@ -50,6 +50,7 @@ from zfbench.sims.simulator import simulate
 from zfbench.cli_checks import CliError, OneLineParser, check_out_dir, fail, positive_int
 from zfbench.core.config import SCENARIO_ZENFLOW, STRATEGIES
 from zfbench.core.trace import merge_chrome_traces, write_csv_atomic, write_json_atomic
+from zfbench.report import Owned, remove_stale
 from zfbench.run.defaults import DEFAULT_PRECISION
 from zfbench.validate import published as validate_published
 from zfbench.validate.shapes import (REGIMES, SIZING_SEQ, NoisySizingError, compute_s,
@@ -74,6 +75,19 @@ def cell_name(shape_name: str, strategy: str, pair, zero_stage: int = 2) -> str:
     """A cell's name: its profile's and trace's file name, `ops.csv`'s `cell`."""
     return f"{shape_name}.{strategy}" + (".zero3" if zero_stage == 3 else "") + (
         f".topk{pair[0]}-U{pair[1]}" if has_windows(strategy) else "")
+
+
+# Every file validate writes into --out (a shape's profile and its cells' profiles and
+# traces are named after the shape, `sized_shapes`: ratio2, ratio0.45 ...).
+VALIDATE_FILES = Owned(names=("validate.csv", "validate_summary.json", "ops.csv",
+                              "profiles/ratio*.json", "traces/ratio*.json"))
+
+
+def shape_files(shape_name: str, pairs) -> list[str]:
+    """The files one shape writes into profiles/ and traces/ (relative to --out)."""
+    cells = [cell_name(shape_name, s, pair, stage) for s, pair, stage in cell_plan(pairs)]
+    return [f"profiles/{shape_name}.json",
+            *(f"{folder}/{cell}.json" for cell in cells for folder in ("profiles", "traces"))]
 
 
 def cell_plan(pairs) -> list[tuple[str, tuple, int]]:
@@ -135,7 +149,7 @@ def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool,
     rows, failures, ops = [], [], []
     (out / "profiles").mkdir(parents=True, exist_ok=True)
     (out / "traces").mkdir(parents=True, exist_ok=True)
-    slowest, left_out = 0.0, []
+    slowest, left_out, written = 0.0, [], []
     for done, (regime, shape_name, spec) in enumerate(shapes, 1):
         spent = time.perf_counter() - started
         if budget_s is not None and done > 1 and spent + slowest > budget_s:
@@ -166,7 +180,11 @@ def validate(base: RunSpec, out: Path, skip: int, quick: bool, progress: bool,
                                                [name for _, name, _ in shapes[:done]],
                                                complete=done == len(shapes), head=head,
                                                ops=ops)
+        written += shape_files(shape_name, pairs)
         slowest = max(slowest, time.perf_counter() - shape_started)
+    # an earlier run's files of shapes or cells this one did not write
+    remove_stale(out, VALIDATE_FILES, [*written, "validate.csv", "validate_summary.json",
+                                       *(["ops.csv"] if ops else [])])
     show = unique[["shape", "regime", "seq", "host_adam_over_compute", "strategy",
                    "zero_stage", "topk_ratio", "update_interval", "measured_step_time_s",
                    "simulated_step_time_s", "rel_error_step_time_s",
