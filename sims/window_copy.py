@@ -43,8 +43,8 @@ from zfbench.sims.lanes import all_done
 #   lines 593-610, `std::memcpy(sp + ..., pp + ..., ...)`). The training process runs on
 #   ceil(pt_reserved_cores_perc x cores) cores after the split (zenflow_utils.py
 #   `_split_affinity`, lines 73-81; `start_optimizer_process`'s `cpu_affinity(pt_affinity)`).
-# - PyTorch (main as stored, commit 007aa8ae; the logic dates from torch 1.x and is the
-#   same in the 2.11 of the H200 run), aten/src/ATen/native/cuda/Copy.cu
+# - PyTorch (main as stored, commit 007aa8ae; the tag of the H200 run's torch 2.11 was not
+#   read, judged the same: this branch is long-standing), aten/src/ATen/native/cuda/Copy.cu
 #   `copy_kernel_cuda`: a CPU -> CUDA copy that changes dtype needs temporaries
 #   (`copy_requires_temporaries`: same dtype and contiguous is the only direct case); with
 #   `non_blocking` false the conversion device is the CPU ("For blocking transfers
