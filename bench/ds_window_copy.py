@@ -12,6 +12,8 @@ copy as DeepSpeed runs it and the parts it may be made of, on buffers of `--elem
 (default qwen2.5-1.5b's parameters), so the simulator can cost it from measured parts:
 
 - `deepspeed_copy`: `dst16.copy_(src32)` from pageable memory, blocking (DeepSpeed's line);
+- `deepspeed_copy_shared`: the same from shared memory (`share_memory_()`), the memory
+  DeepSpeed's fp32 snapshot (`stale_param`) lives in, never page-locked;
 - `deepspeed_copy_pinned`: the same from page-locked memory;
 - `convert_on_host_fresh`: `src32.to(bf16)` on the host into a new tensor;
 - `convert_on_host_into`: the same conversion into a buffer reused across repeats;
@@ -19,6 +21,14 @@ copy as DeepSpeed runs it and the parts it may be made of, on buffers of `--elem
 - `upload16_pinned`: a page-locked 16-bit tensor copied up (what zfbench's engine ships);
 - `upload32_then_convert`: the fp32 master copied up from page-locked memory, then
   converted on the device.
+
+The simulator (zfbench.sims.window_copy) assumes `deepspeed_copy` = `convert_on_host_into`
+(at the host's CPU-Adam streaming rate) followed by `upload16_pageable` (at the lesser of
+the link's and the driver's staging copy's rate): PyTorch converts a blocking CPU -> CUDA
+copy on the host, into a fresh pageable temporary, then copies it up. What `deepspeed_copy`
+takes beyond those two is unmodelled: `convert_on_host_fresh` minus `convert_on_host_into`
+is the fresh temporary's page faults; `deepspeed_copy_shared` against `deepspeed_copy`
+says whether shared memory changes the upload.
 
 Each case is timed between device synchronisations (median over `--repeats` after one
 untimed run). Writes DIR/ds_window_copy.csv (case, seconds, G elements/s, GB/s over the
@@ -68,12 +78,14 @@ def cases(n: int, device: torch.device) -> dict[str, tuple]:
     src32 = torch.randn(n, dtype=torch.float32)
     dst16 = torch.empty(n, dtype=torch.bfloat16, device=device)
     src32_pinned = src32.pin_memory() if cuda else src32.clone()
+    src32_shared = src32.clone().share_memory_()
     src16 = src32.to(torch.bfloat16)
     src16_pinned = src16.pin_memory() if cuda else src16.clone()
     into16 = torch.empty(n, dtype=torch.bfloat16)
     tmp32 = torch.empty(n, dtype=torch.float32, device=device)
     return {
         "deepspeed_copy": (lambda: dst16.copy_(src32), 2 * n),
+        "deepspeed_copy_shared": (lambda: dst16.copy_(src32_shared), 2 * n),
         "deepspeed_copy_pinned": (lambda: dst16.copy_(src32_pinned), 2 * n),
         "convert_on_host_fresh": (lambda: src32.to(torch.bfloat16), 0),
         "convert_on_host_into": (lambda: into16.copy_(src32), 0),

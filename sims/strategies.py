@@ -130,24 +130,26 @@ class RankSim:
             return device_thread_op(self, "compute", op, step, seconds)
         return run_compute(self.env, self.timeline, self.rank, op, step, seconds)
 
-    def transfer(self, lane: Lane, op: str, step: int, nbytes: float, deps) -> simpy.Event:
+    def transfer(self, lane: Lane, op: str, step: int, nbytes: float, deps,
+                 pageable_buffer: bool | None = None) -> simpy.Event:
         """A copy on `lane` once `deps` have fired; emulated, uploads run on the host
-        worker (recorded on the h2d lane)."""
+        worker (recorded on the h2d lane). `pageable_buffer`: whether its host buffer is pageable
+        (default: as the offload's buffers, `CostModel.pageable_copies`)."""
         nbytes = int(round(nbytes))
         if nbytes <= 0:
             return _fired(self.env)
-        job = self.copy_job(lane.name, nbytes)
+        job = self.copy_job(lane.name, nbytes, pageable_buffer)
         if self.emulated and lane is self.h2d:
             return self.host.submit(op, step, deps, seconds=self.latency_s, job=job,
                                     nbytes=nbytes, record_lane="h2d")
         return lane.submit(op, step, deps, seconds=self.latency_s, job=job, nbytes=nbytes)
 
-    def copy_job(self, kind: str, nbytes: int) -> Job:
-        """The pool job of a copy of `nbytes` ("d2h" or "h2d"): from pageable host buffers,
-        capped by the driver's staging copy and three DRAM bytes per byte
-        (zfbench.sims.pageable)."""
+    def copy_job(self, kind: str, nbytes: int, pageable_buffer: bool | None = None) -> Job:
+        """The pool job of a copy of `nbytes` ("d2h" or "h2d"): from pageable host buffers
+        (`pageable_buffer`, default `CostModel.pageable_copies`), capped by the driver's
+        staging copy and three DRAM bytes per byte (zfbench.sims.pageable)."""
         c = self.costs
-        if c.pageable_copies:
+        if c.pageable_copies if pageable_buffer is None else pageable_buffer:
             return Job(kind, self.rank, nbytes, pageable.DRAM_BYTES_PER_BYTE,
                        c.pageable_copy_bytes_per_s)
         return Job(kind, self.rank, nbytes)

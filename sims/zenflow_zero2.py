@@ -9,8 +9,10 @@ window and its parameters go up. With `overlap_step` the device waits, at the ne
 boundary, for the previous window's update only (one window stale); without it, at once.
 `transfers` "full" sends whole gradients and parameters (the engine's data path);
 "shipped" is DeepSpeed's (the accumulator's round trip up, the fp32 window down at the
-boundary). On the CPU-emulated accelerator, selection steps after step 0 first apply
-what is pending and copy the parameters down (the master re-synced from the device).
+boundary; with `overlap_step` on a GPU the window end's blocking converting copy up,
+zfbench.sims.window_copy). On the CPU-emulated accelerator, selection steps after step 0
+first apply what is pending and copy the parameters down (the master re-synced from the
+device).
 `zenflow.offload` moves the selected columns' moments up before the device AdamW and
 back after it, in line with the update as DeepSpeed copies them on its stream.
 """
@@ -18,7 +20,8 @@ back after it, in line with the update as DeepSpeed copies them on its stream.
 from __future__ import annotations
 
 from zfbench.core.schedule import is_selection_step, is_warmup
-from zfbench.sims.lanes import all_done
+from zfbench.sims.lanes import all_done, all_of
+from zfbench.sims.window_copy import window_copy
 
 
 def zenflow_zero2_step(sim, t: int):
@@ -80,18 +83,31 @@ def zenflow_zero2_step(sim, t: int):
             window_deps = [sim.transfer(sim.d2h, "d2h_grad", t,
                                          c.share(c.params) * 4, window_deps)]
         up_elems = unselected if not shipped else [b.numel for b in c.buckets]
-        if s.zenflow.overlap_step:
+        # DeepSpeed's overlapped window end on a GPU: the optimizer process uploads
+        # nothing; the training thread waits for it, then copies the fp32 snapshot into
+        # the 16-bit weights itself (zfbench.sims.window_copy)
+        ds_copy = shipped and s.zenflow.overlap_step and not sim.emulated
+        if ds_copy:
+            pending = st.pop("pending", None)
+            if pending is not None:
+                yield from all_done(sim.env, [pending])
+                yield from window_copy(sim, t)
+        elif s.zenflow.overlap_step:
             yield from sim.apply_update(t, st.pop("pending", None), True)
         # the window is fp32 already: only the parameters going up are converted,
         # one of the two conversions the profile times together; the engine clears
         # the window chunk by chunk after its Adam (not the shipped path: DeepSpeed's)
-        landed, _ = sim.host_update(t, window_deps,
-                                     lambda i: c.share(c.buckets[i].numel),
-                                     lambda i: c.share(up_elems[i]) * c.elem_bytes,
-                                     lambda i: 0.5 * c.share(up_elems[i]),
-                                     None if shipped else
-                                     (lambda i: c.share(c.buckets[i].numel)))
-        if s.zenflow.overlap_step:
+        landed, chunks = sim.host_update(t, window_deps,
+                                          lambda i: c.share(c.buckets[i].numel),
+                                          lambda i: 0 if ds_copy else
+                                          c.share(up_elems[i]) * c.elem_bytes,
+                                          lambda i: 0.5 * c.share(up_elems[i]),
+                                          None if shipped else
+                                          (lambda i: c.share(c.buckets[i].numel)),
+                                          gather=not ds_copy)
+        if ds_copy:  # the update is done when the optimizer process is
+            st["pending"] = all_of(sim.env, list(chunks.values()))
+        elif s.zenflow.overlap_step:
             st["pending"] = landed
         else:
             yield from sim.apply_update(t, landed, True)

@@ -34,7 +34,7 @@ def test_the_copies_write_what_deepspeed_writes():
     torch = ds_window_copy.torch
     fns = ds_window_copy.cases(1000, torch.device("cpu"))
     expected = fns["convert_on_host_fresh"][0]()
-    for name in ("deepspeed_copy", "deepspeed_copy_pinned", "convert_on_host_into",
+    for name in ("deepspeed_copy", "deepspeed_copy_shared", "deepspeed_copy_pinned", "convert_on_host_into",
                  "upload16_pageable", "upload16_pinned", "upload32_then_convert"):
         out = fns[name][0]()
         assert out.dtype == torch.bfloat16 and torch.equal(out, expected), name

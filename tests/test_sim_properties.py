@@ -157,7 +157,13 @@ def expected_bytes(s: SimSettings, strategy: str, t: int, rank: int = 0) -> tupl
     if s.measurement.transfers == "design":
         return share(unsel), share(unsel) if boundary else 0
     d2h = share(full) + (int(round(P / n * 4)) if boundary else 0)
-    h2d = (0 if first_of_window else share(full)) + (share(full) if boundary else 0)
+    h2d = 0 if first_of_window else share(full)
+    if boundary and s.zenflow.overlap_step and s.measurement.transfers == "shipped":
+        # DeepSpeed's window end copies the previous window's update up in one copy,
+        # none at the first boundary (zfbench.sims.window_copy)
+        h2d += int(round(P / n * b)) if prev else 0
+    elif boundary:
+        h2d += share(full)
     return d2h, h2d
 
 
