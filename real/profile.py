@@ -152,9 +152,10 @@ def _selected_columns(mats, dtype, ratio: float, importance: str = "l1"):
     fp32 values, gradient and scratch; a low-precision staging buffer when the weights are
     not fp32), and `column_io`: the gather/convert and the scatter
     ZenFlowStrategy.device_update runs around its AdamW, with its kernels
-    (`zfbench.real.kernels`) on the engine's column-major layout: no scatter for a weight
-    whose AdamW runs on its own columns (real/adamw.py `columns_in_place_ok`; the engine
-    keeps the moments on the device here); the division by U is in the AdamW pass."""
+    (`zfbench.real.kernels`) on the engine's column-major layout: neither for a weight
+    whose AdamW runs on its own and its gradient's columns (real/adamw.py
+    `columns_in_place_ok`; the engine keeps the moments on the device here); the division
+    by U is in the AdamW pass."""
     idx = [kernels.top_columns(kernels.column_scores(p.grad, importance),
                                topk_count(p.shape[1], ratio)) for p in mats]
     sel = [take_columns(p.detach(), i).float() for p, i in zip(mats, idx)]
@@ -164,9 +165,10 @@ def _selected_columns(mats, dtype, ratio: float, importance: str = "l1"):
 
     def column_io():
         for p, i, g, lo, x in zip(mats, idx, sel_g, low, sel):
+            if lo is None and columns_in_place_ok(p) and columns_in_place_ok(p.grad):
+                continue  # AdamW on the weight's and the gradient's own columns
             kernels.gather_grads_(p.grad, i, g, lo)
-            if lo is not None or not columns_in_place_ok(p):
-                kernels.scatter_(p.data, i, x, lo)
+            kernels.scatter_(p.data, i, x, lo)
     return sel, sel_g, ms, vs, scratch, column_io
 
 

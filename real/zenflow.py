@@ -45,10 +45,11 @@ from zfbench.core.schedule import (AutoIntervalTracker, is_selection_step, is_up
 class _Selected:
     """One weight's selected columns on the device: values (fp32, as the device holds
     them; where the AdamW runs on the weight's own columns, `_in_place`, only a buffer
-    `apply_pending` reuses), and reusable gradient, low-precision and scratch buffers of
-    the same shape."""
+    `apply_pending` reuses), and reusable gradient (made by the first gather: none where
+    the AdamW reads the gradient's own columns), low-precision and scratch buffers of the
+    same shape."""
     values: torch.Tensor
-    grad: torch.Tensor
+    grad: torch.Tensor | None
     low: torch.Tensor | None
     scratch: torch.Tensor
 
@@ -263,7 +264,14 @@ class ZenFlowStrategy(Strategy):
         e = self.e
         self.device_count += 1
         if self.moments is None:
-            with e.compute("device_optim", t, reads=(e.flat_grads,), writes=(e.flat_params,)):
+            writes = (e.flat_params,)
+            if any(self._in_place(p) for _, p in self.matrices):
+                # the quotients grad / U go into the gradients' selected columns
+                self.B.wait("compute", e.grads_read, "the device update waits for the d2h "
+                            "to have read the gradients it divides")
+                e.grads_read = None  # the compute lane is past it: zeroing may follow
+                writes += (e.flat_grads,)
+            with e.compute("device_optim", t, reads=(e.flat_grads,), writes=writes):
                 self._update_entries(self.entry_names, self.dm, self.dv)
             return
         staging = self.moments.staging
@@ -289,13 +297,16 @@ class ZenFlowStrategy(Strategy):
                 idx = self.selected[name]
                 in_place = self._in_place(p)
                 work = self._work(name, p, idx, from_device=not in_place)
-                kernels.gather_grads_(p.grad, idx, work.grad, work.low)
-                if in_place:  # AdamW on the weight's own columns: no write-back pass
+                if in_place:  # AdamW on the weight's and the gradient's own columns: no
+                    # gather, no write-back (the quotients grad / U land in the gradient)
                     cols = self._column_views(name, p, idx, work, ms_of[name], vs_of[name])
                     for into, views in zip((params, grads, ms, vs, scratch), cols):
                         into.extend(views)
-                    whole += [p.detach().t(), work.grad, ms_of[name], vs_of[name]]
+                    whole += [p.detach().t(), p.grad.t(), ms_of[name], vs_of[name]]
                     continue
+                if work.grad is None:
+                    work.grad = torch.empty_like(work.values)
+                kernels.gather_grads_(p.grad, idx, work.grad, work.low)
                 params.append(work.values)
                 grads.append(work.grad)
                 scratch.append(work.scratch)
@@ -324,24 +335,31 @@ class ZenFlowStrategy(Strategy):
                 kernels.scatter_(p.data, idx, new, low)
 
     def _in_place(self, p: torch.Tensor) -> bool:
-        """Whether the device AdamW runs on `p`'s selected columns where they are (fp32
-        weights, moments on the device, real/adamw.py `columns_in_place_ok`): the same bits
-        as on a gathered copy, without the gather of the values and their scatter back."""
-        return not self.low and self.moments is None and columns_in_place_ok(p)
+        """Whether the device AdamW runs on `p`'s selected columns where they are, reading
+        the gradient's own columns (fp32 weights, moments on the device, weight and
+        gradient both passing real/adamw.py `columns_in_place_ok`): the same bits as on
+        gathered copies, without the gathers of the values and the gradient and the
+        values' scatter back. The division by U stores its quotients into those gradient
+        columns (torch's fused AdamW's grad_scale), after the d2h read them
+        (`device_update` waits for it); nothing reads them again before backward writes
+        or the step zeroes them."""
+        return (not self.low and self.moments is None and columns_in_place_ok(p)
+                and p.grad is not None and columns_in_place_ok(p.grad))
 
     def _column_views(self, name: str, p: torch.Tensor, idx: torch.Tensor,
                       work: "_Selected", m: torch.Tensor, v: torch.Tensor) -> tuple:
-        """The selected columns of `p`, and the rows of the gathered gradient, of `m`, `v`
-        and the scratch, one tensor each: built once per selection (or whenever a buffer
-        is replaced), so a step makes no views."""
-        key = (idx, work, m, v, p.data_ptr())
+        """The selected columns of `p` and of its gradient, and the rows of `m`, `v` and
+        the scratch, one tensor each: built once per selection (or whenever a buffer is
+        replaced), so a step makes no views."""
+        key = (idx, work, m, v, (p.data_ptr(), p.grad.data_ptr()))
         cached = self._views.get(name)
         if cached is not None and all(a is b for a, b in zip(cached[0][:4], key[:4])) \
                 and cached[0][4] == key[4]:
             return cached[1]
-        columns = p.detach().t().unbind(0)
-        views = ([columns[j] for j in idx.tolist()], work.grad.unbind(0), m.unbind(0),
-                 v.unbind(0), work.scratch.unbind(0))
+        columns, grad_columns = p.detach().t().unbind(0), p.grad.t().unbind(0)
+        chosen = idx.tolist()
+        views = ([columns[j] for j in chosen], [grad_columns[j] for j in chosen],
+                 m.unbind(0), v.unbind(0), work.scratch.unbind(0))
         self._views[name] = (key, views)
         return views
 
@@ -359,7 +377,7 @@ class ZenFlowStrategy(Strategy):
                 values = torch.empty(selected_shape(p, idx.numel()), dtype=torch.float32,
                                      device=p.device)
             low = None if p.dtype == torch.float32 else torch.empty_like(values, dtype=p.dtype)
-            work = _Selected(values, torch.empty_like(values), low, torch.empty_like(values))
+            work = _Selected(values, None, low, torch.empty_like(values))
             self.selected_values[name] = work
         return work
 
