@@ -184,8 +184,10 @@ class InplaceGrads(TorchFunctionMode):
                 # before autograd adds into a stale .grad, it is zeroed
                 p.register_hook(functools.partial(_settle_one, weakref.ref(p), stale))
         self.params = {id(p): weakref.ref(p) for p in params}
-        # ever routed as a linear weight / ever used otherwise (bias, embedding, plain op)
+        # ever routed as a linear weight / as an add-only contribution (bias, embedding) /
+        # ever used by another op (plain autograd)
         self.linear_weights: set[int] = set()
+        self.routed_adds: set[int] = set()
         self.other: set[int] = set()
         self.routed = 0  # calls routed in the last forward (tests read it)
         self.uses: dict[int, int] = {}  # routed uses per parameter id, this forward
@@ -205,9 +207,12 @@ class InplaceGrads(TorchFunctionMode):
         self.stale.update(stale)
 
     def deferrable(self) -> frozenset[int]:
-        """Ids of the parameters only ever used as a routed linear weight: backward
-        writes each one's first contribution over its slot, so zeroing it can wait."""
-        return frozenset(self.linear_weights - self.other)
+        """Ids of the parameters only ever used through routed calls: backward writes a
+        linear weight's first contribution over its slot, and zeroes an add-only one's
+        (bias, embedding) just before its first add, so zeroing it at the step can wait.
+        A tied embedding (the same weight as the head's linear, whose backward comes
+        first) is then never zeroed: the head's `mm` writes over its slot."""
+        return frozenset((self.linear_weights | self.routed_adds) - self.other)
 
     def first_write(self, param: torch.Tensor, writes: bool = True) -> bool:
         """Whether `param.grad` still holds the zeros of `zeroed()` (then no longer: the
@@ -259,7 +264,7 @@ class InplaceGrads(TorchFunctionMode):
                 self._route(w, b)
                 self.linear_weights.add(id(w))
                 if b is not None:
-                    self.other.add(id(b))
+                    self.routed_adds.add(id(b))
                 return _LinearIntoGrad.apply(x, w, b, self)
         elif func is F.embedding:
             ids, w = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
@@ -271,7 +276,7 @@ class InplaceGrads(TorchFunctionMode):
                 if pad is not None and pad < 0:
                     pad += w.shape[0]
                 self._route(w)
-                self.other.add(id(w))
+                self.routed_adds.add(id(w))
                 return _EmbeddingIntoGrad.apply(ids, w, pad, self)
         self._note_plain(args, kwargs)
         return func(*args, **kwargs)

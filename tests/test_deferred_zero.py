@@ -14,9 +14,11 @@ from engine_helpers import batches, config, make_engine
 
 class Switchy(nn.Module):
     """BiasMLP's shape plus a linear used only in some micro-steps (`side`) and one used
-    as a linear at first and by a plain matmul later (`late`)."""
+    as a linear at first and by a plain matmul later (`late`); `tied`: the head is the
+    embedding's weight (a routed linear use, whose backward comes before the
+    embedding's)."""
 
-    def __init__(self, vocab: int = 32, hidden: int = 12, seed: int = 0):
+    def __init__(self, vocab: int = 32, hidden: int = 12, seed: int = 0, tied: bool = False):
         super().__init__()
         gen = torch.Generator().manual_seed(seed)
         self.emb = nn.Embedding(vocab, hidden)
@@ -26,7 +28,7 @@ class Switchy(nn.Module):
         self.late = nn.Linear(hidden, hidden, bias=False)
         self.norm = nn.LayerNorm(hidden)
         self.out = nn.Linear(hidden, vocab, bias=False)
-        self.use_side, self.plain_late = True, False
+        self.use_side, self.plain_late, self.tied = True, False, tied
         with torch.no_grad():
             for p in self.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
@@ -37,7 +39,8 @@ class Switchy(nn.Module):
         if self.use_side:
             h = h + self.side(h)
         h = h + (h @ self.late.weight.t() if self.plain_late else self.late(h))
-        logits = self.out(self.norm(h))
+        h = self.norm(h)
+        logits = nn.functional.linear(h, self.emb.weight) if self.tied else self.out(h)
         return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
 
 
@@ -51,11 +54,12 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().view(torch.int32).clone()
 
 
-def _train(strategy: str, defer: bool, tmp_path, zeroes_grads: bool = True):
+def _train(strategy: str, defer: bool, tmp_path, zeroes_grads: bool = True,
+           tied: bool = False):
     cfg = config(strategy)
     cfg["gradient_accumulation_steps"] = 2
     cfg.pop("train_batch_size", None)
-    model = Switchy(seed=4)
+    model = Switchy(seed=4, tied=tied)
     engine = make_engine(model, cfg)
     assert engine.inplace_grads is not None and engine.defer_zero  # the CPU lanes
     engine.defer_zero = defer
@@ -119,15 +123,18 @@ def test_deferred_zeroing_keeps_every_bit(strategy, zeroes, own_pass, tmp_path):
     for i, (a, b) in enumerate(zip(on[1], off[1])):
         assert torch.equal(a, b), f"gradients of micro-step {i}"
     _same(on[2], off[2])  # moments, master weights, what the checkpoint holds
-    # the linear weights were deferred (the device strategy's own pass zeroes all)
+    # the routed weights were deferred (the device strategy's own pass zeroes all)
     assert off[3] == set()
     assert on[3] == (set() if own_pass
                      else {"up.weight", "down.weight", "side.weight", "out.weight",
-                           "late.weight"})  # late: until its plain use
+                           "late.weight", "emb.weight", "up.bias"})  # late: until its
+    # plain use
     assert on[4] == (on[3] != set())  # a deferred slot held last step's gradient
 
 
-def test_deferrable_excludes_biases_embeddings_and_plain_uses():
+def test_deferrable_holds_routed_uses_only():
+    """Linear weights, biases and embeddings that only routed calls use; not a weight a
+    plain op also used (`late`), nor the norm's (plain autograd)."""
     model = Switchy(seed=1)
     engine = make_engine(model, config("zero-offload"))
     model.plain_late = True
@@ -135,7 +142,7 @@ def test_deferrable_excludes_biases_embeddings_and_plain_uses():
     engine.backward(engine(ids, labels))
     names = {id(p): n for n, p in model.named_parameters()}
     assert {names[i] for i in engine.inplace_grads.deferrable()} == {
-        "up.weight", "down.weight", "side.weight", "out.weight"}
+        "up.weight", "down.weight", "side.weight", "out.weight", "emb.weight", "up.bias"}
     engine.step()
     engine.close()
 
@@ -205,5 +212,55 @@ def test_a_deepspeed_script_never_reads_a_stale_gradient(strategy):
     # plain use took it off)
     names = {id(p): n for n, p in model.named_parameters()}
     assert {names[i] for i in engine.inplace_grads.deferrable()} == {
-        "up.weight", "down.weight", "side.weight", "out.weight"}
+        "up.weight", "down.weight", "side.weight", "out.weight", "emb.weight", "up.bias"}
     engine.close()
+
+
+@pytest.mark.parametrize("strategy", ["zenflow", "zero-offload"])
+def test_a_tied_embedding_is_never_zeroed_by_the_step(strategy, tmp_path, monkeypatch):
+    """The head's linear writes over the tied embedding's slot (its backward comes first),
+    so neither the step nor backward zeroes it; the bits of zeroing everything."""
+    from zfbench.real import inplace_grads, kernels
+    on = _train(strategy, True, tmp_path / "on", tied=True)
+    off = _train(strategy, False, tmp_path / "off", tied=True)
+    assert torch.equal(on[0], off[0])
+    for i, (a, b) in enumerate(zip(on[1], off[1])):
+        assert torch.equal(a, b), f"gradients of micro-step {i}"
+    _same(on[2], off[2])
+    assert "emb.weight" in on[3]
+    # the embedding's slot is zeroed by neither the step nor backward once deferred
+    zeroed = []
+    real_settle, real_zero = inplace_grads._settle_one, kernels.zero_
+
+    def settle(ref, stale, grad=None):
+        p = ref()
+        if p is not None and id(p) in stale:
+            zeroed.append(("backward", names.get(id(p))))
+        return real_settle(ref, stale, grad)
+
+    def zero_(t, *a, **k):
+        base = engine.flat_grads
+        if t.untyped_storage().data_ptr() == base.untyped_storage().data_ptr():
+            lo, n = t.storage_offset(), t.numel()
+            if lo < emb_hi and emb_lo < lo + n:
+                zeroed.append(("step", "emb.weight"))
+        return real_zero(t, *a, **k)
+    monkeypatch.setattr(inplace_grads, "_settle_one", settle)  # before the hooks bind it
+    model = Switchy(seed=4, tied=True)
+    names = {id(p): n for n, p in model.named_parameters()}
+    engine = make_engine(model, config(strategy))
+    slot = engine.layout.view(engine.flat_grads, "emb.weight")
+    emb_lo, emb_hi = slot.storage_offset(), slot.storage_offset() + slot.numel()
+    data = batches()
+    for step in range(4):
+        if step == 2:  # the first steps learn which parameters are routed only
+            zeroed.clear()
+            monkeypatch.setattr(kernels, "zero_", zero_)
+        ids, labels = next(data)
+        engine.backward(engine(ids, labels))
+        engine.step()
+    monkeypatch.setattr(kernels, "zero_", real_zero)
+    engine.finish()
+    engine.close()
+    assert ("step", "emb.weight") not in zeroed and ("backward", "emb.weight") not in zeroed
+    assert ("backward", "up.bias") in zeroed  # an add-only slot: zeroed before its add
