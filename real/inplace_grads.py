@@ -207,12 +207,13 @@ class InplaceGrads(TorchFunctionMode):
         self.stale.update(stale)
 
     def deferrable(self) -> frozenset[int]:
-        """Ids of the parameters only ever used through routed calls: backward writes a
-        linear weight's first contribution over its slot, and zeroes an add-only one's
-        (bias, embedding) just before its first add, so zeroing it at the step can wait.
-        A tied embedding (the same weight as the head's linear, whose backward comes
-        first) is then never zeroed: the head's `mm` writes over its slot."""
-        return frozenset((self.linear_weights | self.routed_adds) - self.other)
+        """Ids of the routed linear weights no plain op used: backward writes each one's
+        first contribution over its slot, so zeroing it can wait. That includes a tied
+        embedding (the head's linear weight, also routed as an embedding: its add-only
+        contribution zeroes a stale slot first, so any order is right), whose slot is then
+        never zeroed, as the head's backward comes first and writes over it. A bias or an
+        untied embedding is not: deferring it would only move its zeroing into backward."""
+        return frozenset(self.linear_weights - self.other)
 
     def first_write(self, param: torch.Tensor, writes: bool = True) -> bool:
         """Whether `param.grad` still holds the zeros of `zeroed()` (then no longer: the
