@@ -151,7 +151,7 @@ MEASURED_LINK = "measured-link"
 # zfbench.sims.pageable): the gradients' copies down (exposed, holding backward) pin the
 # d2h rate and the driver's staging copy together (`staging_copy_bytes_per_s`, scaled with
 # d2h), and DeepSpeed's pageable parameter copy up runs inside `optimizer_step` (v0.19.5
-# stage_1_and_2.py `step`, lines 2296-2317), so the stall is fitted with the exposed h2d
+# stage_1_and_2.py `step`, lines 2294-2317), so the stall is fitted with the exposed h2d
 # (`pageable_parts`) and the link's h2d rate stays the preset's
 PAGEABLE = "pageable"
 
