@@ -168,3 +168,21 @@ def test_the_pageable_fit_recovers_a_known_node(tmp_path):
     staging = fitted.entries["host_links"]["inferred-link"]["staging_copy_bytes_per_s"]
     assert staging["value"] == pytest.approx(
         CostModel(base).pageable_copy_bytes_per_s * fitted.scales.d2h)
+
+
+def test_the_h200_prediction_fits_pageable_copies(tmp_path):
+    """bench/predict_deepspeed.py on the committed H200 runs: the row says pageable, its
+    fit inferred a staging rate, and the log's compute + d2h is the pinned reading's,
+    only moved between the two."""
+    assert pdd.main(["--runs", str(H200_RUNS), "--overlap-compute-scale", "1",
+                     "--steps", "16", "--out", str(tmp_path)]) == 0
+    (row,) = json.loads((tmp_path / "predict_deepspeed.json").read_text())["rows"]
+    assert row["pin_memory"] is False and row["inferred_staging_copy_bytes_per_s"] > 0
+    zo = next(r for r in _runs(H200_RUNS) if r["engine"] == "zero_offload")
+    pinned = predict_inputs.read_deepspeed_log(H200_RUNS / zo["log"],
+                                               skip=int(zo["warmup_steps"]))
+    assert row["baseline_compute_s"] < pinned.compute_s
+    assert row["baseline_compute_s"] + row["baseline_d2h_s"] == pytest.approx(
+        pinned.compute_s + pinned.d2h_s)
+    assert (row["baseline_h2d_s"], row["baseline_stall_s"]) == pytest.approx(
+        (pinned.h2d_s, pinned.stall_s))
