@@ -20,6 +20,13 @@ copies (and DeepSpeed's gradient checks, inside `bwd_allreduce`) done by the tra
 process's own threads; host AdamW runs on half the host's cores. Device-side costs ZeRO-Offload never pays (column
 scores, the top-k update on the "device", here the CPU) come from the GPU preset and are
 close to zero: on a CPU they are not, and the error says how much that matters.
+
+The run's host buffers: on a GPU, the saved DeepSpeed config's
+`offload_optimizer.pin_memory` (DeepSpeed 0.19.5's default true where absent) goes into
+the simulated settings of both the ZeRO-Offload fit and the ZenFlow prediction, so both
+see the same pageable copies (zfbench.sims.pageable; the fit's `PAGEABLE` case,
+zfbench.predict.fit). On DeepSpeed's CPU accelerator there is no link to copy over,
+pinned and pageable are the same host memory: those runs are simulated pinned.
 """
 
 from __future__ import annotations
@@ -37,12 +44,26 @@ if str(ROOT) not in sys.path:
 
 import pandas as pd  # noqa: E402
 
-from zfbench.sims.costs import SimSettings, SimSettingsError  # noqa: E402
+from zfbench.sims.costs import CostModel, SimSettings, SimSettingsError  # noqa: E402
 from zfbench.predict.fit import infer, on_hardware_file  # noqa: E402
 from zfbench.predict.inputs import read_deepspeed_log  # noqa: E402
 from zfbench.simulation import run  # noqa: E402
 
 MODES = {"zenflow_seq": False, "zenflow_overlap": True}
+# DeepSpeed 0.19.5's `offload_optimizer.pin_memory` default (deepspeed/runtime/zero/
+# offload_config.py line 75, `pin_memory: bool = True`; False before PR #8207)
+DEEPSPEED_PIN_MEMORY_DEFAULT = True
+
+
+def pin_memory(run_summary: dict) -> bool:
+    """Whether the run's offload buffers are pinned: its saved config's
+    `offload_optimizer.pin_memory` on a GPU; always on DeepSpeed's CPU accelerator (no
+    link: the module docstring)."""
+    if run_summary.get("device") != "cuda":
+        return True
+    zero = run_summary.get("deepspeed_config", {}).get("zero_optimization", {})
+    return bool(zero.get("offload_optimizer", {}).get("pin_memory",
+                                                       DEEPSPEED_PIN_MEMORY_DEFAULT))
 
 
 def shape_knobs(run_summary: dict) -> dict:
@@ -51,7 +72,7 @@ def shape_knobs(run_summary: dict) -> dict:
              "micro_batch": int(run_summary["batch"]), "seq": int(run_summary["seq"]),
              "precision": "fp32" if run_summary.get("dtype", "fp32") == "fp32" else "bf16",
              "transfers": "shipped", "update_interval": int(run_summary["update_interval"]),
-             "full_warm_up_rounds": 0}
+             "full_warm_up_rounds": 0, "pin_memory": pin_memory(run_summary)}
     if match.group(2):
         knobs["layers"] = int(match.group(2))
     zf = run_summary.get("deepspeed_config", {}).get("zero_optimization", {}).get("zenflow")
@@ -60,12 +81,26 @@ def shape_knobs(run_summary: dict) -> dict:
     return knobs
 
 
+def compute_over_forward(base: SimSettings) -> float | None:
+    """With pageable buffers, the simulated step's compute over its forward, which moves
+    the log's in-backward gradient copies out of its compute
+    (zfbench.predict.inputs.read_deepspeed_log); None with pinned buffers."""
+    costs = CostModel(base)
+    if not costs.pageable_copies:
+        return None
+    return (costs.forward_s + sum(b.backward_s for b in costs.buckets)) / costs.forward_s
+
+
 def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_scale: float,
                 work: Path) -> list[dict]:
-    measured = read_deepspeed_log(logs / zo["log"], skip=int(zo["warmup_steps"]))
     knobs = shape_knobs(next(iter(zenflow_runs.values()), zo))
+    if pin_memory(zo) != knobs["pin_memory"]:
+        raise ValueError(f"the ZeRO-Offload run's pin_memory ({pin_memory(zo)}) differs from "
+                         f"its ZenFlow runs' ({knobs['pin_memory']}): rerun them alike")
     knobs = on_hardware_file(knobs, work / "presets.json")
     base = SimSettings.from_knobs(**knobs, steps=steps)
+    measured = read_deepspeed_log(logs / zo["log"], skip=int(zo["warmup_steps"]),
+                                  compute_over_forward=compute_over_forward(base))
     fits = [f for f in infer(base.with_(steps=min(steps, 16)), measured, work) if f.reached]
     rows = []
     for engine, overlap in MODES.items():
@@ -87,7 +122,7 @@ def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_sc
             predicted.append(case_rows[0]["step_time_s"])
         rows.append({
             "shape": zo["shape"], "batch": zo["batch"], "seq": zo["seq"],
-            "repeat": zo["repeat"], "mode": engine,
+            "repeat": zo["repeat"], "mode": engine, "pin_memory": knobs["pin_memory"],
             "measured_zero_offload_step_s": zo["step_s_mean"],
             "baseline_from_log_step_s": measured.step_s,
             "baseline_compute_s": measured.compute_s, "baseline_d2h_s": measured.d2h_s,
@@ -102,7 +137,9 @@ def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_sc
                                      actual.get("foreign_cpu_share") or 0),
             "inferred_mfu": fits[0].scales.mfu, "inferred_d2h_factor": fits[0].scales.d2h,
             "inferred_h2d_factor": fits[0].scales.h2d,
-            "inferred_host_factor": fits[0].scales.host})
+            "inferred_host_factor": fits[0].scales.host,
+            "inferred_staging_copy_bytes_per_s": fits[0].entries["host_links"][
+                "inferred-link"].get("staging_copy_bytes_per_s", {}).get("value")})
     return rows
 
 

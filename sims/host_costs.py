@@ -191,7 +191,12 @@ class HostCosts:
 
     @property
     def pageable_copy_bytes_per_s(self) -> float:
-        """The staging copy's cap on one rank's pageable copy (zfbench.sims.pageable)."""
+        """The staging copy's cap on one rank's pageable copy: the link's measured or
+        inferred `staging_copy_bytes_per_s` where its hardware file gives one, else the
+        judgment of zfbench.sims.pageable."""
+        measured = self.node.link.staging_copy_bytes_per_s
+        if measured is not None:
+            return measured
         return pageable.staging_copy_bytes_per_s(self.numa_factor)
 
     def stream_units_per_core_s(self, bytes_per_elem: float) -> float:

@@ -10,9 +10,14 @@ boundary, for the previous window's update only (one window stale); without it, 
 `transfers` "full" sends whole gradients and parameters (the engine's data path);
 "shipped" is DeepSpeed's (the accumulator's round trip up, the fp32 window down at the
 boundary; with `overlap_step` on a GPU the window end's blocking converting copy up,
-zfbench.sims.window_copy). On the CPU-emulated accelerator, selection steps after step 0
-first apply what is pending and copy the parameters down (the master re-synced from the
-device).
+zfbench.sims.window_copy). With pageable buffers (`pin_memory` false) DeepSpeed v0.19.5's
+backward hook copies each gradient's accumulator up, adds, copies it down and, at the
+boundary, the fp32 gradient down, each a copy that holds the hook's thread
+(stage_1_and_2.py `copy_grads_in_partition`, `async_accumulate_grad_in_cpu_via_gpu`,
+lines 1489-1533, 1623-1641; zfbench.sims.pageable): there each round trip is issued at
+its bucket's turn and backward waits for all of them. On the CPU-emulated accelerator,
+selection steps after step 0 first apply what is pending and copy the parameters down
+(the master re-synced from the device).
 `zenflow.offload` moves the selected columns' moments up before the device AdamW and
 back after it, in line with the update as DeepSpeed copies them on its stream.
 """
@@ -38,10 +43,18 @@ def zenflow_zero2_step(sim, t: int):
     window_start = st.get("window_start", t)
     st["window_start"] = window_start
     round_trip = {}
-    if shipped and t > window_start:  # the shipped path brings the accumulator back up
-        for i in reversed(range(sim.nb)):
+    # into pageable buffers DeepSpeed's backward hook runs each bucket's round trip
+    # itself, up, add, down, each copy holding its thread (`in_hook`; the module docstring)
+    in_hook = shipped and c.pageable_copies
+
+    def up(i: int):  # the shipped path brings the accumulator back up
+        if i not in round_trip and t > window_start:
             round_trip[i] = sim.transfer(sim.h2d, "h2d_param", t, c.share(
                 c.buckets[i].numel) * c.elem_bytes, [st.get(("down", t - 1, i))])
+        return round_trip.get(i)
+    if shipped and not in_hook:
+        for i in reversed(range(sim.nb)):
+            up(i)
     yield from sim.compute("forward", t, c.forward_s)
     prev_accum = st.get(("accum", t - 1))
     if c.engine_grad_passes and not sim.emulated and not shipped and prev_accum:
@@ -53,7 +66,7 @@ def zenflow_zero2_step(sim, t: int):
     # Not shipped: the staging buffer is free once the host accumulated the last one.
     bytes_of = sim.shard_bytes if shipped else (
         lambda i: c.share(unselected[i]) * c.elem_bytes)
-    deps_of = (lambda i: [round_trip.get(i)]) if shipped else (lambda i: [prev_accum])
+    deps_of = (lambda i: [up(i)]) if shipped else (lambda i: [prev_accum])
     # the engine's check riding the copy down (CostModel.check_rides_d2h): that copy runs
     # right after backward, before a selection step's work
     early = c.check_rides_d2h
@@ -82,6 +95,8 @@ def zenflow_zero2_step(sim, t: int):
         if shipped:  # fp32 window gradient down at the boundary
             window_deps = [sim.transfer(sim.d2h, "d2h_grad", t,
                                          c.share(c.params) * 4, window_deps)]
+            if in_hook:  # issued by the same hooks, it holds backward's thread too
+                yield from all_done(sim.env, window_deps)
         up_elems = unselected if not shipped else [b.numel for b in c.buckets]
         # DeepSpeed's overlapped window end on a GPU: the optimizer process uploads
         # nothing; the training thread waits for it, then copies the fp32 snapshot into

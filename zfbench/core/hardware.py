@@ -87,6 +87,10 @@ class HostLink:
     h2d_factor_when_d2h_busy: float
     d2h_factor_when_h2d_busy: float
     setup_latency_s: float
+    # the rate of a copy from or into pageable host memory, which the driver stages through
+    # its pinned buffer (zfbench.sims.pageable), where measured or inferred (zfbench.predict
+    # from a run with pageable buffers); None: the staging-copy judgment of sims/pageable.py
+    staging_copy_bytes_per_s: float | None = None
     sources: Mapping[str, str] = _sources_field()
 
     def __post_init__(self) -> None:
@@ -244,7 +248,8 @@ _SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
               "default_mfu", "matmul_achievable_share"), ("native_pcie", "mfu_reference")),
     "host_links": (("h2d_theoretical_bytes_per_s", "d2h_theoretical_bytes_per_s",
                     "h2d_bytes_per_s", "d2h_bytes_per_s", "h2d_factor_when_d2h_busy",
-                    "d2h_factor_when_h2d_busy", "setup_latency_s"), ()),
+                    "d2h_factor_when_h2d_busy", "setup_latency_s",
+                    "staging_copy_bytes_per_s"), ()),
     "hosts": (("cores_per_socket", "sockets", "dram_theoretical_bytes_per_s_per_socket",
                "dram_triad_fraction", "adam_params_per_s_per_core", "adam_bytes_per_param",
                "memory_bytes", "dispatch_s_per_kernel"), ()),
@@ -255,8 +260,9 @@ _SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 # Fields an entry may leave out: a node without NVMe (e.g. a measured profile's node) or
 # without a network to other nodes; a GPU without bf16 tensor cores (V100), or computing
-# from the census (no default_mfu).
-_OPTIONAL = {"nodes": frozenset({"nvme", "nvme_drives", "inter_net"}),
+# from the census (no default_mfu); a link whose pageable copies were not measured.
+_OPTIONAL = {"host_links": frozenset({"staging_copy_bytes_per_s"}),
+             "nodes": frozenset({"nvme", "nvme_drives", "inter_net"}),
              "gpus": frozenset({"bf16_flops_per_s", "mfu_reference", "default_mfu",
                                 "matmul_achievable_share"}),
              "hosts": frozenset({"dispatch_s_per_kernel"})}

@@ -147,11 +147,26 @@ class Fit:
 # the case where the link rates are the measured copies' own (`Breakdown.link_Bps`): the
 # fit moves only MFU and the host, and the exposed transfer is a check, not a target
 MEASURED_LINK = "measured-link"
+# the case of a run whose host buffers are pageable (`pin_memory` false on a GPU,
+# zfbench.sims.pageable): the gradients' copies down (exposed, holding backward) pin the
+# d2h rate and the driver's staging copy together (`staging_copy_bytes_per_s`, scaled with
+# d2h), and DeepSpeed's pageable parameter copy up runs inside `optimizer_step` (v0.19.5
+# stage_1_and_2.py `step`, lines 2294-2317), so the stall is fitted with the exposed h2d
+# (`pageable_parts`) and the link's h2d rate stays the preset's
+PAGEABLE = "pageable"
+
+
+def pageable_parts(parts: Breakdown) -> Breakdown:
+    """`parts` as the pageable case fits them: the parameters' copy up within the stall."""
+    return dataclasses.replace(parts, stall_s=parts.stall_s + parts.h2d_s, h2d_s=0.0,
+                               io_s=parts.d2h_s)
 
 
 def _targets(measured: Breakdown, case: str = "") -> tuple[str, ...]:
     if case == MEASURED_LINK:
         return ("compute_s", "stall_s")
+    if case == PAGEABLE:
+        return ("compute_s", "d2h_s", "stall_s")
     return ("compute_s", "d2h_s", "h2d_s", "stall_s") if measured.split else PARTS
 
 
@@ -230,6 +245,10 @@ def write_hardware(path: Path, base: SimSettings, scales: Scales, how: dict[str,
         if rate > ln[theo]["value"]:
             ln[theo] = {"value": rate, "source": f"raised to the inferred {d} rate (the "
                         f"measurement is faster than {link.name}'s theoretical rate)"}
+    costs = CostModel(base)
+    if costs.pageable_copies:  # the staging copy moves with the d2h rate (`PAGEABLE`)
+        ln["staging_copy_bytes_per_s"] = {
+            "value": costs.pageable_copy_bytes_per_s * scales.d2h, "source": how["staging"]}
     if copy_latency is not None:
         ln["setup_latency_s"] = {"value": copy_latency[0], "source": copy_latency[1]}
     if scales.latency != 1.0:
@@ -266,7 +285,8 @@ def _how(measured: Breakdown, case: str, scales: Scales, base: SimSettings) -> d
           if measured.split else f"measured io {measured.io_s:.4g} s")
     link = {"nominal": "both directions scaled alike", "d2h-only": "only d2h scaled",
             "h2d-only": "only h2d scaled", "split": "each direction on its own",
-            MEASURED_LINK: ""}[case]
+            MEASURED_LINK: "", PAGEABLE: "pageable buffers: d2h with the staging copy, "
+            "h2d the preset's"}[case]
     measured_link = {d: measured.link_Bps[d]["source"] + f"; x{getattr(scales, d):.4g} of "
                      f"{base.machine.pcie}" for d in ("d2h", "h2d")} \
         if case == MEASURED_LINK else {}
@@ -276,6 +296,9 @@ def _how(measured: Breakdown, case: str, scales: Scales, base: SimSettings) -> d
             "h2d": f"inferred from {src}: {io} ({link}); x{scales.h2d:.4g} of {base.machine.pcie}",
             "host": f"inferred from {src}: measured stall {measured.stall_s:.4g} s; "
                     f"x{scales.host:.4g} of {base.machine.host}",
+            "staging": f"inferred from {src}: {io} with pageable host buffers (the "
+                       f"gradients' copies down holding backward); x{scales.d2h:.4g} of the "
+                       f"staging-copy judgment (zfbench.sims.pageable)",
             "latency": f"inferred from {src}: {io} is shorter than the fixed costs of the "
                        f"simulated copies allow, so the whole copy time (fixed cost per "
                        f"copy and bytes) is scaled; x{scales.latency:.4g} of its fixed cost",
@@ -285,7 +308,7 @@ def _how(measured: Breakdown, case: str, scales: Scales, base: SimSettings) -> d
 # Which scale each measured part moves, per case; scales in one tuple move together.
 _MOVES = {"nominal": {"io_s": ("d2h", "h2d")}, "d2h-only": {"io_s": ("d2h",)},
           "h2d-only": {"io_s": ("h2d",)}, "split": {"d2h_s": ("d2h",), "h2d_s": ("h2d",)},
-          MEASURED_LINK: {}}
+          MEASURED_LINK: {}, PAGEABLE: {"d2h_s": ("d2h",)}}
 
 
 def fit(base: SimSettings, measured: Breakdown, case: str, workdir: Path,
@@ -327,6 +350,8 @@ def fit(base: SimSettings, measured: Breakdown, case: str, workdir: Path,
             for d in ("d2h", "h2d")})
         latency = (0.0, "0: the measured link rates are bytes / busy seconds of the run's "
                         "copies, whose fixed costs they already hold")
+    if case == PAGEABLE:
+        measured = pageable_parts(measured)
     path = workdir / f"inferred_hardware.{case}.json"
     moves = {"stall_s": ("host",), **_MOVES[case]}
     brackets = {names: [SCALE_LIMITS[0], SCALE_LIMITS[1]] for names in moves.values()}
@@ -337,6 +362,8 @@ def fit(base: SimSettings, measured: Breakdown, case: str, workdir: Path,
         settings, entries = write_hardware(path, base, scales,
                                            _how(measured, case, scales, base), latency)
         sim = baseline_parts(settings)
+        if case == PAGEABLE:
+            sim = {**sim, "stall_s": sim["stall_s"] + sim["h2d_s"]}
         misses = {p: sim[p] - getattr(measured, p) for p in _targets(measured, case)}
         if all(abs(m) <= _allowed(measured, p, tol) for p, m in misses.items()):
             return Fit(case, scales, settings, sim, it, True, entries=entries)
@@ -420,9 +447,13 @@ def infer(base: SimSettings, measured: Breakdown, workdir: Path) -> list[Fit]:
     DeepSpeed log measures the split (gradient copy inside `bwd_allreduce`, parameter copy
     inside `step` after `optimizer_step`), and then one case is fitted to both directions.
     A run whose copies were measured (`Breakdown.link_Bps`) gives the rates themselves:
-    one case, `MEASURED_LINK`, fits only MFU and the host.
+    one case, `MEASURED_LINK`, fits only MFU and the host. A split measurement of a run
+    with pageable host buffers (`pin_memory` false: `CostModel.pageable_copies`) fits one
+    case, `PAGEABLE`.
     """
     if measured.link_Bps:
         return [fit(base, measured, MEASURED_LINK, workdir)]
+    if measured.split and CostModel(base).pageable_copies:
+        return [fit(base, measured, PAGEABLE, workdir)]
     cases = ("split",) if measured.split else ("nominal", "d2h-only", "h2d-only")
     return [fit(base, measured, case, workdir) for case in cases]

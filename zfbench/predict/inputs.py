@@ -100,9 +100,12 @@ def deepspeed_steps(text: str) -> list[dict[str, float]]:
     return steps
 
 
-def read_deepspeed_log(path: str | Path, skip: int = 1) -> Breakdown:
+def read_deepspeed_log(path: str | Path, skip: int = 1,
+                       compute_over_forward: float | None = None) -> Breakdown:
     """The mean ZeRO-Offload breakdown of the log's steps after the first `skip` (per
-    rank; averaged over ranks)."""
+    rank; averaged over ranks). `compute_over_forward`: for a run whose gradient buffers
+    are pageable (`offload_optimizer.pin_memory` false on a GPU), the simulated step's
+    compute over its forward (`_deepspeed_parts`)."""
     path = Path(path)
     try:
         text = path.read_text(errors="replace")
@@ -126,7 +129,7 @@ def read_deepspeed_log(path: str | Path, skip: int = 1) -> Breakdown:
         raise ValueError(f"--deepspeed-log {path}: timers {', '.join(missing)} are missing; "
                          f"this needs a ZeRO-Offload run (offload_optimizer cpu) with "
                          f"wall_clock_breakdown true")
-    per_step = [_deepspeed_parts(s) for s in kept]
+    per_step = [_deepspeed_parts(s, compute_over_forward) for s in kept]
     mean = {k: sum(p[k] for p in per_step) / len(per_step) for k in per_step[0]}
     spread = {k: statistics.stdev(p[k] for p in per_step) if len(per_step) > 1 else 0.0
               for k in mean}
@@ -135,13 +138,27 @@ def read_deepspeed_log(path: str | Path, skip: int = 1) -> Breakdown:
                             f"{len(ranks)} rank(s) after {skip} left out)")
 
 
-def _deepspeed_parts(timers: dict[str, float]) -> dict[str, float]:
+def _deepspeed_parts(timers: dict[str, float],
+                     compute_over_forward: float | None = None) -> dict[str, float]:
     """One step's parts (seconds) from its timers (ms): forward + `bwd_inner` compute,
     `bwd_allreduce` the gradients down, `optimizer_step` the stall, and the rest of
-    `step` the parameters up."""
+    `step` the parameters up.
+
+    With pageable gradient buffers (`compute_over_forward` given) DeepSpeed's copy of each
+    gradient into host memory runs inside backward's hooks and holds the thread that
+    launches backward's kernels (DeepSpeed v0.19.5 stage_1_and_2.py `reduce_ipg_grads` ->
+    `copy_grads_in_partition` -> `async_inplace_copy_grad_to_fp32_buffer_from_gpu`, a
+    `copy_(non_blocking=True)` into a buffer pinned only with `pin_memory`, lines 816-823
+    and 1563-1578; zfbench.sims.pageable), so `bwd_inner` holds the copies: the compute is
+    the forward timer (no copies) times the simulated step's compute over its forward,
+    and the rest of forward + `bwd_inner` is the gradients going down."""
     h2d = max(timers["step"] - timers["optimizer_step"], 0.0) / 1e3
     d2h = timers["bwd_allreduce"] / 1e3
-    return {"compute_s": (timers["fwd"] + timers["bwd_inner"]) / 1e3, "io_s": d2h + h2d,
+    compute = (timers["fwd"] + timers["bwd_inner"]) / 1e3
+    if compute_over_forward is not None:
+        pure = min(compute, timers["fwd"] / 1e3 * compute_over_forward)
+        d2h, compute = d2h + (compute - pure), pure
+    return {"compute_s": compute, "io_s": d2h + h2d,
             "stall_s": timers["optimizer_step"] / 1e3, "d2h_s": d2h, "h2d_s": h2d}
 
 
