@@ -150,9 +150,9 @@ def zero3_hooks(model, data, repeats: int, inplace, flat_params: torch.Tensor,
 def _selected_columns(mats, dtype, ratio: float, importance: str = "l1"):
     """ZenFlow's device buffers for the top `ratio` columns of each weight ([k, rows]:
     fp32 values, gradient and scratch; a low-precision staging buffer when the weights are
-    not fp32), and `column_io`: the gather/convert and the scatter
-    ZenFlowStrategy.device_update runs around its AdamW, with its kernels
-    (`zfbench.real.kernels`) on the engine's column-major layout: neither for a weight
+    not fp32), and `column_io`: the gather/convert and the scatter that
+    ZenFlowStrategy.device_update (real/zenflow_device.py) runs around its AdamW, with its
+    kernels (`zfbench.real.kernels`) on the engine's column-major layout: neither for a weight
     whose AdamW runs on its own and its gradient's columns (real/adamw.py
     `columns_in_place_ok`; the engine keeps the moments on the device here); the division
     by U is in the AdamW pass."""

@@ -9,7 +9,7 @@ Implements docs/zenflow.md ("One step after warm-up", in its numbering):
 3.   Every post-warm-up step the gradient goes down (d2h lane) and is accumulated on the
      host lane, divided by U (or summed, and divided by the window's length at the flush,
      with `update_interval: auto`); a window's first step writes its buffer (no zeroing).
-4.   Not a boundary: device AdamW on the selected columns and 1-D parameters.
+4.   Not a boundary: device AdamW on the selection and 1-D parameters (real/zenflow_device.py).
 5.   Boundary: host AdamW over the whole fp32 master on the window gradient (clipped by
      its global L2 norm), bias correction at step t + 1, then the master goes up; on the
      device the unselected columns take the host's values, the selected ones and 1-D
@@ -26,14 +26,12 @@ gathers the gradient shards instead, for comparison); both exchanges are `net` s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from zfbench.real import kernels
-from zfbench.real.adamw import columns_in_place_ok, fused_ok
 from zfbench.real.flat import put_columns, selected_shape, take_columns
 from zfbench.real.strategies import HostState, Strategy
+from zfbench.real.zenflow_device import SelectedColumnsUpdate
 from zfbench.real.zenflow_offload import OffloadedMoments, plan_buckets
 from zfbench.real.zenflow_shard import (device_from_master, exchange_scores,
                                         master_from_device)
@@ -41,20 +39,7 @@ from zfbench.core.schedule import (AutoIntervalTracker, is_selection_step, is_up
                               is_warmup, topk_count)
 
 
-@dataclass
-class _Selected:
-    """One weight's selected columns on the device: values (fp32, as the device holds
-    them; where the AdamW runs on the weight's own columns, `_in_place`, only a buffer
-    `apply_pending` reuses), and reusable gradient (made by the first gather: none where
-    the AdamW reads the gradient's own columns), low-precision and scratch buffers of the
-    same shape."""
-    values: torch.Tensor
-    grad: torch.Tensor | None
-    low: torch.Tensor | None
-    scratch: torch.Tensor
-
-
-class ZenFlowStrategy(Strategy):
+class ZenFlowStrategy(SelectedColumnsUpdate, Strategy):
     """ZenFlow's steps in the engine (the module docstring).
 
     With bf16 or fp16 weights the device keeps fp32 values of the selected columns
@@ -83,18 +68,13 @@ class ZenFlowStrategy(Strategy):
         self.matrices = [(n, p) for n, p in self.named if p.dim() == 2]
         self.vectors = [(n, p) for n, p in self.named if p.dim() != 2]
         self.selected: dict[str, torch.Tensor] = {}
-        # The selected columns' values as the device AdamW reads them (fp32), kept between
-        # steps so each step gathers only the gradient (column gathers are the costliest
-        # device op on a CPU lane); rebuilt after a selection or a checkpoint load.
-        self.selected_values: dict[str, _Selected] = {}
-        self._views: dict[str, tuple] = {}  # `_column_views`, by weight
         self.dm: dict[str, torch.Tensor] = {}
         self.dv: dict[str, torch.Tensor] = {}
         for name, p in self.vectors:
             self.dm[name] = torch.zeros_like(p, dtype=torch.float32)
             self.dv[name] = torch.zeros_like(p, dtype=torch.float32)
-        self.vector_scratch = {name: torch.zeros_like(self.dv[name]) for name, _ in self.vectors}
-        self.vector_grads = {name: torch.zeros_like(self.dv[name]) for name, _ in self.vectors}
+        # the device update's buffers (real/zenflow_device.py)
+        self._init_device_update()
         self.by_name = dict(self.named)
         self.entry_names = [n for n, _ in self.matrices] + [n for n, _ in self.vectors]
         # zenflow.offload: every device moment lives in host memory (real/zenflow_offload.py)
@@ -218,8 +198,7 @@ class ZenFlowStrategy(Strategy):
                 k = topk_count(p.shape[1], self.zf.topk_ratio)
                 idx = kernels.top_columns(scores, k)
                 self.selected[name] = idx
-                self.selected_values.pop(name, None)
-                self._views.pop(name, None)
+                self._forget_columns(name)
                 if self.moments is None:
                     # moments of the selected columns, laid out as the weight's columns
                     self.dm[name] = torch.zeros(selected_shape(p, k), dtype=torch.float32,
@@ -257,129 +236,6 @@ class ZenFlowStrategy(Strategy):
             per_weight.append((float(g.sum()),
                                float(take_columns(g, self.selected[name]).sum())))
         self.auto_boundary_next = self.tracker.observe(per_weight)
-
-    def device_update(self, t: int) -> None:
-        """Device AdamW on the selected columns and the 1-D parameters (grad / U); with
-        `offload`, bucket by bucket, each bucket's moments brought in and sent back."""
-        e = self.e
-        self.device_count += 1
-        if self.moments is None:
-            writes = (e.flat_params,)
-            if any(self._in_place(p) for _, p in self.matrices):
-                # the quotients grad / U go into the gradients' selected columns
-                self.B.wait("compute", e.grads_read, "the device update waits for the d2h "
-                            "to have read the gradients it divides")
-                e.grads_read = None  # the compute lane is past it: zeroing may follow
-                writes += (e.flat_grads,)
-            with e.compute("device_optim", t, reads=(e.flat_grads,), writes=writes):
-                self._update_entries(self.entry_names, self.dm, self.dv)
-            return
-        staging = self.moments.staging
-        for bucket in self.moments.buckets:
-            ms, vs = self.moments.bring_in(t, bucket)
-            with e.compute("device_optim", t, reads=(e.flat_grads, staging),
-                           writes=(e.flat_params, staging)):
-                self._update_entries(bucket.names, ms, vs)
-            self.moments.send_back(t, bucket)
-
-    def _update_entries(self, names, ms_of: dict, vs_of: dict) -> None:
-        """One AdamW over the weights `names`: a matrix's selected columns, a vector whole,
-        with the moments `ms_of[name]`, `vs_of[name]`. The gradients are divided by U in
-        the AdamW pass (`grad_divisor`), not in one of their own."""
-        params, grads, ms, vs, slices, scratch = [], [], [], [], [], []
-        whole = []  # the tensors whose fusability stands for all (`fused` below)
-        for name in names:
-            p = self.by_name[name]
-            if p.dim() == 2:
-                # The engine stores 2-D weights column by column (zfbench.real.flat.FlatLayout),
-                # so each selected column is `rows` contiguous elements: reading and writing
-                # k columns moves k columns' bytes, not a pass over the whole matrix.
-                idx = self.selected[name]
-                in_place = self._in_place(p)
-                work = self._work(name, p, idx, from_device=not in_place)
-                if in_place:  # AdamW on the weight's and the gradient's own columns: no
-                    # gather, no write-back (the quotients grad / U land in the gradient)
-                    cols = self._column_views(name, p, idx, work, ms_of[name], vs_of[name])
-                    for into, views in zip((params, grads, ms, vs, scratch), cols):
-                        into.extend(views)
-                    whole += [p.detach().t(), p.grad.t(), ms_of[name], vs_of[name]]
-                    continue
-                if work.grad is None:
-                    work.grad = torch.empty_like(work.values)
-                kernels.gather_grads_(p.grad, idx, work.grad, work.low)
-                params.append(work.values)
-                grads.append(work.grad)
-                scratch.append(work.scratch)
-                slices.append((p, idx, work.low, work.values))
-            else:
-                new = self.vector_values[name] if self.low else p.detach()
-                params.append(new)
-                grads.append(kernels.copy_(self.vector_grads[name], p.grad))
-                scratch.append(self.vector_scratch[name])
-                slices.append((p, None, None, new))
-            ms.append(ms_of[name])
-            vs.append(vs_of[name])
-            whole += [params[-1], grads[-1], ms[-1], vs[-1]]
-        # the per-column views are fp32, contiguous and on the CPU when the tensors they
-        # are views of are: those are looked at, not the thousands of views
-        fused = fused_ok(whole) if len(whole) < len(params) * 4 else None
-        self._device_adam(params, grads, ms, vs, [self.device_count] * len(params), scratch,
-                          grad_divisor=self.grad_divisor, fused=fused)
-        # the fp32 values it wrote (the weights are declared by the caller's op)
-        self.B.access("compute", "device_optim", writes=[new for *_, new in slices])
-        for p, idx, low, new in slices:
-            if idx is None:
-                if new.data_ptr() != p.data_ptr():
-                    kernels.copy_(p.data, new)
-            else:  # bf16 weights: rounded from the fp32 values, which the device keeps
-                kernels.scatter_(p.data, idx, new, low)
-
-    def _in_place(self, p: torch.Tensor) -> bool:
-        """Whether the device AdamW runs on `p`'s selected columns where they are, reading
-        the gradient's own columns (fp32 weights, moments on the device, weight and
-        gradient both passing real/adamw.py `columns_in_place_ok`): the same bits as on
-        gathered copies, without the gathers of the values and the gradient and the
-        values' scatter back. The division by U stores its quotients into those gradient
-        columns (torch's fused AdamW's grad_scale), after the d2h read them
-        (`device_update` waits for it); nothing reads them again before backward writes
-        or the step zeroes them."""
-        return (not self.low and self.moments is None and columns_in_place_ok(p)
-                and p.grad is not None and columns_in_place_ok(p.grad))
-
-    def _column_views(self, name: str, p: torch.Tensor, idx: torch.Tensor,
-                      work: "_Selected", m: torch.Tensor, v: torch.Tensor) -> tuple:
-        """The selected columns of `p` and of its gradient, and the rows of `m`, `v` and
-        the scratch, one tensor each: built once per selection (or whenever a buffer is
-        replaced), so a step makes no views."""
-        key = (idx, work, m, v, (p.data_ptr(), p.grad.data_ptr()))
-        cached = self._views.get(name)
-        if cached is not None and all(a is b for a, b in zip(cached[0][:4], key[:4])) \
-                and cached[0][4] == key[4]:
-            return cached[1]
-        columns, grad_columns = p.detach().t().unbind(0), p.grad.t().unbind(0)
-        chosen = idx.tolist()
-        views = ([columns[j] for j in chosen], [grad_columns[j] for j in chosen],
-                 m.unbind(0), v.unbind(0), work.scratch.unbind(0))
-        self._views[name] = (key, views)
-        return views
-
-    def _work(self, name: str, p: torch.Tensor, idx: torch.Tensor,
-              from_device: bool = True) -> "_Selected":
-        """The selected columns' reusable buffers, shaped as `selected_shape` (hot-path
-        allocations page-fault on CPU: `.float()` of a fresh 54 MB tensor 33 ms vs
-        `copy_` into an old one 4.5 ms). New values start as the device's weights
-        (`from_device`; exact for fp32) or uninitialized, for the caller to fill."""
-        work = self.selected_values.get(name)
-        if work is None:
-            if from_device:
-                values = take_columns(p.detach(), idx).float()
-            else:
-                values = torch.empty(selected_shape(p, idx.numel()), dtype=torch.float32,
-                                     device=p.device)
-            low = None if p.dtype == torch.float32 else torch.empty_like(values, dtype=p.dtype)
-            work = _Selected(values, None, low, torch.empty_like(values))
-            self.selected_values[name] = work
-        return work
 
     # -- host update of a window ------------------------------------------------------
     def update_chunks(self, t: int, grad: torch.Tensor, target: torch.Tensor, scale: float,
@@ -515,7 +371,7 @@ class ZenFlowStrategy(Strategy):
     def load_state_dict(self, state: dict) -> None:
         self.load_schedule_state(state)
         device = self.e.flat_params.device  # saved with map_location="cpu"
-        self.selected_values, self._views = {}, {}
+        self._forget_columns()
         for name, values in (state.get("fp32_selected") or {}).items():
             p = dict(self.matrices)[name]
             self._work(name, p, self.selected[name], from_device=False).values.copy_(values)

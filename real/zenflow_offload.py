@@ -1,6 +1,6 @@
 """`zero_optimization.zenflow.offload`: the device AdamW's moments kept in host memory.
 
-ZenFlow's device AdamW (real/zenflow.py) keeps fp32 m and v for the selected columns of
+ZenFlow's device AdamW (real/zenflow_device.py) keeps fp32 m and v for the selected columns of
 every 2-D weight and for every 1-D parameter. With `offload` they live in one host buffer
 instead (pinned when `offload_optimizer.pin_memory` is set) and visit the device around
 each device update, bucket by bucket: h2d into a device staging buffer (`h2d_moments`,

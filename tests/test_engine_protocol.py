@@ -18,7 +18,8 @@ from zfbench.real.engine_protocol import EngineForStrategy, StrategyForEngine  #
 ROOT = Path(__file__).resolve().parents[1]
 # the modules whose code runs as a strategy, each naming the engine `e`, `engine` or
 # `self.e`
-STRATEGY_MODULES = ("real/strategies.py", "real/zenflow.py", "real/zenflow_shard.py")
+STRATEGY_MODULES = ("real/strategies.py", "real/zenflow.py", "real/zenflow_device.py",
+                    "real/zenflow_shard.py")
 
 
 def declared(protocol) -> set[str]:

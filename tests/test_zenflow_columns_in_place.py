@@ -1,4 +1,4 @@
-"""ZenFlow's device AdamW on the weights' own columns (real/zenflow.py `_in_place`) and the
+"""ZenFlow's device AdamW on the weights' own columns (real/zenflow_device.py `_in_place`) and the
 division by U inside the AdamW pass (real/adamw.py `grad_divisor`): the same bits as the
 gathered path with its own division pass, and the write-back gone."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine_helpers import BiasMLP, batches, config, make_engine, params_of, train_steps
-from zfbench.real import adamw, kernels, zenflow
+from zfbench.real import adamw, kernels, zenflow_device
 from zfbench.real.adamw import adamw_foreach_, columns_in_place_ok
 
 HYPER = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
@@ -47,7 +47,7 @@ def _run(monkeypatch, in_place: bool, overlap: bool, steps: int = 14):
     """A model whose every 2-D weight qualifies (rows 32, 48, 16, 32), U = 3 (a divisor
     that rounds), reselection every 5 steps; the parameters, moments and scatter count."""
     if not in_place:
-        monkeypatch.setattr(zenflow, "columns_in_place_ok", lambda p: False)
+        monkeypatch.setattr(zenflow_device, "columns_in_place_ok", lambda p: False)
     scatters = []
     real_scatter = kernels.scatter_
     monkeypatch.setattr(kernels, "scatter_",
