@@ -7,6 +7,7 @@ import json
 import pytest
 
 from zfbench.core import hardware as hw
+from zfbench.core import hardware_file
 from zfbench.simulate.command import main as simulate_main
 from zfbench.simulation import DEFAULTS
 from zfbench.sims.simulator import simulate
@@ -43,7 +44,7 @@ def test_judgments_are_validated_like_the_rest(tmp_path):
     calibrated = {"value": 0.4, "source": "calibration row x of a file"}
     # the presets (require_all) refuse a calibrated number without a judgment
     with pytest.raises(hw.HardwareProfileError, match="no \"judgment\""):
-        hw._judgment(calibrated, "default_mfu", "gpu 'g'", require=True)
+        hardware_file._judgment(calibrated, "default_mfu", "gpu 'g'", require=True)
     bad = [({**calibrated, "judgment": {"value": 1.5, "source": "judgment: x"}}, "fraction"),
            ({**calibrated, "judgment": {"value": 0.3}}, "no source"),
            ({**calibrated, "judgment": {"value": 0.3, "source": "a paper"}}, "judgment:"),

@@ -4,12 +4,12 @@ drives, nodes.
 This module owns the hardware vocabulary: the frozen dataclasses (GPU, HostLink, HostCPU,
 NetLink, NvmeDrive, Node: their fields and the small derived quantities on them) and the
 named presets. The numbers live in ``zfbench/data/hardware.json`` (package data), where
-every numeric field is ``{"value": ..., "source": "..."}``; this module reads that file
-once, refuses any number without a source, and turns the entries into the dataclasses
-(each carrying its ``sources``). A number calibrated from one published row (its
-source begins ``calibration row <id>``) carries its sourced fallback beside it,
-``"judgment": {"value", "source"}`` (a preset's calibrated number must; :func:`judgments`
-reads them). It also reads user profiles in the same layout
+every numeric field is ``{"value": ..., "source": "..."}`` (the layout and its checks,
+a number without a source refused: zfbench.core.hardware_file); this module reads that
+file once and turns the entries into the dataclasses (each carrying its ``sources``), and
+an object back into an entry (:func:`entry_of`). A number calibrated from one published
+row carries its sourced fallback beside it, ``"judgment": {"value", "source"}``
+(:func:`judgments` reads them). It also reads user profiles in the same layout
 (:func:`load_profile`). Units: bytes, seconds, bytes/s per direction, FLOP/s, parameters/s.
 No torch here: the simulator and the analysis code use it without a GPU stack.
 """
@@ -24,6 +24,9 @@ from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
+
+from zfbench.core.hardware_file import (CALIBRATED_PREFIX, JUDGMENT_PREFIX,  # noqa: F401
+                                        KIND, SCHEMA, HardwareProfileError, validate_layout)
 
 __all__ = ["GPU", "HostCPU", "HostLink", "NetLink", "Node", "NvmeDrive",
            "UnknownHardwareError", "HardwareProfileError", "load_profile", "lookup",
@@ -235,136 +238,7 @@ class UnknownHardwareError(ValueError):
     """A hardware name that no preset (or profile) defines; the message lists valid names."""
 
 
-class HardwareProfileError(ValueError):
-    """A hardware JSON that breaks the layout: names the section, entry and field."""
-
-
-_SECTIONS = ("gpus", "host_links", "hosts", "net_links", "nvme_drives", "nodes")
-_KIND = {"gpus": "gpu", "host_links": "host link", "hosts": "host",
-         "net_links": "net link", "nvme_drives": "NVMe drive", "nodes": "node"}
-# section -> (numeric fields, string fields); every entry may also carry a "note" string.
-_SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "gpus": (("bf16_flops_per_s", "fp16_flops_per_s", "memory_bytes", "hbm_bytes_per_s",
-              "default_mfu", "matmul_achievable_share"), ("native_pcie", "mfu_reference")),
-    "host_links": (("h2d_theoretical_bytes_per_s", "d2h_theoretical_bytes_per_s",
-                    "h2d_bytes_per_s", "d2h_bytes_per_s", "h2d_factor_when_d2h_busy",
-                    "d2h_factor_when_h2d_busy", "setup_latency_s",
-                    "staging_copy_bytes_per_s"), ()),
-    "hosts": (("cores_per_socket", "sockets", "dram_theoretical_bytes_per_s_per_socket",
-               "dram_triad_fraction", "adam_params_per_s_per_core", "adam_bytes_per_param",
-               "memory_bytes", "dispatch_s_per_kernel"), ()),
-    "net_links": (("bytes_per_s", "latency_s", "efficiency"), ()),
-    "nvme_drives": (("read_bytes_per_s", "write_bytes_per_s", "capacity_bytes"), ()),
-    "nodes": (("gpus", "gpus_per_switch", "nvme_drives"), ("gpu", "link", "host", "net",
-                                                          "nvme", "inter_net")),
-}
-# Fields an entry may leave out: a node without NVMe (e.g. a measured profile's node) or
-# without a network to other nodes; a GPU without bf16 tensor cores (V100), or computing
-# from the census (no default_mfu); a link whose pageable copies were not measured.
-_OPTIONAL = {"host_links": frozenset({"staging_copy_bytes_per_s"}),
-             "nodes": frozenset({"nvme", "nvme_drives", "inter_net"}),
-             "gpus": frozenset({"bf16_flops_per_s", "mfu_reference", "default_mfu",
-                                "matmul_achievable_share"}),
-             "hosts": frozenset({"dispatch_s_per_kernel"})}
-_FRACTIONS = {"default_mfu", "matmul_achievable_share", "h2d_factor_when_d2h_busy",
-              "d2h_factor_when_h2d_busy",
-              "dram_triad_fraction", "efficiency"}
-_INTEGERS = {"cores_per_socket", "sockets", "gpus", "gpus_per_switch", "nvme_drives"}
-_ZERO_OK = {"setup_latency_s", "latency_s"}
-# How a source names a number calibrated from one row of zfbench/data/published, and how
-# its fallback's source begins.
-CALIBRATED_PREFIX = "calibration row "
-JUDGMENT_PREFIX = "judgment:"
-# ---------------------------------------------------------------- validation and building
-
-def _validate(raw: Any, origin: str, require_all: bool) -> dict[str, dict[str, dict]]:
-    """Check the layout; return {section: {name: {field: (value, source) | str}}}."""
-    if not isinstance(raw, dict):
-        raise HardwareProfileError(f"{origin}: top level must be a JSON object")
-    out: dict[str, dict[str, dict]] = {}
-    # "calibration" holds a measured profile's per-block times (real/profile.py); the
-    # simulator reads it, this module only passes it by
-    unknown = [k for k in raw if k not in _SECTIONS and k not in ("description", "calibration")
-               and k[:1] != "_"]
-    if unknown:
-        raise HardwareProfileError(f"{origin}: unknown section(s) {unknown}; sections are: "
-                                   + ", ".join(_SECTIONS))
-    for section in _SECTIONS:
-        if section not in raw:
-            if require_all:
-                raise HardwareProfileError(f"{origin}: missing section {section!r}")
-            continue
-        entries = raw[section]
-        if not isinstance(entries, dict):
-            raise HardwareProfileError(f"{origin}: section {section!r} must be an object")
-        numeric, strings = _SCHEMA[section]
-        out[section] = {}
-        for name, entry in entries.items():
-            where = f"{origin}: {_KIND[section]} {name!r}"
-            if not isinstance(entry, dict):
-                raise HardwareProfileError(f"{where} must be an object")
-            extra = set(entry) - set(numeric) - set(strings) - {"note"}
-            if extra:
-                raise HardwareProfileError(f"{where}: unknown field(s) {sorted(extra)}; "
-                                           f"expected {list(numeric) + list(strings)}")
-            parsed: dict[str, Any] = {"judgments": {}}
-            optional = _OPTIONAL.get(section, frozenset())
-            for f in numeric:
-                if f not in optional or f in entry:
-                    parsed[f] = _number(entry, f, where)
-                    found = _judgment(entry[f], f, where, require=require_all)
-                    if found is not None:
-                        parsed["judgments"][f] = found
-            for f in strings:
-                if f in optional and f not in entry:
-                    continue
-                v = entry.get(f)
-                if not isinstance(v, str) or not v.strip():
-                    raise HardwareProfileError(f"{where}: field {f!r} must be a non-empty string")
-                parsed[f] = v
-            parsed["note"] = str(entry.get("note", ""))
-            out[section][name.lower()] = parsed
-    return out
-
-
-def _number(entry: dict, f: str, where: str) -> tuple[float, str]:
-    if f not in entry:
-        raise HardwareProfileError(f"{where}: missing field {f!r}")
-    item = entry[f]
-    if not isinstance(item, dict) or "value" not in item:
-        raise HardwareProfileError(f"{where}: field {f!r} must be {{\"value\": ..., "
-                                   f"\"source\": ...}}, got {item!r}")
-    source = item.get("source")
-    if not isinstance(source, str) or not source.strip():
-        raise HardwareProfileError(f"{where}: field {f!r} has no source")
-    v = item["value"]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise HardwareProfileError(f"{where}: field {f!r} value must be a finite number")
-    if v < 0 or (v == 0 and f not in _ZERO_OK):
-        raise HardwareProfileError(f"{where}: field {f!r} must be positive, got {v}")
-    if f in _FRACTIONS and v > 1:
-        raise HardwareProfileError(f"{where}: field {f!r} is a fraction in (0, 1], got {v}")
-    if f in _INTEGERS and int(v) != v:
-        raise HardwareProfileError(f"{where}: field {f!r} must be an integer, got {v}")
-    return (int(v) if f in _INTEGERS else float(v)), source
-
-
-def _judgment(item: dict, f: str, where: str, require: bool) -> tuple[float, str] | None:
-    """The field's `judgment` (value, source), checked as the field is; None where it has
-    none, which `require` (the bundled presets) refuses for a calibrated number."""
-    calibrated = item["source"].startswith(CALIBRATED_PREFIX)
-    if "judgment" not in item:
-        if require and calibrated:
-            raise HardwareProfileError(f"{where}: field {f!r} is calibrated from a published "
-                                       f"row and has no \"judgment\" to fall back to")
-        return None
-    value, source = _number({f: item["judgment"]}, f, f"{where} (judgment)")
-    if not calibrated or not source.startswith(JUDGMENT_PREFIX):
-        raise HardwareProfileError(f"{where}: field {f!r}: only a number whose source begins "
-                                   f"{CALIBRATED_PREFIX!r} carries a judgment, and its "
-                                   f"source begins {JUDGMENT_PREFIX!r}")
-    return value, source
-
+# ---------------------------------------------------------------- building and lookup
 
 def _vals(parsed: dict, fields: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, str]]:
     """Values and sources of `fields`; an optional field left out is None, sourceless."""
@@ -377,14 +251,14 @@ def _simple(cls: type) -> Any:
                NvmeDrive: "nvme_drives"}[cls]
 
     def build(name: str, p: dict) -> Any:
-        vals, src = _vals(p, _SCHEMA[section][0])
-        strings = {f: p[f] for f in _SCHEMA[section][1] if f in p}
+        vals, src = _vals(p, SCHEMA[section][0])
+        strings = {f: p[f] for f in SCHEMA[section][1] if f in p}
         return cls(name=name, sources=_ro(src), **vals, **strings)
     return build
 
 
 def _build_host(name: str, p: dict) -> HostCPU:
-    vals, src = _vals(p, _SCHEMA["hosts"][0])
+    vals, src = _vals(p, SCHEMA["hosts"][0])
     theo = vals["dram_theoretical_bytes_per_s_per_socket"] * vals["sockets"]
     sources = {**src, "cores": f"cores_per_socket x sockets: {src['cores_per_socket']}",
                "dram_theoretical_bytes_per_s":
@@ -420,7 +294,7 @@ def _build(validated: dict, fallback: dict | None, origin: str) -> dict[str, dic
                 pool = {**(fallback or {}).get(section, {}), **objs.get(section, {})}
                 if p[key].lower() not in pool:
                     raise UnknownHardwareError(
-                        f"{origin}: node {name!r} names unknown {_KIND[section]} {p[key]!r}; "
+                        f"{origin}: node {name!r} names unknown {KIND[section]} {p[key]!r}; "
                         f"choose one of: {', '.join(sorted(pool))}")
                 parts[key] = pool[p[key].lower()]
             drives = p.get("nvme_drives", (0,))[0]
@@ -437,7 +311,7 @@ def _build(validated: dict, fallback: dict | None, origin: str) -> dict[str, dic
 @lru_cache(maxsize=1)
 def _validated_presets() -> dict[str, dict[str, dict]]:
     text = resources.files("zfbench").joinpath("data/hardware.json").read_text("utf-8")
-    return _validate(json.loads(text), "zfbench/data/hardware.json", require_all=True)
+    return validate_layout(json.loads(text), "zfbench/data/hardware.json", require_all=True)
 
 
 @lru_cache(maxsize=1)
@@ -460,7 +334,7 @@ def load_profile(path: str | Path) -> dict[str, dict[str, Any]]:
         raw = json.loads(p.read_text("utf-8"))
     except json.JSONDecodeError as e:
         raise HardwareProfileError(f"{p}: not valid JSON: {e}") from None
-    return _build(_validate(raw, str(p), require_all=False), _presets(), str(p))
+    return _build(validate_layout(raw, str(p), require_all=False), _presets(), str(p))
 
 
 def _get(section: str, name: str, extra: str | Path | None = None) -> Any:
@@ -468,7 +342,7 @@ def _get(section: str, name: str, extra: str | Path | None = None) -> Any:
              **(load_profile(extra).get(section, {}) if extra is not None else {})}
     key = str(name).strip().lower().replace("_", "-")
     if key not in table:
-        raise UnknownHardwareError(f"unknown {_KIND[section]} {name!r}; choose one of: "
+        raise UnknownHardwareError(f"unknown {KIND[section]} {name!r}; choose one of: "
                                    + ", ".join(sorted(table)))
     return table[key]
 
@@ -524,7 +398,7 @@ def node_names() -> list[str]:
 def entry_of(section: str, obj: Any) -> dict[str, Any]:
     """An object back in the file layout (`{field: {"value", "source"}}`), e.g. to write
     a scaled copy of a preset into a hardware file that `lookup` reads."""
-    numeric, strings = _SCHEMA[section]
+    numeric, strings = SCHEMA[section]
     derived = {"cores_per_socket": lambda h: h.cores // h.sockets,
                "dram_theoretical_bytes_per_s_per_socket":
                    lambda h: h.dram_theoretical_bytes_per_s / h.sockets,
