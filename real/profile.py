@@ -155,7 +155,9 @@ def _selected_columns(mats, dtype, ratio: float, importance: str = "l1"):
     kernels (`zfbench.real.kernels`) on the engine's column-major layout: neither for a weight
     whose AdamW runs on its own and its gradient's columns (real/adamw.py
     `columns_in_place_ok`; the engine keeps the moments on the device here); the division
-    by U is in the AdamW pass."""
+    by U is in the AdamW pass. And `gather_scatter`: the same gather and scatter of every
+    weight's selected columns, in place or not, as ZenFlow's ZeRO-3 device update
+    (real/zenflow_zero3.py) gathers its selected gradients and writes its values back."""
     idx = [kernels.top_columns(kernels.column_scores(p.grad, importance),
                                topk_count(p.shape[1], ratio)) for p in mats]
     sel = [take_columns(p.detach(), i).float() for p, i in zip(mats, idx)]
@@ -169,7 +171,21 @@ def _selected_columns(mats, dtype, ratio: float, importance: str = "l1"):
                 continue  # AdamW on the weight's and the gradient's own columns
             kernels.gather_grads_(p.grad, i, g, lo)
             kernels.scatter_(p.data, i, x, lo)
-    return sel, sel_g, ms, vs, scratch, column_io
+
+    def gather_scatter():
+        for p, i, g, lo, x in zip(mats, idx, sel_g, low, sel):
+            kernels.gather_grads_(p.grad, i, g, lo)
+            kernels.scatter_(p.data, i, x, lo)
+    return sel, sel_g, ms, vs, scratch, column_io, gather_scatter
+
+
+def _per_matrix_and_selected(narrow_s: float, wide_s: float, narrow_sel: int,
+                             wide_sel: int, mat_elems: int) -> tuple[float, float]:
+    """A column gather/scatter's seconds split into a part per 2-D element (cache lines
+    touched) and a part per selected element, by the line through its times at two top-k
+    ratios."""
+    per_selected = max(0.0, (wide_s - narrow_s) / max(wide_sel - narrow_sel, 1))
+    return max(0.0, narrow_s - per_selected * narrow_sel) / mat_elems, per_selected
 
 
 def _master_copy_s(flat_params, flat_grads, repeats: int, device=None) -> float:
@@ -279,8 +295,8 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
     mats = [p for p in params if p.dim() == 2]
     mat_elems = sum(p.numel() for p in mats)
     importance = spec.engine_config("zenflow").importance
-    sel, sel_g, ms, vs, scratch, column_io = _selected_columns(mats, dtype, topk_ratio,
-                                                               importance)
+    sel, sel_g, ms, vs, scratch, column_io, gather_scatter = _selected_columns(
+        mats, dtype, topk_ratio, importance)
     sel_elems = sum(s.numel() for s in sel)
 
     def device_adam():
@@ -293,12 +309,16 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
     # the column gather/scatter costs a part per 2-D element (cache lines touched) and a
     # part per selected element: measured at two ratios, split by a line through both
     io_s = median_time(column_io, repeats, device)
+    all_s = median_time(gather_scatter, repeats, device)
     wide = _selected_columns(mats, dtype, WIDE_TOPK_RATIO, importance)
     wide_sel = sum(s.numel() for s in wide[0])
-    wide[-1]()
-    wide_io_s = median_time(wide[-1], repeats, device)
-    per_selected = max(0.0, (wide_io_s - io_s) / max(wide_sel - sel_elems, 1))
-    per_matrix = max(0.0, io_s - per_selected * sel_elems) / mat_elems
+    wide[-2]()
+    wide_io_s = median_time(wide[-2], repeats, device)
+    wide_all_s = median_time(wide[-1], repeats, device)
+    per_matrix, per_selected = _per_matrix_and_selected(io_s, wide_io_s, sel_elems,
+                                                        wide_sel, mat_elems)
+    all_per_matrix, all_per_selected = _per_matrix_and_selected(all_s, wide_all_s, sel_elems,
+                                                                wide_sel, mat_elems)
     del wide
     master_s = _master_copy_s(flat_params, flat_grads, repeats, device)
 
@@ -362,6 +382,8 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
     return build_profile(spec, shape, blocks, dev_threads, host_threads, {
         "device_optim_elems_per_s": sel_elems / optim_s,
         "column_io_s_per_elem": per_matrix, "column_io_s_per_selected": per_selected,
+        "gather_scatter_s_per_elem": all_per_matrix,
+        "gather_scatter_s_per_selected": all_per_selected,
         "master_copy_s_per_elem": master_s / total, "precision": precision,
         "select_s_per_elem": select_s / mat_elems,
         "grad_check_s_per_elem": check_s / total, "grad_zero_s_per_elem": zero_s / total,

@@ -312,18 +312,23 @@ class CostModel(HostCosts):
         hbm = self.node.gpu.hbm_bytes_per_s * DEVICE_OPTIM_HBM_EFFICIENCY
         return matrix_numel * self.elem_bytes / hbm
 
-    def column_io_s(self) -> float:
+    def column_io_s(self, every_column: bool = False) -> float:
         """ZenFlow's per-step gather of the selected columns' gradients and scatter of their
         new values, measured on a CPU lane: a part per 2-D element (`column_io_s_per_elem`)
         and one per selected element (`column_io_s_per_selected`); 0 without a profile
-        (on a GPU it is a small part of the device update, inside `device_optim_s`)."""
+        (on a GPU it is a small part of the device update, inside `device_optim_s`). The
+        ZeRO-2 engine's, which skips the weights whose AdamW runs on their own columns;
+        `every_column`: the gather and scatter of every selected column, as ZeRO-3's
+        device update does (`gather_scatter_s_*`; a profile without them: `column_io_s_*`)."""
         if self.calibration is None:
             return 0.0
         cal = self.calibration
+        key = ("gather_scatter" if every_column and "gather_scatter_s_per_elem" in cal
+               else "column_io")
         matrix_numel = sum(b.matrix_numel for b in self.buckets)
         selected = sum(b.selected_numel - (b.numel - b.matrix_numel) for b in self.buckets)
-        return (matrix_numel * cal.get("column_io_s_per_elem", 0.0)
-                + selected * cal.get("column_io_s_per_selected", 0.0))
+        return (matrix_numel * cal.get(f"{key}_s_per_elem", 0.0)
+                + selected * cal.get(f"{key}_s_per_selected", 0.0))
 
     def master_copy_s(self, numel: float) -> float:
         """The `device` strategy's fp32-master copies with low-precision weights, measured

@@ -255,10 +255,10 @@ class RankSim:
             yield from self.compute("device_optim", step, c.device_copy_s(c.params) + (
                 self.column_io_s() if keep_columns else 0.0))
 
-    def column_io_s(self) -> float:
+    def column_io_s(self, every_column: bool = False) -> float:
         """Emulated: zenflow's gather and scatter of the selected columns, per step (on a
-        GPU it is inside the device update's cost)."""
-        return self.costs.column_io_s() if self.emulated else 0.0
+        GPU it is inside the device update's cost; `every_column`: `CostModel.column_io_s`)."""
+        return self.costs.column_io_s(every_column) if self.emulated else 0.0
 
     def gather_when_ready(self, step: int, nbytes: float, ready: simpy.Event) -> simpy.Event | None:
         """All-gather updated parameters once `ready` fires: the collective joins the net

@@ -184,8 +184,9 @@ def _apply(sim, t: int, landed):
 
 
 def _column_io_s(sim) -> float:
-    """Emulated: the rank's share of the gather and scatter of the selected elements."""
-    return sim.column_io_s() / sim.costs.gpus
+    """Emulated: the rank's share of the gather and scatter of the selected elements (every
+    one: ZeRO-3's device update gathers them all, real/zenflow_zero3.py)."""
+    return sim.column_io_s(every_column=True) / sim.costs.gpus
 
 
 def _unselected(c) -> list[float]:

@@ -32,6 +32,7 @@ TIMED = {
     "convert": {"copy_"},  # RateProbe: the wires' conversions (16-bit weights)
     "device_adam": {"adamw_foreach_"},  # profile: device AdamW on the selected columns
     "column_io": {"gather_grads_", "scatter_"},  # profile: ZenFlow's column gather/scatter
+    "gather_scatter": {"gather_grads_", "scatter_"},  # profile: ZeRO-3's, every column
     "select": {"column_scores", "top_columns"},  # profile: ZenFlow's selection
     "check": {"all_finite"},  # profile: the non-finite check
     "clip_norm": {"grad_norm"},  # profile: the device strategy's clipping norm
@@ -77,8 +78,9 @@ def engine_calls(precision: str) -> None:
         if precision != "fp32":
             cfg[precision] = {"enabled": True}
         # fp32: every 2-D weight's rows a multiple of the vector width, as in the
-        # calibration's model, so both run ZenFlow's device AdamW on the weights' own
-        # columns (real/adamw.py `columns_in_place_ok`): no fp32 write-back (`scatter_`)
+        # calibration's model, so both run ZenFlow's device AdamW on the weights' and
+        # the gradients' own columns (real/adamw.py `columns_in_place_ok`): no gather
+        # (`gather_grads_`) and no fp32 write-back (`scatter_`)
         model = BiasMLP(hidden=16, inner=48) if precision == "fp32" else BiasMLP()
         engine = make_engine(model, cfg)
         train_steps(engine, batches(), 5)
@@ -101,8 +103,9 @@ def untimed(calls, precision: str) -> set:
     # fp32: nothing to convert; 16-bit: the d2h is a plain copy, the check a device op
     skip = {"convert", "copies"} if precision == "fp32" else {"d2h"}
     want = {(fn, k) for fn, ks in TIMED.items() if fn not in skip for k in ks}
-    if precision == "fp32":  # the weights' own columns: no write-back (`engine_calls`)
-        want.discard(("column_io", "scatter_"))
+    if precision == "fp32":  # the weights' own columns: no gather, no write-back
+        want.discard(("column_io", "scatter_"))  # (`engine_calls`)
+        want.discard(("column_io", "gather_grads_"))
     return want - calls["callers"]
 
 
@@ -114,9 +117,9 @@ def test_the_calibration_times_every_kernel_the_engine_runs(recorded, precision)
     probe_calls(precision)
     # the engine reaches every kernel of the module, so the check covers all of them
     # (but for the checked d2h, which the CPU lanes run with fp32 gradients only)
-    # and for the write-back of the selected columns, which fp32 weights of whole vector
-    # rows do not need: `engine_calls`)
-    not_run = {"scatter_"} if precision == "fp32" else {"copy_checked_"}
+    # and for the gather and the write-back of the selected columns, which fp32 weights
+    # of whole vector rows do not need: `engine_calls`)
+    not_run = {"scatter_", "gather_grads_"} if precision == "fp32" else {"copy_checked_"}
     assert {name for name, _ in calls["engine"]} == set(KERNELS) - not_run
     assert missing(calls) == set()
     assert untimed(calls, precision) == set()
