@@ -26,7 +26,10 @@ The run's host buffers: on a GPU, the saved DeepSpeed config's
 the simulated settings of both the ZeRO-Offload fit and the ZenFlow prediction, so both
 see the same pageable copies (zfbench.sims.pageable; the fit's `PAGEABLE` case,
 zfbench.predict.fit). On DeepSpeed's CPU accelerator there is no link to copy over,
-pinned and pageable are the same host memory: those runs are simulated pinned.
+pinned and pageable are the same host memory: those runs are simulated pinned. Likewise the
+config's `zero_optimization.overlap_comm` (DeepSpeed's default where absent: on only for
+stage 3) and whether the run's model recomputes activations (the run's
+`activation_checkpointing`; absent, DeepSpeed's engine recomputes nothing) go into both.
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ MODES = {"zenflow_seq": False, "zenflow_overlap": True}
 # DeepSpeed 0.19.5's `offload_optimizer.pin_memory` default (deepspeed/runtime/zero/
 # offload_config.py line 75, `pin_memory: bool = True`; False before PR #8207)
 DEEPSPEED_PIN_MEMORY_DEFAULT = True
+# DeepSpeed 0.19.5's `zero_optimization.overlap_comm` default: None, which the validator
+# `overlap_comm_valid` turns into `stage == 3` (deepspeed/runtime/zero/config.py lines 138
+# and 382-386); the config's `stage` defaults to 0 (line 95)
+DEEPSPEED_OVERLAP_COMM_STAGE = 3
 
 
 def pin_memory(run_summary: dict) -> bool:
@@ -66,13 +73,33 @@ def pin_memory(run_summary: dict) -> bool:
                                                        DEEPSPEED_PIN_MEMORY_DEFAULT))
 
 
+def overlap_comm(run_summary: dict) -> bool:
+    """The run's ZeRO `overlap_comm`: its saved config's, else DeepSpeed's default (on only
+    for stage 3)."""
+    zero = run_summary.get("deepspeed_config", {}).get("zero_optimization", {})
+    if zero.get("overlap_comm") is not None:
+        return bool(zero["overlap_comm"])
+    return int(zero.get("stage", 0)) == DEEPSPEED_OVERLAP_COMM_STAGE
+
+
+def activation_checkpointing(run_summary: dict) -> bool:
+    """Whether the run's model recomputes activations in backward: the run's recorded
+    `activation_checkpointing`, else False. DeepSpeed recomputes only where the model calls
+    `deepspeed.checkpointing.checkpoint` (its config's `activation_checkpointing` section
+    only configures that call), and bench/ds_wallclock.py's model (zfbench.real.model)
+    never does."""
+    return bool(run_summary.get("activation_checkpointing", False))
+
+
 def shape_knobs(run_summary: dict) -> dict:
     match = re.fullmatch(r"(.+?)(?:\[(\d+)L\])?", run_summary["shape"])
     knobs = {"model": match.group(1), "gpus": 1, "gpus_per_switch": 1,
              "micro_batch": int(run_summary["batch"]), "seq": int(run_summary["seq"]),
              "precision": "fp32" if run_summary.get("dtype", "fp32") == "fp32" else "bf16",
              "transfers": "shipped", "update_interval": int(run_summary["update_interval"]),
-             "full_warm_up_rounds": 0, "pin_memory": pin_memory(run_summary)}
+             "full_warm_up_rounds": 0, "pin_memory": pin_memory(run_summary),
+             "overlap_comm": overlap_comm(run_summary),
+             "activation_checkpointing": activation_checkpointing(run_summary)}
     if match.group(2):
         knobs["layers"] = int(match.group(2))
     zf = run_summary.get("deepspeed_config", {}).get("zero_optimization", {}).get("zenflow")
@@ -94,9 +121,11 @@ def compute_over_forward(base: SimSettings) -> float | None:
 def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_scale: float,
                 work: Path) -> list[dict]:
     knobs = shape_knobs(next(iter(zenflow_runs.values()), zo))
-    if pin_memory(zo) != knobs["pin_memory"]:
-        raise ValueError(f"the ZeRO-Offload run's pin_memory ({pin_memory(zo)}) differs from "
-                         f"its ZenFlow runs' ({knobs['pin_memory']}): rerun them alike")
+    for name, read in (("pin_memory", pin_memory), ("overlap_comm", overlap_comm),
+                       ("activation_checkpointing", activation_checkpointing)):
+        if read(zo) != knobs[name]:
+            raise ValueError(f"the ZeRO-Offload run's {name} ({read(zo)}) differs from its "
+                             f"ZenFlow runs' ({knobs[name]}): rerun them alike")
     knobs = on_hardware_file(knobs, work / "presets.json")
     base = SimSettings.from_knobs(**knobs, steps=steps)
     measured = read_deepspeed_log(logs / zo["log"], skip=int(zo["warmup_steps"]),
@@ -123,6 +152,8 @@ def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_sc
         rows.append({
             "shape": zo["shape"], "batch": zo["batch"], "seq": zo["seq"],
             "repeat": zo["repeat"], "mode": engine, "pin_memory": knobs["pin_memory"],
+            "overlap_comm": knobs["overlap_comm"],
+            "activation_checkpointing": knobs["activation_checkpointing"],
             "measured_zero_offload_step_s": zo["step_s_mean"],
             "baseline_from_log_step_s": measured.step_s,
             "baseline_compute_s": measured.compute_s, "baseline_d2h_s": measured.d2h_s,

@@ -144,6 +144,14 @@ def _deepspeed_parts(timers: dict[str, float],
     `bwd_allreduce` the gradients down, `optimizer_step` the stall, and the rest of
     `step` the parameters up.
 
+    That last part is an approximation the timers cannot correct: in DeepSpeed v0.19.5
+    (stage_1_and_2.py `step`, lines 2295-2317) the rest of `step` is mostly
+    `optimizer_gradients` (a host pass unscaling the gradient partition) plus the norm and
+    `optimizer_allgather`, while the parameter copy up is issued inside `optimizer_step`,
+    after the host AdamW, and (CUDA event timers, deepspeed/utils/timer.py) ends it. No
+    timer holds the upload alone, so no reading of this log splits AdamW from it; the
+    stall and the "upload" here add up to the step's optimizer time either way.
+
     With pageable gradient buffers (`compute_over_forward` given) DeepSpeed's copy of each
     gradient into host memory runs inside backward's hooks and holds the thread that
     launches backward's kernels (DeepSpeed v0.19.5 stage_1_and_2.py `reduce_ipg_grads` ->
