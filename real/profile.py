@@ -157,7 +157,8 @@ def _selected_columns(mats, dtype, ratio: float, importance: str = "l1"):
     `columns_in_place_ok`; the engine keeps the moments on the device here); the division
     by U is in the AdamW pass. And `gather_scatter`: the same gather and scatter of every
     weight's selected columns, in place or not, as ZenFlow's ZeRO-3 device update
-    (real/zenflow_zero3.py) gathers its selected gradients and writes its values back."""
+    (real/zenflow_zero3.py) gathers its selected gradients and writes its values back.
+    The two come as {profile key prefix: pass}."""
     idx = [kernels.top_columns(kernels.column_scores(p.grad, importance),
                                topk_count(p.shape[1], ratio)) for p in mats]
     sel = [take_columns(p.detach(), i).float() for p, i in zip(mats, idx)]
@@ -165,18 +166,22 @@ def _selected_columns(mats, dtype, ratio: float, importance: str = "l1"):
     low = [None if dtype == torch.float32 else torch.empty_like(x, dtype=dtype) for x in sel]
     ms, vs, scratch = ([torch.zeros_like(x) for x in sel] for _ in range(3))
 
+    every = list(zip(mats, idx, sel_g, low, sel))
+    # not the weights whose AdamW runs on their own and their gradient's columns
+    moved = [w for w in every if not (w[3] is None and columns_in_place_ok(w[0])
+                                      and columns_in_place_ok(w[0].grad))]
+
     def column_io():
-        for p, i, g, lo, x in zip(mats, idx, sel_g, low, sel):
-            if lo is None and columns_in_place_ok(p) and columns_in_place_ok(p.grad):
-                continue  # AdamW on the weight's and the gradient's own columns
+        for p, i, g, lo, x in moved:
             kernels.gather_grads_(p.grad, i, g, lo)
             kernels.scatter_(p.data, i, x, lo)
 
     def gather_scatter():
-        for p, i, g, lo, x in zip(mats, idx, sel_g, low, sel):
+        for p, i, g, lo, x in every:
             kernels.gather_grads_(p.grad, i, g, lo)
             kernels.scatter_(p.data, i, x, lo)
-    return sel, sel_g, ms, vs, scratch, column_io, gather_scatter
+    return sel, sel_g, ms, vs, scratch, {"column_io": column_io,
+                                         "gather_scatter": gather_scatter}
 
 
 def _per_matrix_and_selected(narrow_s: float, wide_s: float, narrow_sel: int,
@@ -295,30 +300,28 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
     mats = [p for p in params if p.dim() == 2]
     mat_elems = sum(p.numel() for p in mats)
     importance = spec.engine_config("zenflow").importance
-    sel, sel_g, ms, vs, scratch, column_io, gather_scatter = _selected_columns(
-        mats, dtype, topk_ratio, importance)
+    sel, sel_g, ms, vs, scratch, passes = _selected_columns(mats, dtype, topk_ratio,
+                                                             importance)
     sel_elems = sum(s.numel() for s in sel)
 
     def device_adam():
         kernels.adamw_foreach_(sel, sel_g, ms, vs, [1] * len(sel), lr=1e-4, beta1=0.9,
                                beta2=0.999, eps=1e-8, weight_decay=0.01, scratch=scratch,
                                grad_divisor=4.0)
-    column_io()
+    passes["column_io"]()
     device_adam()
     optim_s = median_time(device_adam, repeats, device)
     # the column gather/scatter costs a part per 2-D element (cache lines touched) and a
     # part per selected element: measured at two ratios, split by a line through both
-    io_s = median_time(column_io, repeats, device)
-    all_s = median_time(gather_scatter, repeats, device)
     wide = _selected_columns(mats, dtype, WIDE_TOPK_RATIO, importance)
     wide_sel = sum(s.numel() for s in wide[0])
-    wide[-2]()
-    wide_io_s = median_time(wide[-2], repeats, device)
-    wide_all_s = median_time(wide[-1], repeats, device)
-    per_matrix, per_selected = _per_matrix_and_selected(io_s, wide_io_s, sel_elems,
-                                                        wide_sel, mat_elems)
-    all_per_matrix, all_per_selected = _per_matrix_and_selected(all_s, wide_all_s, sel_elems,
-                                                                wide_sel, mat_elems)
+    column_rates = {}
+    for key, narrow in passes.items():
+        wide[-1][key]()
+        column_rates[f"{key}_s_per_elem"], column_rates[f"{key}_s_per_selected"] = \
+            _per_matrix_and_selected(median_time(narrow, repeats, device),
+                                     median_time(wide[-1][key], repeats, device),
+                                     sel_elems, wide_sel, mat_elems)
     del wide
     master_s = _master_copy_s(flat_params, flat_grads, repeats, device)
 
@@ -381,9 +384,7 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
     del probe
     return build_profile(spec, shape, blocks, dev_threads, host_threads, {
         "device_optim_elems_per_s": sel_elems / optim_s,
-        "column_io_s_per_elem": per_matrix, "column_io_s_per_selected": per_selected,
-        "gather_scatter_s_per_elem": all_per_matrix,
-        "gather_scatter_s_per_selected": all_per_selected,
+        **column_rates,
         "master_copy_s_per_elem": master_s / total, "precision": precision,
         "select_s_per_elem": select_s / mat_elems,
         "grad_check_s_per_elem": check_s / total, "grad_zero_s_per_elem": zero_s / total,
