@@ -72,14 +72,15 @@ class SelectedColumnsUpdate:
         self.device_count += 1
         if self.moments is None:
             writes = (e.flat_params,)
-            if any(self._in_place(p) for _, p in self.matrices):
+            in_place = {name for name, p in self.matrices if self._in_place(p)}
+            if in_place:
                 # the quotients grad / U go into the gradients' selected columns
                 self.B.wait("compute", e.grads_read, "the device update waits for the d2h "
                             "to have read the gradients it divides")
                 e.grads_read = None  # the compute lane is past it: zeroing may follow
                 writes += (e.flat_grads,)
             with e.compute("device_optim", t, reads=(e.flat_grads,), writes=writes):
-                self._update_entries(self.entry_names, self.dm, self.dv)
+                self._update_entries(self.entry_names, self.dm, self.dv, in_place)
             return
         staging = self.moments.staging
         for bucket in self.moments.buckets:
@@ -89,9 +90,11 @@ class SelectedColumnsUpdate:
                 self._update_entries(bucket.names, ms, vs)
             self.moments.send_back(t, bucket)
 
-    def _update_entries(self, names, ms_of: dict, vs_of: dict) -> None:
+    def _update_entries(self, names, ms_of: dict, vs_of: dict,
+                        in_place: frozenset | set = frozenset()) -> None:
         """One AdamW over the weights `names`: a matrix's selected columns, a vector whole,
-        with the moments `ms_of[name]`, `vs_of[name]`. The gradients are divided by U in
+        with the moments `ms_of[name]`, `vs_of[name]`; on their own columns for the weights
+        `in_place` (`_in_place`, decided by the caller). The gradients are divided by U in
         the AdamW pass (`grad_divisor`), not in one of their own."""
         params, grads, ms, vs, slices, scratch = [], [], [], [], [], []
         whole = []  # the tensors whose fusability stands for all (`fused` below)
@@ -102,9 +105,9 @@ class SelectedColumnsUpdate:
                 # so each selected column is `rows` contiguous elements: reading and writing
                 # k columns moves k columns' bytes, not a pass over the whole matrix.
                 idx = self.selected[name]
-                in_place = self._in_place(p)
-                work = self._work(name, p, idx, from_device=not in_place)
-                if in_place:  # AdamW on the weight's and the gradient's own columns: no
+                here = name in in_place
+                work = self._work(name, p, idx, from_device=not here)
+                if here:  # AdamW on the weight's and the gradient's own columns: no
                     # gather, no write-back (the quotients grad / U land in the gradient)
                     cols = self._column_views(name, p, idx, work, ms_of[name], vs_of[name])
                     for into, views in zip((params, grads, ms, vs, scratch), cols):
