@@ -2,6 +2,10 @@
 own memory bandwidth measured in the same run.
 
     python bench/kernels.py [--elems 16M] [--repeats 5] [--threads 1,2] [--out DIR]
+        [--dtypes fp32,bf16,fp16]
+
+(`--dtypes` keeps the run to some device dtypes: at sizes past the last-level cache the
+buffers of all three take about 20 GB at 128M elements.)
 
 What it times: the engine's own functions (`zfbench.real.kernels`, the attributes the
 strategies call; tests/test_kernel_identity.py checks the calibration probe calls the
@@ -263,12 +267,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", default="1,2")
     p.add_argument("--topk-ratio", type=float, default=DEFAULT_TOPK_RATIO)
+    p.add_argument("--dtypes", default="fp32,bf16,fp16",
+                   help="the device dtypes whose kernels run (the references always do)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = p.parse_args(argv)
     n = parse_size(args.elems)
+    by_name = {name: dtype for dtype, name in NAME.items()}
+    chosen = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    if not chosen or set(chosen) - set(by_name):
+        p.error(f"--dtypes {args.dtypes!r}: expected a comma list of {', '.join(by_name)}")
     table = Table()
     host_rows(table, n)
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for dtype in (by_name[d] for d in chosen):
         dtype_rows(table, n, dtype, args.topk_ratio)
     rows, load = [], {"before": os.getloadavg()}  # a shared machine: how busy it was
     for threads in [int(t) for t in args.threads.split(",")]:
