@@ -43,6 +43,11 @@
 #   ds_window_copy/            bench/ds_window_copy.py: DeepSpeed's ZenFlow window-end copy
 #                              (its fp32 master into the GPU's bf16 weights) timed as it runs
 #                              and part by part, on MODEL's parameters (issue 44/45)
+#   ds_window_copy_faults/     bench/window_copy_faults.py (with ONLY=ds_window_copy too):
+#                              the fresh host temporary's page faults at MODEL's bf16 size,
+#                              on DeepSpeed's training-side threads (half the cores) and all
+#                              (the rate zfbench.sims.window_copy takes; the profile step's
+#                              probe measures it on the profile's host threads)
 #   status.txt                 each step's exit code (a failed step does not stop the rest)
 # DEFAULT_STEPS=N gives run_default --steps N (the shape stays the GPU-sized default);
 # GPU_PRESET (default: the preset of the GPU torch names, else h100-sxm) is predict's --gpu.
@@ -138,7 +143,7 @@ touch "$OUT/status.txt"
 step() {  # step NAME COMMAND...: run, log, record the exit code, go on
   local name=$1; shift
   local key=$name
-  case $name in run_default) ;; run_*) key=run_model ;; esac
+  case $name in run_default) ;; run_*) key=run_model ;; ds_window_copy_*) key=ds_window_copy ;; esac
   if [ -n "$ONLY" ] && [[ " $ONLY " != *" $key "* ]]; then return 0; fi
   echo "== gpu-check: $name: $*"
   "$@" 2>&1 | tee "$OUT/$name.log"
@@ -180,6 +185,8 @@ step deepspeed_side $PY bench/ds_gpu_side.py --model "$MODEL" --seq "$SEQ" \
   --timeout-s "$DS_TIMEOUT_S" --out "$OUT/deepspeed_side"
 ELEMS=$($PY -c "from zfbench.core.models import get_model; print(get_model('$MODEL').total_params)")
 step ds_window_copy $PY bench/ds_window_copy.py --elems "$ELEMS" --out "$OUT/ds_window_copy"
+step ds_window_copy_faults $PY bench/window_copy_faults.py --sizes-mb $(( ELEMS * 2 / 1000000 )) \
+  --threads "$HALF" "$(nproc)" --out "$OUT/ds_window_copy_faults"
 step validate $PY -m zfbench.validate --device cuda --budget-min "$VALIDATE_MIN" --quiet \
   --out "$OUT/validate"
 echo "== gpu-check: wrote $OUT (exit codes in status.txt)"

@@ -30,6 +30,11 @@ pinned and pageable are the same host memory: those runs are simulated pinned. L
 config's `zero_optimization.overlap_comm` (DeepSpeed's default where absent: on only for
 stage 3) and whether the run's model recomputes activations (the run's
 `activation_checkpointing`; absent, DeepSpeed's engine recomputes nothing) go into both.
+
+`--fresh-page-GBps R` (a what-if, off by default): the fitted host first-touches the fresh
+temporary of DeepSpeed's window-end conversion at R GB/s (zfbench.sims.window_copy
+`fresh_page_s`), a rate measured elsewhere (bench/window_copy_faults.py, or a profile's
+`fresh_page_bytes_per_s` on the run's host); the rows then carry `fresh_page_GBps`.
 """
 
 from __future__ import annotations
@@ -118,8 +123,20 @@ def compute_over_forward(base: SimSettings) -> float | None:
     return (costs.forward_s + sum(b.backward_s for b in costs.buckets)) / costs.forward_s
 
 
+def with_fresh_pages(s: SimSettings, gb_per_s: float, path: Path) -> SimSettings:
+    """`s` (simulated on a hardware file, as a fit's are) with its host's
+    `fresh_page_bytes_per_s` set to `gb_per_s` GB/s, written to a copy of the file at
+    `path`."""
+    raw = json.loads(Path(s.machine.hardware).read_text())
+    raw["hosts"][s.machine.host]["fresh_page_bytes_per_s"] = {
+        "value": gb_per_s * 1e9, "source": "what-if: --fresh-page-GBps of "
+        "bench/predict_deepspeed.py (a rate measured on another host)"}
+    path.write_text(json.dumps(raw, indent=1))
+    return s.with_(hardware=str(path))
+
+
 def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_scale: float,
-                work: Path) -> list[dict]:
+                work: Path, fresh_page_gbps: float | None = None) -> list[dict]:
     knobs = shape_knobs(next(iter(zenflow_runs.values()), zo))
     for name, read in (("pin_memory", pin_memory), ("overlap_comm", overlap_comm),
                        ("activation_checkpointing", activation_checkpointing)):
@@ -131,14 +148,18 @@ def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_sc
     measured = read_deepspeed_log(logs / zo["log"], skip=int(zo["warmup_steps"]),
                                   compute_over_forward=compute_over_forward(base))
     fits = [f for f in infer(base.with_(steps=min(steps, 16)), measured, work) if f.reached]
+    settings = [f.settings for f in fits]
+    if fresh_page_gbps is not None:
+        settings = [with_fresh_pages(s, fresh_page_gbps, work / f"fresh_pages_{i}.json")
+                    for i, s in enumerate(settings)]
     rows = []
     for engine, overlap in MODES.items():
         actual = zenflow_runs.get(engine)
         if actual is None or actual.get("step_s_mean") is None:
             continue
         predicted, compute_only = [], None
-        for f in fits:
-            s = f.settings.with_(steps=steps, overlap_step=overlap)
+        for f, fitted in zip(fits, settings):
+            s = fitted.with_(steps=steps, overlap_step=overlap)
             if overlap:
                 host = s.machine.parts()[2]
                 s = s.with_(mfu=f.scales.mfu / overlap_scale,
@@ -170,12 +191,13 @@ def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_sc
             "inferred_h2d_factor": fits[0].scales.h2d,
             "inferred_host_factor": fits[0].scales.host,
             "inferred_staging_copy_bytes_per_s": fits[0].entries["host_links"][
-                "inferred-link"].get("staging_copy_bytes_per_s", {}).get("value")})
+                "inferred-link"].get("staging_copy_bytes_per_s", {}).get("value"),
+            **({} if fresh_page_gbps is None else {"fresh_page_GBps": fresh_page_gbps})})
     return rows
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=Path, default=ROOT / "bench/results/predict_deepspeed",
                    help="bench/ds_wallclock.py's output directory")
@@ -183,7 +205,13 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=40, help="simulated steps per prediction")
     p.add_argument("--overlap-compute-scale", type=float, default=None,
                    help="compute slowdown assumed in overlap mode (default cores/(cores//2))")
+    p.add_argument("--fresh-page-GBps", type=float, default=None,
+                   help="what-if: the host faults in fresh pages at this many GB/s "
+                        "(default: no fault term, as the presets)")
     args = p.parse_args(argv)
+    if args.fresh_page_GBps is not None and not args.fresh_page_GBps > 0:
+        p.error(f"--fresh-page-GBps must be a positive rate in GB/s, got "
+                f"{args.fresh_page_GBps}")
     try:
         summary = json.loads((args.runs / "summary.json").read_text())
     except (OSError, json.JSONDecodeError) as err:
@@ -205,7 +233,7 @@ def main(argv=None) -> int:
             zenflow = {k: v for k, v in engines.items() if k in MODES}
             try:
                 rows += predict_one(engines["zero_offload"], zenflow, args.runs, args.steps,
-                                    scale, work)
+                                    scale, work, args.fresh_page_GBps)
             except (SimSettingsError, ValueError) as err:
                 print(f"{key}: no prediction: {err}", file=sys.stderr)
     if not rows:

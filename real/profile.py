@@ -12,7 +12,7 @@ lanes, thread split, gradient path (`zfbench.real.inplace_grads`) and kernels
   it, and the part the engine's step does where it defers the rest to backward) and the
   `device` strategy's own update over the whole buffer (its kernels, zeroing included);
 - the link and host-lane rates (`zfbench.real.rate_probe.RateProbe`): d2h and h2d alone
-  and together, host AdamW and accumulation;
+  and together, host AdamW and accumulation, the fresh-page rate (`fresh_page_rates`);
 - how much the device and host lanes slow each other when they run at once (cores over
   the same DRAM).
 On CUDA every device time is the GPU's (synchronized clocks, CUDA events in the hooks:
@@ -41,7 +41,8 @@ from zfbench.real.host_fused import status as host_kernels_status
 from zfbench.real.inplace_grads import InplaceGrads, wanted
 from zfbench.real.model import build_model
 from zfbench.real.distributed import host_threads_by_strategy
-from zfbench.real.rate_probe import Clock, RateProbe, lane_contention, median_time
+from zfbench.real.rate_probe import (FRESH_PAGE_KEY, Clock, RateProbe, lane_contention,
+                                     median_time)
 from zfbench.real.runner import RunSpec, batches
 from zfbench.real.strategies import FlatAdamW
 from zfbench.core.config_zenflow import DEFAULT_TOPK_RATIO
@@ -372,6 +373,7 @@ def measure_profile(spec: RunSpec, repeats: int = 5,
     probe = RateProbe(total, dtype, host_threads, device, strategy_threads=lanes)
     try:
         rates = probe.measure(repeats)
+        rates.update(probe.fresh_page_rates())  # 16-bit only: DeepSpeed's window-end temporary
 
         def train_step():  # the device lane's forward+backward (gradients pile up: harmless)
             batch = next(data)
@@ -473,7 +475,10 @@ def build_profile(spec: RunSpec, shape, blocks: dict, dev_threads: int, host_thr
             "dram_triad_fraction": {"value": 1.0, "source": NOT_A_LIMIT},
             "adam_params_per_s_per_core": m(rates["host_adam_params_per_s"] / host_threads),
             "adam_bytes_per_param": {"value": 28.0, "source": "roofline, hardware.md"},
-            "memory_bytes": m(_mem_total())}},
+            "memory_bytes": m(_mem_total()),
+            # profiles before session 28 have none: no fault term (zfbench.sims.window_copy)
+            **({"fresh_page_bytes_per_s": m(rates[FRESH_PAGE_KEY])}
+               if FRESH_PAGE_KEY in rates else {})}},
         "net_links": {"measured-net": {
             "bytes_per_s": {"value": 1e12, "source": "not measured: one rank"},
             "latency_s": {"value": 1e-6, "source": "not measured: one rank"},

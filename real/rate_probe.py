@@ -40,6 +40,10 @@ RATE_KEYS = ("d2h_bytes_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s_both",
              "host_norm_elems_per_s", "host_accum_first_elems_per_s")
 # with 16-bit weights only: both host conversions of the wires, per element
 CONVERT_KEY = "host_convert_elems_per_s"
+# with 16-bit weights only (`RateProbe.fresh_page_rates`, measured by the profile, not
+# around validate's cells): bytes/s at which a fp32 -> 16-bit conversion into a fresh host
+# tensor first touches its output's pages, beyond the same conversion into a reused buffer
+FRESH_PAGE_KEY = "host_fresh_page_bytes_per_s"
 
 
 def is_cuda(device) -> bool:
@@ -108,6 +112,44 @@ def in_thread(fn, threads: int):
     worker.start()
     worker.join()
     return box["out"]
+
+
+def fresh_page_seconds(src: torch.Tensor, into: torch.Tensor, repeats: int
+                       ) -> tuple[float, float]:
+    """(fresh, reused): median seconds of `src` converted into a new tensor of `into`'s
+    dtype (`src.to(dtype)`, as PyTorch converts a blocking CPU -> CUDA copy that changes
+    the dtype: a fresh pageable temporary, freed after) and of the same conversion into
+    `into` (mapped, reused); the two alternate, each run once untimed first. PyTorch's
+    CPU allocator keeps nothing: c10/core/impl/alloc_cpu.cpp `alloc_cpu` is a
+    `posix_memalign` (`madvise(MADV_HUGEPAGE)` only with THP_MEM_ALLOC_ENABLE set) and
+    `free_cpu` a `free` (c10/core/CPUAllocator.cpp `DefaultCPUAllocator`); glibc serves a
+    block past its mmap threshold (at most 32 MiB on 64-bit, mallopt(3) M_MMAP_THRESHOLD)
+    with a fresh `mmap` and unmaps it at `free`, so every such conversion faults in its
+    output page by page."""
+    return alternating_medians(lambda: src.to(into.dtype), lambda: into.copy_(src), repeats)
+
+
+def alternating_medians(first, second, repeats: int) -> tuple[float, float]:
+    """Median seconds of `first()` and of `second()` over `repeats` runs each, the two
+    alternating (so that a drift of the machine's speed reaches both), after one untimed
+    run of each; CPU work, done when the call returns."""
+    first()
+    second()
+    times: tuple[list, list] = ([], [])
+    for _ in range(repeats):
+        for fn, out in zip((first, second), times):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def fresh_page_bytes_per_s(nbytes: float, fresh_s: float, reused_s: float) -> float | None:
+    """The rate at which fresh pages cost their first touch: `nbytes` (the fresh output's)
+    over what the fresh conversion takes beyond the reused one; None where it takes no
+    longer (nothing measurable: no fault term)."""
+    extra = fresh_s - reused_s
+    return nbytes / extra if extra > 0 else None
 
 
 HOST_LANE_KEYS = ("host_adam_params_per_s", "host_accum_elems_per_s",
@@ -290,6 +332,18 @@ class RateProbe:
         if self.dev.dtype != torch.float32:
             rates[CONVERT_KEY] = self.total / timed(convert)
         return rates
+
+    def fresh_page_rates(self, repeats: int = 3) -> dict[str, float]:
+        """With 16-bit weights, FRESH_PAGE_KEY on the host lane's threads: the fp32 master
+        converted into a fresh 16-bit tensor against into the h2d wire (mapped, reused:
+        `fresh_page_seconds`); empty with fp32 weights (a same-dtype copy needs no
+        temporary) or where the fresh conversion was not slower."""
+        if self.dev.dtype == torch.float32:
+            return {}
+        fresh_s, reused_s = in_thread(
+            lambda: fresh_page_seconds(self.master, self.up_wire, repeats), self.host_threads)
+        rate = fresh_page_bytes_per_s(self.total * self.dev.element_size(), fresh_s, reused_s)
+        return {} if rate is None else {FRESH_PAGE_KEY: rate}
 
     def _link_host_contention(self, h2d, h2d_sync, h2d_alone: float, adam_alone: float,
                               repeats: int) -> dict[str, float]:

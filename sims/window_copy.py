@@ -8,10 +8,12 @@ host into a fresh pageable 16-bit temporary (the training process's threads), th
 pageable host-to-device copy the driver stages (zfbench.sims.pageable). The device waits
 for both. `window_copy(sim, t)` runs it on a `RankSim` (zfbench.sims.zenflow_zero2, the
 shipped data path); `parts_s` is its closed form where nothing else runs. Sources, file
-and lines, beside the constants below. Not modelled: the page faults of the fresh
-temporary's first touch (bench/ds_window_copy.py's `convert_on_host_fresh` against
-`convert_on_host_into` measures them) and the optimizer process's fp32 snapshot memcpy
-(overlapped with compute on the optimizer's cores). The CPU-emulated accelerator keeps its
+and lines, beside the constants below. The fresh temporary's pages are faulted in at
+its first touch, every window end (`fresh_page_s`): its bytes at the host's measured
+`fresh_page_bytes_per_s` (a profile's probe, zfbench.real.rate_probe FRESH_PAGE_KEY, or a
+hardware file's), none where no rate was measured (presets, older profiles). Not
+modelled: the optimizer process's fp32 snapshot memcpy (overlapped with compute on the
+optimizer's cores). The CPU-emulated accelerator keeps its
 own boundary copy (zfbench.sims.strategies `apply_update`); from presets, DeepSpeed's CPU
 accelerator (a host memcpy there) takes this path, its staging cap an approximation.
 """
@@ -84,16 +86,29 @@ def converts(costs) -> bool:
     return costs.elem_bytes != 4
 
 
+def fresh_page_s(costs) -> float:
+    """Seconds the conversion's fresh 16-bit temporary takes to be faulted in (PyTorch's
+    CPU allocator maps it anew each time: zfbench.real.rate_probe `fresh_page_seconds`):
+    its bytes at the host's `fresh_page_bytes_per_s`, measured on the probe's threads and
+    taken as it is (not scaled to the training cores); 0 where no rate was measured or
+    nothing is converted."""
+    rate = costs.node.host.fresh_page_bytes_per_s
+    if rate is None or not converts(costs):
+        return 0.0
+    return costs.share(costs.params) * costs.elem_bytes / rate
+
+
 def parts_s(costs) -> tuple[float, float]:
     """(conversion, upload) seconds of one window end with nothing else running: the fp32
-    partition converted at the training cores' streaming rate (capped by DRAM), then its
-    16-bit bytes up at the lesser of the link's rate and the staging copy's."""
+    partition converted at the training cores' streaming rate (capped by DRAM) into a
+    fresh temporary (`fresh_page_s`), then its 16-bit bytes up at the lesser of the link's
+    rate and the staging copy's."""
     elems = costs.share(costs.params)
     convert = 0.0
     if converts(costs):
         rate = min(costs.cores_per_rank * convert_units_per_core_s(costs),
                    costs.node.host.dram_bytes_per_s / CONVERT_BYTES_PER_ELEM)
-        convert = elems / rate
+        convert = elems / rate + fresh_page_s(costs)
     up = elems * costs.elem_bytes / min(costs.node.link.h2d_bytes_per_s,
                                         costs.pageable_copy_bytes_per_s)
     return convert, up + costs.node.link.setup_latency_s
@@ -101,13 +116,14 @@ def parts_s(costs) -> tuple[float, float]:
 
 def window_copy(sim, step: int):
     """The window end's copy on `sim` (a `RankSim`): the conversion on the host lane (the
-    training process's threads; the compute lane waits for it), then the pageable copy up,
-    then, with several GPUs, the all-gather; the device waits for all of it."""
+    training process's threads; the compute lane waits for it), its fresh temporary's
+    faults first (a fixed time: kernel work, not shared DRAM streaming), then the pageable
+    copy up, then, with several GPUs, the all-gather; the device waits for all of it."""
     c = sim.costs
     elems = c.share(c.params)
     ready = []
     if converts(c):
-        ready = [sim.host.submit("host_convert", step, [], job=Job(
+        ready = [sim.host.submit("host_convert", step, [], seconds=fresh_page_s(c), job=Job(
             "host", sim.rank, elems, CONVERT_BYTES_PER_ELEM, convert_units_per_core_s(c)))]
     up = sim.transfer(sim.h2d, "h2d_param", step, elems * c.elem_bytes, ready,
                       pageable_buffer=True)

@@ -139,6 +139,11 @@ class HostCPU:
     # dispatcher, autograd, the launch): the floor under a launch-bound step's compute
     # (zfbench.sims.compute_efficiency); None (a measured profile's host): no floor
     dispatch_s_per_kernel: float | None = None
+    # bytes/s at which a fresh host allocation's pages are first touched (faulted in),
+    # beyond writing mapped memory, as a measured profile's probe gives it
+    # (zfbench.real.rate_probe FRESH_PAGE_KEY); None (every preset): not measured, no cost
+    # (zfbench.sims.window_copy's fresh temporary)
+    fresh_page_bytes_per_s: float | None = None
     sources: Mapping[str, str] = _sources_field()
 
     @property
@@ -265,7 +270,7 @@ def _build_host(name: str, p: dict) -> HostCPU:
                    f"per socket times sockets: {src['dram_theoretical_bytes_per_s_per_socket']}",
                "dram_bytes_per_s": f"theoretical total times {src['dram_triad_fraction']}"}
     keep = ("sockets", "adam_params_per_s_per_core", "adam_bytes_per_param", "memory_bytes",
-            "dispatch_s_per_kernel")
+            "dispatch_s_per_kernel", "fresh_page_bytes_per_s")
     return HostCPU(name=name, cores=vals["cores_per_socket"] * vals["sockets"],
                    dram_theoretical_bytes_per_s=theo,
                    dram_bytes_per_s=theo * vals["dram_triad_fraction"],

@@ -35,7 +35,7 @@ SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                     "staging_copy_bytes_per_s"), ()),
     "hosts": (("cores_per_socket", "sockets", "dram_theoretical_bytes_per_s_per_socket",
                "dram_triad_fraction", "adam_params_per_s_per_core", "adam_bytes_per_param",
-               "memory_bytes", "dispatch_s_per_kernel"), ()),
+               "memory_bytes", "dispatch_s_per_kernel", "fresh_page_bytes_per_s"), ()),
     "net_links": (("bytes_per_s", "latency_s", "efficiency"), ()),
     "nvme_drives": (("read_bytes_per_s", "write_bytes_per_s", "capacity_bytes"), ()),
     "nodes": (("gpus", "gpus_per_switch", "nvme_drives"), ("gpu", "link", "host", "net",
@@ -43,12 +43,13 @@ SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 # Fields an entry may leave out: a node without NVMe (e.g. a measured profile's node) or
 # without a network to other nodes; a GPU without bf16 tensor cores (V100), or computing
-# from the census (no default_mfu); a link whose pageable copies were not measured.
+# from the census (no default_mfu); a link whose pageable copies were not measured; a
+# host without a launch floor or whose fresh pages were not measured.
 _OPTIONAL = {"host_links": frozenset({"staging_copy_bytes_per_s"}),
              "nodes": frozenset({"nvme", "nvme_drives", "inter_net"}),
              "gpus": frozenset({"bf16_flops_per_s", "mfu_reference", "default_mfu",
                                 "matmul_achievable_share"}),
-             "hosts": frozenset({"dispatch_s_per_kernel"})}
+             "hosts": frozenset({"dispatch_s_per_kernel", "fresh_page_bytes_per_s"})}
 _FRACTIONS = {"default_mfu", "matmul_achievable_share", "h2d_factor_when_d2h_busy",
               "d2h_factor_when_h2d_busy",
               "dram_triad_fraction", "efficiency"}
