@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 
 from zfbench.analysis.breakdown import summarize  # noqa: E402
 from zfbench.core.trace import write_csv_atomic, write_json_atomic  # noqa: E402
-from zfbench.real.profile import with_rates  # noqa: E402
+from zfbench.real.profile_record import with_rates  # noqa: E402
 from zfbench.real.runner import RunSpec  # noqa: E402
 from zfbench.sims.settings import for_engine_run  # noqa: E402
 from zfbench.sims.simulator import simulate  # noqa: E402

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from zfbench.core.models import get_model
-from zfbench.real.profile import build_profile, mean_profile, measure_profile, with_rates
+from zfbench.real.profile import measure_profile
+from zfbench.real.profile_record import build_profile, mean_profile, with_rates
 from zfbench.real.rate_probe import Clock, RateProbe, device_sync, median_time
 from zfbench.real.runner import RunSpec
 
@@ -24,7 +25,7 @@ def cpu_profile():
 
 def test_a_cpu_profile_says_emulated_even_where_torch_sees_a_gpu(monkeypatch):
     """The old lie: `transfers` was "cuda" whenever torch.cuda.is_available()."""
-    import zfbench.real.profile as profile
+    import zfbench.real.profile_record as profile
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(profile, "machine", lambda: {"cuda_device": "a GPU not used"})
     prof = measure_profile(RunSpec(device="cpu", **TINY), repeats=2)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from zfbench.analysis.breakdown import summarize
-from zfbench.real.profile import with_rates
+from zfbench.real.profile_record import with_rates
 from zfbench.sims.costs import CostModel, SimSettings
 from zfbench.sims.fluid import Job, NodeCapacities, node_rates
 from zfbench.sims.simulator import simulate

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from zfbench.real.profile import with_rates
+from zfbench.real.profile_record import with_rates
 from zfbench.sims.costs import CostModel, SimSettings
 from zfbench.sims.emulated import grad_zero_s
 from zfbench.sims.simulator import simulate

@@ -72,7 +72,7 @@ def test_simulate_with_profile_uses_measured_costs(profile_path, capsys):
     # the zeroing of what backward does not write over), when the lanes do not slow each
     # other
 
-    from zfbench.real.profile import with_rates
+    from zfbench.real.profile_record import with_rates
     apart = profile_path.with_name("apart.json")
     apart.write_text(json.dumps(with_rates(json.loads(profile_path.read_text()), {
         "compute_factor_when_host_busy": 1.0, "host_factor_when_compute_busy": 1.0})))
@@ -93,7 +93,7 @@ def test_zenflow_window_is_priced_as_the_engine_runs_it(profile_path):
     `host_zero_elems_per_s` Z is beside it; an older profile (Z, no F) prices the zeroing
     as before, a window's host update params / Z longer, and every accumulation alike.
     ZeRO-Offload's host step, which has neither, is unchanged."""
-    from zfbench.real.profile import with_rates
+    from zfbench.real.profile_record import with_rates
     raw = json.loads(profile_path.read_text())
     assert raw["calibration"]["host_accum_first_elems_per_s"] > 0  # the probe measures it
     assert "host_zero_elems_per_s" not in raw["calibration"]
@@ -179,7 +179,7 @@ def test_simulate_takes_the_profiles_precision(bf16_profile_path, tmp_path, caps
 def test_with_rates_rebuilds_the_hardware_the_simulator_reads(profile_path):
     """A cell's profile: the shape's, with the host and link rates measured around the
     cell; the simulator's node must see the new rates, the blocks must not change."""
-    from zfbench.real.profile import with_rates
+    from zfbench.real.profile_record import with_rates
     base = json.loads(profile_path.read_text())
     cal = base["calibration"]
     rates = {"host_adam_params_per_s": cal["host_adam_params_per_s"] / 2,
@@ -221,7 +221,7 @@ def test_emulated_lanes_slow_each_other_only_when_they_overlap():
 def test_lane_contention_lengthens_overlapped_strategies_only(profile_path):
     """Measured factors below 1 make dpu and zenflow (host work beside compute) slower
     and leave zero-offload and device (never both at once) as they were."""
-    from zfbench.real.profile import with_rates
+    from zfbench.real.profile_record import with_rates
     raw = json.loads(profile_path.read_text())
     paths = {}
     for label, f in (("apart", 1.0), ("shared", 0.5)):

@@ -18,7 +18,7 @@ from test_profile_device import GPU, _fake_profile
 from zfbench.core import hardware
 from zfbench.predict.fit import on_hardware_file
 from zfbench.real import rate_probe
-from zfbench.real.profile import with_rates
+from zfbench.real.profile_record import with_rates
 from zfbench.sims import window_copy
 from zfbench.sims.costs import CostModel, SimSettings
 from zfbench.sims.simulator import simulate

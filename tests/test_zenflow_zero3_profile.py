@@ -96,7 +96,7 @@ def test_the_measured_gather_overhead_lengthens_each_blocks_passes(tiny_profile_
     """The profile's `zero3_hooks` (seconds a block's forward and backward gain under
     ZeRO-3's gathers) go into each block's compute as measured, not scaled by tokens;
     ZeRO-2's steps do not take them."""
-    from zfbench.real.profile import with_rates
+    from zfbench.real.profile_record import with_rates
 
     profile = json.loads(tiny_profile_path.read_text())
     apart = {"compute_factor_when_host_busy": 1.0, "host_factor_when_compute_busy": 1.0}

@@ -114,7 +114,7 @@ class Calibration:
 
     @contextmanager
     def around(self, strategy: str):
-        from zfbench.real.profile import mean_profile
+        from zfbench.real.profile_record import mean_profile
 
         ahead = self._probe_alone()
         yield
@@ -126,7 +126,8 @@ class Calibration:
         """Write OUT/profile.json (the mean of before and after) and one profile per
         strategy; return the mean's path (None on ranks other than 0)."""
         from zfbench.core.trace import write_json_atomic
-        from zfbench.real.profile import mean_profile, measure_profile, with_rates
+        from zfbench.real.profile import measure_profile
+        from zfbench.real.profile_record import mean_profile, with_rates
         from zfbench.report import remove_stale
         from zfbench.run.report import PROFILE_FILES
 

@@ -42,7 +42,8 @@ from zfbench.real.engine import resolve_device
 from zfbench.real.memory import InsufficientMemoryError
 from zfbench.core.strategies import has_windows, zero_stage_chosen
 from zfbench.real.flat import device_dtype
-from zfbench.real.profile import mean_profile, measure_profile, with_rates
+from zfbench.real.profile import measure_profile
+from zfbench.real.profile_record import mean_profile, with_rates
 from zfbench.real.rate_probe import RateProbe, strategy_threads_of
 from zfbench.real.runner import RunSpec, train
 from zfbench.sims.settings import for_engine_run
