@@ -20,6 +20,9 @@
 #                              predicted from the ZeRO-Offload row, beside the measured one
 #   contention/                bench/link_host_contention.py: host AdamW and the links side
 #                              by side on page-locked buffers (about 15 s on one H100)
+#   chunk_size/                bench/host_chunk_size.py: the host AdamW whole, with the wire,
+#                              and in the engine's chunks of 1M-64M elements, on half the
+#                              cores and on all (what the chunking costs; about 30 s)
 #   validate/                  python -m zfbench.validate --device cuda: engine against
 #                              simulator on the GPU (VALIDATE_MIN minutes at most, default 1.5:
 #                              one shape; more with a longer device lease)
@@ -56,7 +59,7 @@
 # bench/gpu_calls.sh runs chosen steps in order under one budget, packing after each.
 # ONLY="profile validate" runs only the named steps (cuda_tests op_efficiency
 # reference_step kernel_census run_default run_model host_share profile predict contention
-# deepspeed_side ds_window_copy validate), e.g. to fit each call of a
+# chunk_size deepspeed_side ds_window_copy validate), e.g. to fit each call of a
 # time-limited session.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -174,6 +177,8 @@ step profile $PY -m zfbench.run --device cuda --model "$MODEL" --seq "$SEQ" \
 step predict $PY -m zfbench.predict --from-run "$OUT/run_$MODEL" --gpu "$GPU_PRESET" \
   --quiet --out "$OUT/predict"
 step contention $PY bench/link_host_contention.py --out "$OUT/contention"
+step chunk_size $PY bench/host_chunk_size.py --elems 176M --threads "$HALF,$(nproc)" \
+  --out "$OUT/chunk_size"
 if { [ -z "$ONLY" ] || [[ " $ONLY " == *" deepspeed_side "* ]]; } &&
    ! $PY -c "import deepspeed" 2>/dev/null && [ -d wheels/deepspeed ]; then
   DS_SITE="$PWD/.gpu-site"  # the carried wheels, no index: `make wheels-deepspeed`

@@ -248,6 +248,19 @@ def dtype_rows(t: Table, n: int, dtype: torch.dtype, ratio: float) -> None:
               "real.adamw.adamw_foreach_")
 
 
+def write_rows(out: Path, stem: str, rows: list[dict], prov: dict, load: dict,
+               **extra) -> pd.DataFrame:
+    """DIR/STEM.csv (the rows) and DIR/STEM.json (the provenance, the host kernels' build,
+    the load averages, `extra`, the rows); returns the rows as a frame."""
+    frame = pd.DataFrame(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv_atomic(frame, out / f"{stem}.csv")
+    write_json_atomic(out / f"{stem}.json",
+                      {"provenance": prov, "host_kernels": host_fused.status(), **extra,
+                       "load_average_1_5_15_min": load, "rows": frame.to_dict("records")})
+    return frame
+
+
 def measure(table: Table, repeats: int) -> dict[str, list[float]]:
     """Round-robin: every kernel once per round, so a noisy minute hits them all."""
     times: dict[str, list[float]] = {key: [] for key in table.rows}
@@ -299,13 +312,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{k.removesuffix(' (bandwidth)')} {v / 1e9:.1f}" for k, v in refs.items())
               + ")", flush=True)
     load["after"] = os.getloadavg()
-    frame = pd.DataFrame(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_csv_atomic(frame, args.out / "kernels.csv")
-    write_json_atomic(args.out / "kernels.json",
-                      {"provenance": provenance(argv, "python bench/kernels.py"),
-                       "host_kernels": host_fused.status(),
-                       "load_average_1_5_15_min": load, "rows": frame.to_dict("records")})
+    frame = write_rows(args.out, "kernels", rows, provenance(argv, "python bench/kernels.py"),
+                       load)
     with pd.option_context("display.width", 220, "display.max_colwidth", 52):
         print(frame[["threads", "kernel", "dtypes", "path", "best_s", "g_elems_per_s",
                      "gb_per_s", "share_of_bandwidth"]].to_string(index=False))
