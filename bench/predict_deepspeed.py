@@ -35,6 +35,12 @@ stage 3) and whether the run's model recomputes activations (the run's
 temporary of DeepSpeed's window-end conversion at R GB/s (zfbench.sims.window_copy
 `fresh_page_s`), a rate measured elsewhere (bench/window_copy_faults.py, or a profile's
 `fresh_page_bytes_per_s` on the run's host); the rows then carry `fresh_page_GBps`.
+
+On the CPU accelerator, ZenFlow's per-step gradient round trip is the training thread's
+memory passes at the rate of the ZeRO-Offload log's own `optimizer_gradients` pass
+(`cpu_accelerator_link`; zfbench.sims.cpu_accelerator), not copies at the fitted d2h
+rate, which holds ZeRO-Offload's `bwd_allreduce`: mostly its gradient checks
+(bench/results/predict_deepspeed_trace/).
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ import pandas as pd  # noqa: E402
 
 from zfbench.sims.costs import CostModel, SimSettings, SimSettingsError  # noqa: E402
 from zfbench.predict.fit import infer, on_hardware_file  # noqa: E402
-from zfbench.predict.inputs import read_deepspeed_log  # noqa: E402
+from zfbench.predict.inputs import deepspeed_pass_rate, read_deepspeed_log  # noqa: E402
 from zfbench.simulation import run  # noqa: E402
 
 MODES = {"zenflow_seq": False, "zenflow_overlap": True}
@@ -94,6 +100,24 @@ def activation_checkpointing(run_summary: dict) -> bool:
     only configures that call), and bench/ds_wallclock.py's model (zfbench.real.model)
     never does."""
     return bool(run_summary.get("activation_checkpointing", False))
+
+
+def cpu_accelerator_link(zo: dict, logs: Path, presets: Path) -> float | None:
+    """On DeepSpeed's CPU accelerator, the training thread's memory-pass rate, read from
+    the ZeRO-Offload run's own log (`deepspeed_pass_rate` over its `n_params` fp32
+    gradient elements, one rank), written into the node's link in `presets` (its
+    `training_thread_bytes_per_s`: zfbench.sims.cpu_accelerator); None (nothing written)
+    on a GPU."""
+    if zo.get("device") == "cuda":
+        return None
+    rate = deepspeed_pass_rate(logs / zo["log"], float(zo["n_params"]),
+                               skip=int(zo["warmup_steps"]))
+    node = json.loads(presets.read_text())
+    for link in node["host_links"].values():
+        link["training_thread_bytes_per_s"] = {"value": rate["bytes_per_s"],
+                                               "source": rate["source"]}
+    presets.write_text(json.dumps(node, indent=1))
+    return rate["bytes_per_s"]
 
 
 def shape_knobs(run_summary: dict) -> dict:
@@ -144,6 +168,7 @@ def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_sc
             raise ValueError(f"the ZeRO-Offload run's {name} ({read(zo)}) differs from its "
                              f"ZenFlow runs' ({knobs[name]}): rerun them alike")
     knobs = on_hardware_file(knobs, work / "presets.json")
+    thread = cpu_accelerator_link(zo, logs, work / "presets.json")
     base = SimSettings.from_knobs(**knobs, steps=steps)
     measured = read_deepspeed_log(logs / zo["log"], skip=int(zo["warmup_steps"]),
                                   compute_over_forward=compute_over_forward(base))
@@ -192,6 +217,7 @@ def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_sc
             "inferred_host_factor": fits[0].scales.host,
             "inferred_staging_copy_bytes_per_s": fits[0].entries["host_links"][
                 "inferred-link"].get("staging_copy_bytes_per_s", {}).get("value"),
+            "training_thread_bytes_per_s": thread,
             **({} if fresh_page_gbps is None else {"fresh_page_GBps": fresh_page_gbps})})
     return rows
 

@@ -15,7 +15,9 @@ backward hook copies each gradient's accumulator up, adds, copies it down and, a
 boundary, the fp32 gradient down, each a copy that holds the hook's thread
 (stage_1_and_2.py `copy_grads_in_partition`, `async_accumulate_grad_in_cpu_via_gpu`,
 lines 1489-1533, 1623-1641; zfbench.sims.pageable): there each round trip is issued at
-its bucket's turn and backward waits for all of them. On the CPU-emulated accelerator,
+its bucket's turn and backward waits for all of them. On DeepSpeed's CPU accelerator the
+round trip is the training thread's memory passes after backward and the boundary's
+window copy holds it too (zfbench.sims.cpu_accelerator). On the CPU-emulated accelerator,
 selection steps after step 0 first apply what is pending and copy the parameters down
 (the master re-synced from the device).
 `zenflow.offload` moves the selected columns' moments up before the device AdamW and
@@ -25,6 +27,7 @@ back after it, in line with the update as DeepSpeed copies them on its stream.
 from __future__ import annotations
 
 from zfbench.core.schedule import is_selection_step, is_warmup
+from zfbench.sims.cpu_accelerator import round_trip_s, thread_rate
 from zfbench.sims.lanes import all_done, all_of
 from zfbench.sims.window_copy import window_copy
 
@@ -46,13 +49,16 @@ def zenflow_zero2_step(sim, t: int):
     # into pageable buffers DeepSpeed's backward hook runs each bucket's round trip
     # itself, up, add, down, each copy holding its thread (`in_hook`; the module docstring)
     in_hook = shipped and c.pageable_copies
+    # on DeepSpeed's CPU accelerator the round trip is the training thread's own memory
+    # passes after backward, not copies (zfbench.sims.cpu_accelerator)
+    on_thread = shipped and thread_rate(c) is not None
 
     def up(i: int):  # the shipped path brings the accumulator back up
         if i not in round_trip and t > window_start:
             round_trip[i] = sim.transfer(sim.h2d, "h2d_param", t, c.share(
                 c.buckets[i].numel) * c.elem_bytes, [st.get(("down", t - 1, i))])
         return round_trip.get(i)
-    if shipped and not in_hook:
+    if shipped and not in_hook and not on_thread:
         for i in reversed(range(sim.nb)):
             up(i)
     yield from sim.compute("forward", t, c.forward_s)
@@ -64,15 +70,18 @@ def zenflow_zero2_step(sim, t: int):
         # `grads_landing`); DeepSpeed's schedule (presets) holds only the copies
         yield prev_accum
     # Not shipped: the staging buffer is free once the host accumulated the last one.
-    bytes_of = sim.shard_bytes if shipped else (
+    bytes_of = (lambda i: 0) if on_thread else sim.shard_bytes if shipped else (
         lambda i: c.share(unselected[i]) * c.elem_bytes)
-    deps_of = (lambda i: [up(i)]) if shipped else (lambda i: [prev_accum])
+    deps_of = (lambda i: []) if on_thread else (lambda i: [up(i)]) if shipped else (
+        lambda i: [prev_accum])
     # the engine's check riding the copy down (CostModel.check_rides_d2h): that copy runs
     # right after backward, before a selection step's work
     early = c.check_rides_d2h
     down = yield from sim.grads_down(t, bytes_of, deps_of, grad_check=not early)
     if early:
         yield from sim.copy_grads_down(t, bytes_of, deps_of)
+    if on_thread:
+        yield from sim.compute("host_accum", t, round_trip_s(c, t == window_start))
     for i, event in down.items():
         st[("down", t, i)] = event
         st.pop(("down", t - 1, i), None)
@@ -95,7 +104,7 @@ def zenflow_zero2_step(sim, t: int):
         if shipped:  # fp32 window gradient down at the boundary
             window_deps = [sim.transfer(sim.d2h, "d2h_grad", t,
                                          c.share(c.params) * 4, window_deps)]
-            if in_hook:  # issued by the same hooks, it holds backward's thread too
+            if in_hook or on_thread:  # the hooks' (or training thread's) own work
                 yield from all_done(sim.env, window_deps)
         up_elems = unselected if not shipped else [b.numel for b in c.buckets]
         # DeepSpeed's overlapped window end on a GPU: the optimizer process uploads

@@ -94,6 +94,10 @@ class HostLink:
     # its pinned buffer (zfbench.sims.pageable), where measured or inferred (zfbench.predict
     # from a run with pageable buffers); None: the staging-copy judgment of sims/pageable.py
     staging_copy_bytes_per_s: float | None = None
+    # where the accelerator is the host's own CPU (DeepSpeed's CPU accelerator): no link,
+    # its "copies" and gradient passes are the training thread's memory passes, at this
+    # rate (read from the run: zfbench.predict.inputs.deepspeed_pass_rate); None: a link
+    training_thread_bytes_per_s: float | None = None
     sources: Mapping[str, str] = _sources_field()
 
     def __post_init__(self) -> None:
@@ -112,11 +116,14 @@ class HostLink:
         return self.d2h_bytes_per_s * (self.d2h_factor_when_h2d_busy if other_busy else 1.0)
 
     def scaled(self, factor: float) -> HostLink:
-        """All four bandwidths times ``factor`` (> 0); factors and latency unchanged."""
+        """All four bandwidths (and a CPU accelerator's training-thread rate) times
+        ``factor`` (> 0); factors and latency unchanged."""
         if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
             raise ValueError(f"scale factor must be a positive finite number, got {factor!r}")
         names = ("h2d_theoretical_bytes_per_s", "d2h_theoretical_bytes_per_s",
                  "h2d_bytes_per_s", "d2h_bytes_per_s")
+        if self.training_thread_bytes_per_s is not None:  # a CPU accelerator's copies
+            names += ("training_thread_bytes_per_s",)
         sources = {**self.sources, **{n: f"{self.sources.get(n, '')}; scaled x{factor:g}"
                                       for n in names}}
         return dataclasses.replace(

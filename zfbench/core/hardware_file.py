@@ -32,7 +32,7 @@ SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "host_links": (("h2d_theoretical_bytes_per_s", "d2h_theoretical_bytes_per_s",
                     "h2d_bytes_per_s", "d2h_bytes_per_s", "h2d_factor_when_d2h_busy",
                     "d2h_factor_when_h2d_busy", "setup_latency_s",
-                    "staging_copy_bytes_per_s"), ()),
+                    "staging_copy_bytes_per_s", "training_thread_bytes_per_s"), ()),
     "hosts": (("cores_per_socket", "sockets", "dram_theoretical_bytes_per_s_per_socket",
                "dram_triad_fraction", "adam_params_per_s_per_core", "adam_bytes_per_param",
                "memory_bytes", "dispatch_s_per_kernel", "fresh_page_bytes_per_s"), ()),
@@ -43,9 +43,11 @@ SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 # Fields an entry may leave out: a node without NVMe (e.g. a measured profile's node) or
 # without a network to other nodes; a GPU without bf16 tensor cores (V100), or computing
-# from the census (no default_mfu); a link whose pageable copies were not measured; a
-# host without a launch floor or whose fresh pages were not measured.
-_OPTIONAL = {"host_links": frozenset({"staging_copy_bytes_per_s"}),
+# from the census (no default_mfu); a link whose pageable copies were not measured, or a
+# real link (no training-thread rate: not a CPU accelerator); a host without a launch
+# floor or whose fresh pages were not measured.
+_OPTIONAL = {"host_links": frozenset({"staging_copy_bytes_per_s",
+                                      "training_thread_bytes_per_s"}),
              "nodes": frozenset({"nvme", "nvme_drives", "inter_net"}),
              "gpus": frozenset({"bf16_flops_per_s", "mfu_reference", "default_mfu",
                                 "matmul_achievable_share"}),

@@ -8,6 +8,8 @@
   `bwd_allreduce` holds the gradient reduction and its copy to the host (d2h),
   `optimizer_step` is the host AdamW (the stall), and the rest of `step` is the parameter
   copy back (h2d);
+- `deepspeed_pass_rate(path, elements)`: on DeepSpeed's CPU accelerator, the training
+  thread's rate of one in-place memory pass, from the same log's `optimizer_gradients`;
 - `read_run(dir)`: a `python -m zfbench.run --out DIR` with a zero-offload row (its
   timeline gives the exposed transfer per direction), and that run's shape;
 - `measured_link(...)`: that row's link rates per direction, bytes / busy seconds of its
@@ -168,6 +170,34 @@ def _deepspeed_parts(timers: dict[str, float],
         d2h, compute = d2h + (compute - pure), pure
     return {"compute_s": compute, "io_s": d2h + h2d,
             "stall_s": timers["optimizer_step"] / 1e3, "d2h_s": d2h, "h2d_s": h2d}
+
+
+# bytes one in-place pass over an fp32 element moves: read it, write it back
+PASS_BYTES_PER_ELEM = 8
+
+
+def deepspeed_pass_rate(path: str | Path, elements: float, skip: int = 1) -> dict:
+    """{bytes_per_s, source}: the rate of one memory pass of the training thread, from a
+    ZeRO-Offload log of a run on DeepSpeed's CPU accelerator (fp32, no loss scale). Its
+    `optimizer_gradients` timer holds `unscale_and_clip_grads`, which multiplies the fp32
+    gradient partition (`elements`) in place, one read and one write an element, on the
+    training thread (DeepSpeed v0.19.5 stage_1_and_2.py `step`, lines 2300-2306, and
+    `unscale_and_clip_grads`, lines 2408-2423); steady steps after `skip`, averaged."""
+    path = Path(path)
+    try:
+        steps = deepspeed_steps(path.read_text(errors="replace"))[skip:]
+    except OSError as err:
+        raise ValueError(f"--deepspeed-log {path}: {err.strerror or err}") from None
+    times = [s["optimizer_gradients"] / 1e3 for s in steps if "optimizer_gradients" in s]
+    if not times or not sum(times) > 0 or not elements > 0:
+        raise ValueError(f"--deepspeed-log {path}: no optimizer_gradients timer after "
+                         f"{skip} steps; this needs a ZeRO-Offload run with "
+                         f"wall_clock_breakdown true")
+    mean = sum(times) / len(times)
+    return {"bytes_per_s": elements * PASS_BYTES_PER_ELEM / mean,
+            "source": f"measured: DeepSpeed log {path.name}, optimizer_gradients "
+                      f"{1e3 * mean:.4g} ms over {len(times)} steps, one in-place pass "
+                      f"over {elements:.6g} fp32 gradient elements (8 B each)"}
 
 
 def read_run(path: str | Path) -> tuple[Breakdown, dict, dict | None]:
