@@ -214,8 +214,10 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    if not 0 < args.topk_ratio <= 1 or args.repeats < 1:
-        p.error("--topk-ratio must be in (0, 1] and --repeats >= 1")
+    if not 0 < args.topk_ratio <= 1:
+        p.error(f"--topk-ratio must be in (0, 1] (ZenFlow's top-k share), got {args.topk_ratio}")
+    if args.repeats < 1:
+        p.error(f"--repeats must be at least 1 (rounds of timing), got {args.repeats}")
     text = json.dumps(probe(args.model, args.layers, args.topk_ratio, args.repeats), indent=1)
     if args.out:
         args.out.write_text(text + "\n")

@@ -32,7 +32,7 @@ TENSORS = 14 + 22
 
 
 def _settings(tmp_path, thread: float | None, probed: dict | None, **knobs) -> SimSettings:
-    path = tmp_path / f"hw_{thread}_{bool(probed)}_{len(knobs)}.json"
+    path = tmp_path / f"hw_{len(list(tmp_path.iterdir()))}.json"  # one file a setting
     k = on_hardware_file({**SMALL, **knobs}, path)
     node = json.loads(path.read_text())
     fields = dict(probed or {})
@@ -66,6 +66,9 @@ def test_selective_term_counts_every_parameter(tmp_path):
     assert ca.selective_s(c, True) == pytest.approx(TENSORS * 2e-4 + SELECTED / 1e8,
                                                     rel=1e-12)
     assert ca.selective_s(CostModel(_settings(tmp_path, THREAD, None)), False) is None
+    # a fit through the origin (op_s 0) is a valid hardware file
+    origin = CostModel(_settings(tmp_path, THREAD, {**PROBED, "thread_selective_step_op_s": 0}))
+    assert ca.selective_s(origin, False) == pytest.approx(SELECTED / 1.5e8, rel=1e-12)
 
 
 def test_counts_follow_deepspeeds_code():
