@@ -17,9 +17,9 @@ boundary, the fp32 gradient down, each a copy that holds the hook's thread
 lines 1489-1533, 1623-1641; zfbench.sims.pageable): there each round trip is issued at
 its bucket's turn and backward waits for all of them. On DeepSpeed's CPU accelerator the
 round trip (after the tables' layout copies), the boundary's window copy and the device
-step (the selective optimizer's probed ops) hold the training thread (sims.cpu_accelerator). On the CPU-emulated accelerator,
-selection steps after step 0 first apply what is pending and copy the parameters down
-(the master re-synced from the device).
+step (the selective optimizer's probed ops) hold the training thread (sims.cpu_accelerator).
+On the CPU-emulated accelerator, selection steps after step 0 first apply what is pending
+and copy the parameters down (the master re-synced from the device).
 `zenflow.offload` moves the selected columns' moments up before the device AdamW and
 back after it, in line with the update as DeepSpeed copies them on its stream.
 """
