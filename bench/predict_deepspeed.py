@@ -17,9 +17,9 @@ ZeRO-Offload baseline ran everything on all cores; the overlap prediction assume
 training process's work slows in proportion (`--overlap-compute-scale`, default cores /
 (cores // 2)): its compute, and on a CPU accelerator also its "transfers", which are
 copies (and DeepSpeed's gradient checks, inside `bwd_allreduce`) done by the training
-process's own threads; host AdamW runs on half the host's cores. Device-side costs ZeRO-Offload never pays (column
-scores, the top-k update on the "device", here the CPU) come from the GPU preset and are
-close to zero: on a CPU they are not, and the error says how much that matters.
+process's own threads; host AdamW runs on half the host's cores. Device-side costs ZeRO-Offload never pays: the
+column scores come from the GPU preset (close to zero); the top-k update on the "device",
+here the CPU, is probed (below).
 
 The run's host buffers: on a GPU, the saved DeepSpeed config's
 `offload_optimizer.pin_memory` (DeepSpeed 0.19.5's default true where absent) goes into
@@ -40,7 +40,10 @@ On the CPU accelerator, ZenFlow's per-step gradient round trip is the training t
 memory passes at the rate of the ZeRO-Offload log's own `optimizer_gradients` pass
 (`cpu_accelerator_link`; zfbench.sims.cpu_accelerator), not copies at the fitted d2h
 rate, which holds ZeRO-Offload's `bwd_allreduce`: mostly its gradient checks
-(bench/results/predict_deepspeed_trace/).
+(bench/results/predict_deepspeed_trace/). ZenFlow's other work on that thread, the
+embedding tables' gradients across layouts in backward and the selective optimizer's step,
+is priced from bench/zenflow_cpu_ops.py's probe of those ops at the run's shapes on this
+host (`cpu_accelerator_ops`; the probes, with machine, threads and load, in the JSON).
 """
 
 from __future__ import annotations
@@ -53,8 +56,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "bench"):  # bench/zenflow_cpu_ops.py beside this script
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 import pandas as pd  # noqa: E402
 
@@ -62,6 +66,7 @@ from zfbench.sims.costs import CostModel, SimSettings, SimSettingsError  # noqa:
 from zfbench.predict.fit import infer, on_hardware_file  # noqa: E402
 from zfbench.predict.inputs import deepspeed_pass_rate, read_deepspeed_log  # noqa: E402
 from zfbench.simulation import run  # noqa: E402
+from zenflow_cpu_ops import link_fields, probe  # noqa: E402  (bench/zenflow_cpu_ops.py)
 
 MODES = {"zenflow_seq": False, "zenflow_overlap": True}
 # DeepSpeed 0.19.5's `offload_optimizer.pin_memory` default (deepspeed/runtime/zero/
@@ -120,6 +125,24 @@ def cpu_accelerator_link(zo: dict, logs: Path, presets: Path) -> float | None:
     return rate["bytes_per_s"]
 
 
+def cpu_accelerator_ops(zo: dict, knobs: dict, topk_ratio: float, presets: Path,
+                        repeats: int, probes: dict) -> dict | None:
+    """On DeepSpeed's CPU accelerator, ZenFlow's ops on the training thread probed on this
+    host at the run's model shape (bench/zenflow_cpu_ops.py, once a shape: `probes`), their
+    `thread_*` fields written into the node's link in `presets`; returns the probe's
+    result. None (nothing written) on a GPU."""
+    if zo.get("device") == "cuda":
+        return None
+    key = f"{knobs['model']}[{knobs.get('layers')}L] topk {topk_ratio}"
+    if key not in probes:
+        probes[key] = probe(knobs["model"], knobs.get("layers"), topk_ratio, repeats)
+    node = json.loads(presets.read_text())
+    for link in node["host_links"].values():
+        link.update(link_fields(probes[key]))
+    presets.write_text(json.dumps(node, indent=1))
+    return probes[key]
+
+
 def shape_knobs(run_summary: dict) -> dict:
     match = re.fullmatch(r"(.+?)(?:\[(\d+)L\])?", run_summary["shape"])
     knobs = {"model": match.group(1), "gpus": 1, "gpus_per_switch": 1,
@@ -160,7 +183,8 @@ def with_fresh_pages(s: SimSettings, gb_per_s: float, path: Path) -> SimSettings
 
 
 def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_scale: float,
-                work: Path, fresh_page_gbps: float | None = None) -> list[dict]:
+                work: Path, fresh_page_gbps: float | None = None, probe_repeats: int = 15,
+                probes: dict | None = None) -> list[dict]:
     knobs = shape_knobs(next(iter(zenflow_runs.values()), zo))
     for name, read in (("pin_memory", pin_memory), ("overlap_comm", overlap_comm),
                        ("activation_checkpointing", activation_checkpointing)):
@@ -170,6 +194,8 @@ def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_sc
     knobs = on_hardware_file(knobs, work / "presets.json")
     thread = cpu_accelerator_link(zo, logs, work / "presets.json")
     base = SimSettings.from_knobs(**knobs, steps=steps)
+    ops = cpu_accelerator_ops(zo, knobs, base.zenflow.topk_ratio, work / "presets.json",
+                              probe_repeats, {} if probes is None else probes)
     measured = read_deepspeed_log(logs / zo["log"], skip=int(zo["warmup_steps"]),
                                   compute_over_forward=compute_over_forward(base))
     fits = [f for f in infer(base.with_(steps=min(steps, 16)), measured, work) if f.reached]
@@ -218,6 +244,10 @@ def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_sc
             "inferred_staging_copy_bytes_per_s": fits[0].entries["host_links"][
                 "inferred-link"].get("staging_copy_bytes_per_s", {}).get("value"),
             "training_thread_bytes_per_s": thread,
+            "probe_selective_step_s": ops and ops["selective_total"]["step_s"],
+            "probe_selective_boundary_s": ops and ops["selective_total"]["boundary_s"],
+            "probe_layout_copy_s": ops and ops["layout"]["copy_s"],
+            "probe_layout_sum_extra_s": ops and ops["layout"]["sum_extra_s"],
             **({} if fresh_page_gbps is None else {"fresh_page_GBps": fresh_page_gbps})})
     return rows
 
@@ -234,7 +264,11 @@ def main(argv=None) -> int:
     p.add_argument("--fresh-page-GBps", type=float, default=None,
                    help="what-if: the host faults in fresh pages at this many GB/s "
                         "(default: no fault term, as the presets)")
+    p.add_argument("--probe-repeats", type=int, default=15,
+                   help="rounds of bench/zenflow_cpu_ops.py's probe on a CPU accelerator")
     args = p.parse_args(argv)
+    if args.probe_repeats < 1:
+        p.error(f"--probe-repeats must be at least 1, got {args.probe_repeats}")
     if args.fresh_page_GBps is not None and not args.fresh_page_GBps > 0:
         p.error(f"--fresh-page-GBps must be a positive rate in GB/s, got "
                 f"{args.fresh_page_GBps}")
@@ -249,7 +283,7 @@ def main(argv=None) -> int:
     by_key: dict[tuple, dict] = {}
     for r in summary["runs"]:
         by_key.setdefault((r["shape"], r["batch"], r["seq"], r["repeat"]), {})[r["engine"]] = r
-    rows = []
+    rows, probes = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, (key, engines) in enumerate(sorted(by_key.items())):
             if "zero_offload" not in engines:
@@ -259,7 +293,8 @@ def main(argv=None) -> int:
             zenflow = {k: v for k, v in engines.items() if k in MODES}
             try:
                 rows += predict_one(engines["zero_offload"], zenflow, args.runs, args.steps,
-                                    scale, work, args.fresh_page_GBps)
+                                    scale, work, args.fresh_page_GBps,
+                                    args.probe_repeats, probes)
             except (SimSettingsError, ValueError) as err:
                 print(f"{key}: no prediction: {err}", file=sys.stderr)
     if not rows:
@@ -279,7 +314,7 @@ def main(argv=None) -> int:
                       "first only compute slowed with the halved thread budget (error in "
                       "mean_abs_error_overlap_transfers_unslowed), then also the CPU "
                       "accelerator's copies, which the training process does itself.",
-              "rows": rows}
+              "cpu_accelerator_probes": probes, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.out / "predict_deepspeed.csv", index=False)
     (args.out / "predict_deepspeed.json").write_text(json.dumps(result, indent=1) + "\n")

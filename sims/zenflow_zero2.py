@@ -16,10 +16,10 @@ boundary, the fp32 gradient down, each a copy that holds the hook's thread
 (stage_1_and_2.py `copy_grads_in_partition`, `async_accumulate_grad_in_cpu_via_gpu`,
 lines 1489-1533, 1623-1641; zfbench.sims.pageable): there each round trip is issued at
 its bucket's turn and backward waits for all of them. On DeepSpeed's CPU accelerator the
-round trip is the training thread's memory passes after backward and the boundary's
-window copy holds it too (zfbench.sims.cpu_accelerator). On the CPU-emulated accelerator,
-selection steps after step 0 first apply what is pending and copy the parameters down
-(the master re-synced from the device).
+round trip (after the tables' layout copies), the boundary's window copy and the device
+step (the selective optimizer's probed ops) hold the training thread (sims.cpu_accelerator).
+On the CPU-emulated accelerator, selection steps after step 0 first apply what is pending
+and copy the parameters down (the master re-synced from the device).
 `zenflow.offload` moves the selected columns' moments up before the device AdamW and
 back after it, in line with the update as DeepSpeed copies them on its stream.
 """
@@ -27,7 +27,7 @@ back after it, in line with the update as DeepSpeed copies them on its stream.
 from __future__ import annotations
 
 from zfbench.core.schedule import is_selection_step, is_warmup
-from zfbench.sims.cpu_accelerator import round_trip_s, thread_rate
+from zfbench.sims.cpu_accelerator import layout_s, round_trip_s, selective_s, thread_rate
 from zfbench.sims.lanes import all_done, all_of
 from zfbench.sims.window_copy import window_copy
 
@@ -81,6 +81,10 @@ def zenflow_zero2_step(sim, t: int):
     if early:
         yield from sim.copy_grads_down(t, bytes_of, deps_of)
     if on_thread:
+        # the embedding tables' gradients put into ZenFlow's column-major layout: the
+        # end of backward (those gradients come last), then the round trip
+        if layout_s(c) > 0:
+            yield from sim.compute("backward", t, layout_s(c))
         yield from sim.compute("host_accum", t, round_trip_s(c, t == window_start))
     for i, event in down.items():
         st[("down", t, i)] = event
@@ -140,7 +144,10 @@ def zenflow_zero2_step(sim, t: int):
     moments = c.offloaded_moment_bytes  # zenflow.offload: m and v up, then back
     if moments:  # in line with the update, as DeepSpeed copies them on its stream
         yield sim.transfer(sim.h2d, "h2d_moments", t, moments, [])
-    yield from sim.compute("device_optim", t, c.device_optim_s(c.selected_params)
-                            + sim.column_io_s())
+    # on DeepSpeed's CPU accelerator the selective optimizer's probed ops (where probed)
+    device_optim = selective_s(c, c.is_boundary(t)) if on_thread else None
+    if device_optim is None:
+        device_optim = c.device_optim_s(c.selected_params)
+    yield from sim.compute("device_optim", t, device_optim + sim.column_io_s())
     if moments:
         yield sim.transfer(sim.d2h, "d2h_moments", t, moments, [])

@@ -26,7 +26,8 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from zfbench.core.hardware_file import (CALIBRATED_PREFIX, JUDGMENT_PREFIX,  # noqa: F401
-                                        KIND, SCHEMA, HardwareProfileError, validate_layout)
+                                        KIND, SCHEMA, THREAD_OP_SECONDS, THREAD_RATES,
+                                        HardwareProfileError, validate_layout)
 
 __all__ = ["GPU", "HostCPU", "HostLink", "NetLink", "Node", "NvmeDrive",
            "UnknownHardwareError", "HardwareProfileError", "load_profile", "lookup",
@@ -98,6 +99,16 @@ class HostLink:
     # its "copies" and gradient passes are the training thread's memory passes, at this
     # rate (read from the run: zfbench.predict.inputs.deepspeed_pass_rate); None: a link
     training_thread_bytes_per_s: float | None = None
+    # on a CPU accelerator, the ops DeepSpeed's ZenFlow adds to that thread, probed on the
+    # host (bench/zenflow_cpu_ops.py; zfbench.sims.cpu_accelerator): an embedding table's
+    # gradient across layouts (copied; tied, the extra of a cross-layout sum) and one
+    # parameter's selective-optimizer ops on a window's inner and last step; None: absent
+    thread_layout_copy_elems_per_s: float | None = None
+    thread_layout_add_extra_elems_per_s: float | None = None
+    thread_selective_step_op_s: float | None = None
+    thread_selective_step_elems_per_s: float | None = None
+    thread_selective_boundary_op_s: float | None = None
+    thread_selective_boundary_elems_per_s: float | None = None
     sources: Mapping[str, str] = _sources_field()
 
     def __post_init__(self) -> None:
@@ -116,19 +127,21 @@ class HostLink:
         return self.d2h_bytes_per_s * (self.d2h_factor_when_h2d_busy if other_busy else 1.0)
 
     def scaled(self, factor: float) -> HostLink:
-        """All four bandwidths (and a CPU accelerator's training-thread rate) times
-        ``factor`` (> 0); factors and latency unchanged."""
+        """All four bandwidths (and a CPU accelerator's training-thread rates) times
+        ``factor`` (> 0), that thread's per-op seconds over it; factors and latency
+        unchanged."""
         if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
             raise ValueError(f"scale factor must be a positive finite number, got {factor!r}")
         names = ("h2d_theoretical_bytes_per_s", "d2h_theoretical_bytes_per_s",
                  "h2d_bytes_per_s", "d2h_bytes_per_s")
-        if self.training_thread_bytes_per_s is not None:  # a CPU accelerator's copies
-            names += ("training_thread_bytes_per_s",)
+        names += tuple(n for n in THREAD_RATES if getattr(self, n) is not None)
+        per_op = tuple(n for n in THREAD_OP_SECONDS if getattr(self, n) is not None)
         sources = {**self.sources, **{n: f"{self.sources.get(n, '')}; scaled x{factor:g}"
-                                      for n in names}}
+                                      for n in names + per_op}}
         return dataclasses.replace(
             self, name=f"{self.name}x{factor:g}", sources=_ro(sources),
-            **{n: getattr(self, n) * factor for n in names})
+            **{n: getattr(self, n) * factor for n in names},
+            **{n: getattr(self, n) / factor for n in per_op})
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,13 @@ class HardwareProfileError(ValueError):
     """A hardware JSON that breaks the layout: names the section, entry and field."""
 
 
+# a CPU accelerator's training thread (HostLink): its pass rate and the rates and per-op
+# seconds of ZenFlow's ops on it, which scale with the link (`HostLink.scaled`)
+THREAD_RATES = ("training_thread_bytes_per_s", "thread_layout_copy_elems_per_s",
+                "thread_layout_add_extra_elems_per_s", "thread_selective_step_elems_per_s",
+                "thread_selective_boundary_elems_per_s")
+THREAD_OP_SECONDS = ("thread_selective_step_op_s", "thread_selective_boundary_op_s")
+_THREAD_OPS = THREAD_RATES + THREAD_OP_SECONDS
 _SECTIONS = ("gpus", "host_links", "hosts", "net_links", "nvme_drives", "nodes")
 KIND = {"gpus": "gpu", "host_links": "host link", "hosts": "host",
         "net_links": "net link", "nvme_drives": "NVMe drive", "nodes": "node"}
@@ -32,7 +39,7 @@ SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "host_links": (("h2d_theoretical_bytes_per_s", "d2h_theoretical_bytes_per_s",
                     "h2d_bytes_per_s", "d2h_bytes_per_s", "h2d_factor_when_d2h_busy",
                     "d2h_factor_when_h2d_busy", "setup_latency_s",
-                    "staging_copy_bytes_per_s", "training_thread_bytes_per_s"), ()),
+                    "staging_copy_bytes_per_s", *_THREAD_OPS), ()),
     "hosts": (("cores_per_socket", "sockets", "dram_theoretical_bytes_per_s_per_socket",
                "dram_triad_fraction", "adam_params_per_s_per_core", "adam_bytes_per_param",
                "memory_bytes", "dispatch_s_per_kernel", "fresh_page_bytes_per_s"), ()),
@@ -46,8 +53,7 @@ SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 # from the census (no default_mfu); a link whose pageable copies were not measured, or a
 # real link (no training-thread rate: not a CPU accelerator); a host without a launch
 # floor or whose fresh pages were not measured.
-_OPTIONAL = {"host_links": frozenset({"staging_copy_bytes_per_s",
-                                      "training_thread_bytes_per_s"}),
+_OPTIONAL = {"host_links": frozenset({"staging_copy_bytes_per_s", *_THREAD_OPS}),
              "nodes": frozenset({"nvme", "nvme_drives", "inter_net"}),
              "gpus": frozenset({"bf16_flops_per_s", "mfu_reference", "default_mfu",
                                 "matmul_achievable_share"}),
@@ -56,7 +62,7 @@ _FRACTIONS = {"default_mfu", "matmul_achievable_share", "h2d_factor_when_d2h_bus
               "d2h_factor_when_h2d_busy",
               "dram_triad_fraction", "efficiency"}
 _INTEGERS = {"cores_per_socket", "sockets", "gpus", "gpus_per_switch", "nvme_drives"}
-_ZERO_OK = {"setup_latency_s", "latency_s"}
+_ZERO_OK = {"setup_latency_s", "latency_s", *THREAD_OP_SECONDS}
 # How a source names a number calibrated from one row of zfbench/data/published, and how
 # its fallback's source begins.
 CALIBRATED_PREFIX = "calibration row "
