@@ -3,9 +3,10 @@
     python bench/host_chunk_size.py [--elems 96M] [--threads 1,2] [--chunks 1M,4M,16M,64M]
         [--repeats 5] [--out bench/results/host_chunk_size]
 
-The engine runs its host AdamW in chunks of `ENGINE_HOST_CHUNK_ELEMS` (4M elements,
-zfbench.core.strategies): each chunk one call of `kernels.host_adamw_` (one OpenMP
-parallel region of the host lane's threads), its parameters written into the 16-bit wire
+The engine runs its host AdamW in chunks (zfbench.core.strategies `engine_host_chunk_elems`:
+4M elements, 2M a host thread from three threads on): each chunk one call of
+`kernels.host_adamw_` (one OpenMP parallel region of the host lane's threads), its
+parameters written into the 16-bit wire
 in the same pass, so that each chunk's upload can start when it is ready and an urgent
 accumulation can run between two chunks. On one H200's host (8 threads, bench/results/gpu/
 NVIDIA-H200/2026-11-27/call2/contention) the engine's chunks with the bf16 wire ran at
@@ -42,7 +43,7 @@ if str(ROOT) not in sys.path:
 
 from kernels import parse_size, write_rows  # noqa: E402  (bench/kernels.py)
 from zfbench.core.provenance import provenance  # noqa: E402
-from zfbench.core.strategies import ENGINE_HOST_CHUNK_ELEMS  # noqa: E402
+from zfbench.core.strategies import ENGINE_HOST_CHUNK_ELEMS, engine_host_chunk_elems  # noqa: E402
 from zfbench.real import kernels  # noqa: E402
 from zfbench.real.rate_probe import in_thread  # noqa: E402
 
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     load["after"] = os.getloadavg()
     write_rows(args.out, "host_chunk_size", rows,
                provenance(argv, "python bench/host_chunk_size.py"), load,
-               engine_chunk_elems=ENGINE_HOST_CHUNK_ELEMS)
+               engine_chunk_elems={t: engine_host_chunk_elems(t) for t in threads})
     print(f"wrote {args.out}/host_chunk_size.csv, host_chunk_size.json")
     return 0
 

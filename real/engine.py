@@ -36,7 +36,7 @@ from zfbench.real.checkpoint import EngineCheckpoint
 from zfbench.real.engine_surface import DeepSpeedSurface
 from zfbench.real.engine_protocol import StrategyForEngine
 from zfbench.real.flat import LOW_PRECISION, FlatLayout
-from zfbench.core.strategies import (ENGINE_HOST_CHUNK_ELEMS, gradient_buckets_apply,
+from zfbench.core.strategies import (engine_host_chunk_elems, gradient_buckets_apply,
                                      has_windows)
 from zfbench.real.grad_buckets import GradBuckets
 from zfbench.real.hazards import HazardChecker
@@ -81,7 +81,7 @@ def resolve_device(device: str) -> torch.device:
 class Engine(EngineCheckpoint, DeepSpeedSurface):
     def __init__(self, model: torch.nn.Module, config: EngineConfig, *, device: str = "auto",
                  device_threads: int | None = None, host_threads: int | None = None,
-                 steps_per_epoch: int | None = None, host_chunk_elems: int = ENGINE_HOST_CHUNK_ELEMS,
+                 steps_per_epoch: int | None = None, host_chunk_elems: int | None = None,
                  host_timeout_s: float = 600.0, rank: int = 0,
                  dist: DistContext | None = None, hazard_check: bool = False,
                  waits_dropped: frozenset[str] = frozenset()) -> None:
@@ -107,7 +107,8 @@ class Engine(EngineCheckpoint, DeepSpeedSurface):
         if not self.use_cuda:
             torch.set_num_threads(self.device_threads)
         self.steps_per_epoch = steps_per_epoch
-        self.host_chunk_elems = host_chunk_elems
+        # None: the engine's rule for its host lane's threads (core/strategies.py)
+        self.host_chunk_elems = host_chunk_elems or engine_host_chunk_elems(self.host_threads)
         self.host_timeout_s = host_timeout_s
         self.model = model.to(self.device)
         self.recorder = SpanRecorder(rank, use_cuda=self.use_cuda)

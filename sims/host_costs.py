@@ -16,7 +16,7 @@ from functools import cached_property
 
 from zfbench.sims import host_step, pageable
 from zfbench.core.config_zenflow import split_cores
-from zfbench.core.strategies import ENGINE_HOST_CHUNK_ELEMS, has_windows
+from zfbench.core.strategies import engine_host_chunk_elems, has_windows
 
 # Host gradient accumulation: read a 16-bit gradient, read and write an fp32 accumulator.
 ACCUM_BYTES_PER_ELEMENT = 10.0
@@ -102,11 +102,12 @@ class HostCosts:
     @cached_property
     def host_chunk_elems(self) -> int | None:
         """Elements per host optimizer job: with a profile of zfbench's engine its chunk
-        (`ENGINE_HOST_CHUNK_ELEMS`: the accumulation, urgent, goes ahead of the next
-        chunk, and each chunk's upload follows it), and from presets with `host_job` naming
-        the engine; else None, a job per bucket."""
-        return (ENGINE_HOST_CHUNK_ELEMS if self.engine_grad_passes or self.engine_host_job
-                else None)
+        for the rank's host threads (`engine_host_chunk_elems`: the accumulation, urgent,
+        goes ahead of the next chunk, and each chunk's upload follows it), and from presets
+        with `host_job` naming the engine; else None, a job per bucket."""
+        if not (self.engine_grad_passes or self.engine_host_job):
+            return None
+        return engine_host_chunk_elems(int(self.cores_per_rank))
 
     @cached_property
     def window_first_write(self) -> bool:

@@ -102,7 +102,7 @@ def test_engine_host_updates_run_in_the_engines_chunks(cpu_profile, tmp_path, mo
     import math
 
     import zfbench.sims.host_costs as host_costs_module
-    monkeypatch.setattr(host_costs_module, "ENGINE_HOST_CHUNK_ELEMS", 5000)
+    monkeypatch.setattr(host_costs_module, "engine_host_chunk_elems", lambda threads: 5000)
     s = SimSettings.from_knobs(model="tiny", layers=2, gpus=1, micro_batch=2, seq=16, precision="fp32",
                                profile=str(_cuda_like(cpu_profile, tmp_path)), steps=8)
     r = simulate(s, "zero-offload")

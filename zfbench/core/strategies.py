@@ -72,10 +72,29 @@ ZERO_OFFLOAD_STRATEGIES = tuple(s.name for s in STRATEGY_LIST
                                 if s.sim_zero2 and s.offloads_optimizer)
 # The strategy speed-ups are reported against (the paper's baseline).
 BASELINE = "zero-offload"
-# zfbench's engine runs its host optimizer in jobs of this many elements of the flat
-# buffer, each chunk's parameters going up after it (real/engine.py's default; the
-# simulator with a profile of the engine cuts its host updates the same way).
+# zfbench's engine runs its host optimizer in jobs of at least this many elements of the
+# flat buffer, each chunk's parameters going up after it, and an urgent accumulation able
+# to run between two (real/engine.py's default; the simulator with a profile of the engine
+# cuts its host updates the same way: `engine_host_chunk_elems`).
 ENGINE_HOST_CHUNK_ELEMS = 1 << 22
+# ... and of this many per host-lane thread where that is more. Each chunk is one parallel
+# region of the lane's threads, and what a region costs beyond its elements grows as each
+# thread's share shrinks: the engine's chunk with the bf16 wire against one call over the
+# whole buffer on 2 threads of a Xeon (bench/results/host_chunk_size, 96M elements, quiet):
+# 0.5M elements a thread 8-12% slower, 2M 2-4%, 8M 1-2%. On one H200's 8-thread host
+# the 4M chunks (0.5M a thread) ran 0.76-0.83 of AdamW alone where the wire's bytes allow
+# 0.93 (NVIDIA-H200/2026-11-27/call2/contention). 2M a thread: a judgment from those
+# shares; one and two threads keep 4M. `make gpu-check`'s `chunk_size` step measures it on
+# a GPU's host.
+ENGINE_HOST_CHUNK_ELEMS_PER_THREAD = 1 << 21
+
+
+def engine_host_chunk_elems(host_threads: int) -> int:
+    """Elements of the engine's host optimizer job on a host lane of `host_threads`
+    threads: `ENGINE_HOST_CHUNK_ELEMS`, or `ENGINE_HOST_CHUNK_ELEMS_PER_THREAD` a thread
+    where that is more."""
+    return max(ENGINE_HOST_CHUNK_ELEMS,
+               ENGINE_HOST_CHUNK_ELEMS_PER_THREAD * max(1, int(host_threads)))
 
 
 def _trait(name: str, trait: str):
