@@ -32,6 +32,7 @@ import time
 
 import torch
 
+from zfbench.core.strategies import engine_host_chunk_elems
 from zfbench.real import kernels
 from zfbench.real.backend import register_pinned, unregister_pinned
 
@@ -210,12 +211,27 @@ class RateProbe:
         # (none with fp32 weights: the master goes up itself)
         self.h2d_wire = None if dtype == torch.float32 else self.up_wire
 
-    def host_adam(self) -> None:
-        """One host chunk over the whole master, as the engine runs it: AdamW, with 16-bit
-        weights the new parameters into the h2d wire, in one pass (values are irrelevant
-        to its time)."""
-        kernels.host_adamw_(self.master, self.grad, self.m, self.v, self.h2d_wire, step=1,
-                            lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
+    def host_adam(self, lo: int = 0, hi: int | None = None) -> None:
+        """The engine's host chunk kernel over master[lo:hi] (default all of it in one
+        call): AdamW, with 16-bit weights the new parameters into the h2d wire, in one pass
+        (values are irrelevant to its time)."""
+        hi = self.total if hi is None else hi
+        wire = None if self.h2d_wire is None else self.h2d_wire[lo:hi]
+        kernels.host_adamw_(self.master[lo:hi], self.grad[lo:hi], self.m[lo:hi],
+                            self.v[lo:hi], wire, step=1, lr=1e-4, beta1=0.9, beta2=0.999,
+                            eps=1e-8, weight_decay=0.01)
+
+    def host_update(self, threads: int):
+        """The engine's host update on `threads` threads, as it runs it: `host_adam` chunk
+        by chunk (zfbench.core.strategies `engine_host_chunk_elems`: each chunk one
+        parallel region, whose cost beyond its elements the rate then holds)."""
+        size = engine_host_chunk_elems(threads)
+        bounds = [(a, min(a + size, self.total)) for a in range(0, self.total, size)]
+
+        def run() -> None:
+            for a, b in bounds:
+                self.host_adam(a, b)
+        return run
 
     def _links(self):
         """(d2h, h2d, d2h_sync, h2d_sync): the two copies and the waits that time each to
@@ -256,9 +272,9 @@ class RateProbe:
           once (d2h on the calling thread, h2d on the worker: on CUDA two streams copying at once);
         - on the host worker's threads (the CPU, either way), each with the engine's own kernel
           (`zfbench.real.kernels`, the attribute the strategies call): the host chunk
-          (`host_adamw_`: AdamW over the whole master, with 16-bit weights writing the new
-          parameters into the h2d wire in the same pass, as the engine's chunks do),
-          `host_adam_params_per_s`; the host accumulation (`accumulate_`) of gradients in the
+          (`host_adamw_`: AdamW over the master in the engine's chunks for those threads,
+          `host_update`, with 16-bit weights writing the new parameters into the h2d wire in
+          the same pass), `host_adam_params_per_s`; the host accumulation (`accumulate_`) of gradients in the
           device's dtype into fp32; the gradient clipping norm (`grad_norm`) of the fp32
           gradients; and, with 16-bit weights, the conversion the host lane still runs apart
           (`copy_`: gradients out of the d2h wire into fp32), `host_convert_elems_per_s` (absent
@@ -325,7 +341,7 @@ class RateProbe:
 
         def timed(fn) -> float:
             return in_thread(lambda: (fn(), median_time(fn, repeats))[1], threads)
-        rates = {"host_adam_params_per_s": self.total / timed(self.host_adam),
+        rates = {"host_adam_params_per_s": self.total / timed(self.host_update(threads)),
                  "host_accum_elems_per_s": self.total / timed(accum),
                  "host_accum_first_elems_per_s": self.total / timed(accum_first),
                  "host_norm_elems_per_s": self.total / timed(norm)}
@@ -352,7 +368,8 @@ class RateProbe:
         repeats; as rate factors (alone / together, at most 1). On one H100 machine the
         link kept 0.86x and AdamW fell to 0.23x (bench/results/gpu/NVIDIA-H100-80GB-HBM3,
         contention/): a profile that measures each alone says nothing of it."""
-        halt = _loop_in_thread(self.host_adam, self.host_threads)
+        update = self.host_update(self.host_threads)  # as `adam_alone` was timed
+        halt = _loop_in_thread(update, self.host_threads)
         try:
             h2d_beside = in_thread(lambda: median_time(h2d, repeats, sync=h2d_sync),
                                    self.host_threads)
@@ -360,7 +377,7 @@ class RateProbe:
             halt()
         halt = _loop_in_thread(lambda: (h2d(), h2d_sync()), 1)
         try:
-            adam_beside = in_thread(lambda: median_time(self.host_adam, repeats),
+            adam_beside = in_thread(lambda: median_time(update, repeats),
                                     self.host_threads)
         finally:
             halt()

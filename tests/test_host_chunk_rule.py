@@ -59,3 +59,23 @@ def test_the_simulator_cuts_the_engines_host_job_by_the_ranks_cores():
     assert costs.host_chunk_elems == engine_host_chunk_elems(int(costs.cores_per_rank))
     assert costs.host_chunk_elems > ENGINE_HOST_CHUNK_ELEMS  # many cores a rank
     assert CostModel(s.with_(host_job="deepspeed")).host_chunk_elems is None
+
+
+@pytest.mark.parametrize("threads, want", [(1, [4 * M, M]), (3, [5 * M])])
+def test_the_profile_times_the_host_update_in_the_engines_chunks(monkeypatch, threads, want):
+    """The profile's host AdamW rate is the engine's update as it runs: chunk by chunk for
+    the lane's threads (5M elements: 4M + 1M on one thread, one 6M chunk on three)."""
+    import torch
+
+    from zfbench.real import rate_probe
+    probe = rate_probe.RateProbe(5 * M, torch.bfloat16, 1)
+    calls = []
+    monkeypatch.setattr(rate_probe.kernels, "host_adamw_",
+                        lambda p, g, m, v, wire, **hp: calls.append(
+                            (p.numel(), g.numel(), m.numel(), v.numel(), wire.numel())))
+    probe.host_update(threads)()
+    assert [c[0] for c in calls] == want
+    assert all(len(set(c)) == 1 for c in calls)  # every operand of a chunk sliced alike
+    calls.clear()
+    probe.host_adam()  # the whole master in one call (the contention probes' load)
+    assert [c[0] for c in calls] == [5 * M]
