@@ -32,7 +32,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -45,7 +44,7 @@ from kernels import parse_size, write_rows  # noqa: E402  (bench/kernels.py)
 from zfbench.core.provenance import provenance  # noqa: E402
 from zfbench.core.strategies import ENGINE_HOST_CHUNK_ELEMS, engine_host_chunk_elems  # noqa: E402
 from zfbench.real import kernels  # noqa: E402
-from zfbench.real.rate_probe import in_thread  # noqa: E402
+from zfbench.real.rate_probe import in_thread, round_robin_times  # noqa: E402
 
 HP = dict(step=3, lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
 
@@ -77,19 +76,6 @@ def variants(bufs, wire, sizes: list[int]) -> dict[str, tuple]:
 
 def label(elems: int) -> str:
     return f"{elems >> 20}M" if elems % (1 << 20) == 0 else str(elems)
-
-
-def round_robin(cases: dict[str, tuple], repeats: int) -> dict[str, list[float]]:
-    """Each case once untimed, then `repeats` rounds of every case in turn."""
-    for fn, _ in cases.values():
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(repeats):
-        for name, (fn, _) in cases.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def rows_for(threads: int, n: int, cases: dict, times: dict) -> list[dict]:
@@ -131,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     load = {"before": os.getloadavg()}
     rows = []
     for t in threads:
-        times = in_thread(lambda: round_robin(cases, args.repeats), t)
+        times = in_thread(lambda: round_robin_times(
+            {k: fn for k, (fn, _) in cases.items()}, args.repeats), t)
         rows += rows_for(t, n, cases, times)
         got = {r["variant"]: r for r in rows if r["threads"] == t}
         print(f"{t} thread(s): " + ", ".join(

@@ -53,7 +53,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -70,6 +69,7 @@ from zfbench.core.trace import write_csv_atomic, write_json_atomic  # noqa: E402
 from zfbench.real import host_fused  # noqa: E402
 from zfbench.real import kernels as K  # noqa: E402
 from zfbench.real.host_accum import accumulate_ as torch_accumulate_  # noqa: E402
+from zfbench.real.rate_probe import round_robin_times  # noqa: E402
 from zfbench.real.host_adam import host_adamw_ as torch_host_adamw_  # noqa: E402
 from zfbench.real.flat import selected_shape, take_columns  # noqa: E402
 
@@ -263,15 +263,7 @@ def write_rows(out: Path, stem: str, rows: list[dict], prov: dict, load: dict,
 
 def measure(table: Table, repeats: int) -> dict[str, list[float]]:
     """Round-robin: every kernel once per round, so a noisy minute hits them all."""
-    times: dict[str, list[float]] = {key: [] for key in table.rows}
-    for fn, *_ in table.rows.values():
-        fn()  # warm: pages touched, kernels chosen
-    for _ in range(repeats):
-        for key, (fn, *_) in table.rows.items():
-            start = time.perf_counter()
-            fn()
-            times[key].append(time.perf_counter() - start)
-    return times
+    return round_robin_times({key: fn for key, (fn, *_) in table.rows.items()}, repeats)
 
 
 def main(argv: list[str] | None = None) -> int:

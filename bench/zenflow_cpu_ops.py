@@ -43,6 +43,7 @@ if str(ROOT) not in sys.path:
 from zfbench.core.models import get_model  # noqa: E402
 from zfbench.core.progress import progress  # noqa: E402
 from zfbench.core.provenance import machine  # noqa: E402
+from zfbench.real.rate_probe import round_robin_times  # noqa: E402
 from zfbench.sims.cpu_accelerator import (BOUNDARY_OPS, STEP_OPS, TABLE_KINDS,  # noqa: E402
                                           selected_elems)  # noqa: E402
 
@@ -95,14 +96,7 @@ def layout_ops(rows: int, cols: int) -> dict:
 
 def medians(ops: dict, repeats: int) -> dict:
     """Each op's median seconds, all ops timed once a round for `repeats` rounds."""
-    times = {key: [] for key in ops}
-    for fn in ops.values():  # first touch and allocator warm-up, not timed
-        fn()
-    for _ in progress(range(repeats), desc="zenflow cpu ops rounds"):
-        for key, fn in ops.items():
-            t0 = time.perf_counter()
-            fn()
-            times[key].append(time.perf_counter() - t0)
+    times = round_robin_times(ops, progress(range(repeats), desc="zenflow cpu ops rounds"))
     return {key: statistics.median(t) for key, t in times.items()}
 
 

@@ -130,19 +130,28 @@ def fresh_page_seconds(src: torch.Tensor, into: torch.Tensor, repeats: int
     return alternating_medians(lambda: src.to(into.dtype), lambda: into.copy_(src), repeats)
 
 
-def alternating_medians(first, second, repeats: int) -> tuple[float, float]:
-    """Median seconds of `first()` and of `second()` over `repeats` runs each, the two
-    alternating (so that a drift of the machine's speed reaches both), after one untimed
-    run of each; CPU work, done when the call returns."""
-    first()
-    second()
-    times: tuple[list, list] = ([], [])
-    for _ in range(repeats):
-        for fn, out in zip((first, second), times):
+def round_robin_times(fns: dict, repeats, warm: bool = True) -> dict[str, list[float]]:
+    """Seconds of each `fns[name]()` in `repeats` rounds (a count, or an iterable of rounds,
+    e.g. a progress bar over them), every function once a round in turn, so that a drift of
+    a shared machine's speed reaches them all alike; after one untimed call of each
+    (`warm`: first touch, allocator). CPU work, done when each call returns."""
+    if warm:
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in (range(repeats) if isinstance(repeats, int) else repeats):
+        for name, fn in fns.items():
             start = time.perf_counter()
             fn()
-            out.append(time.perf_counter() - start)
-    return statistics.median(times[0]), statistics.median(times[1])
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def alternating_medians(first, second, repeats: int) -> tuple[float, float]:
+    """Median seconds of `first()` and of `second()` over `repeats` runs each, the two
+    alternating (`round_robin_times`)."""
+    times = round_robin_times({"first": first, "second": second}, repeats)
+    return statistics.median(times["first"]), statistics.median(times["second"])
 
 
 def fresh_page_bytes_per_s(nbytes: float, fresh_s: float, reused_s: float) -> float | None:
