@@ -42,7 +42,8 @@ if str(ROOT) not in sys.path:
 
 from kernels import parse_size, write_rows  # noqa: E402  (bench/kernels.py)
 from zfbench.core.provenance import provenance  # noqa: E402
-from zfbench.core.strategies import ENGINE_HOST_CHUNK_ELEMS, engine_host_chunk_elems  # noqa: E402
+from zfbench.core.strategies import (ENGINE_HOST_CHUNK_ELEMS, chunk_bounds,  # noqa: E402
+                                     engine_host_chunk_elems)
 from zfbench.real import kernels  # noqa: E402
 from zfbench.real.rate_probe import in_thread, round_robin_times  # noqa: E402
 
@@ -53,8 +54,7 @@ def chunk_loop(bufs, wire, size: int):
     """The engine's host update (real/strategies.py `HostState.adam_chunk`, chunk by
     chunk), over `bufs` = (master, grad, m, v), into `wire` (or none)."""
     p, g, m, v = bufs
-    n = p.numel()
-    bounds = [(a, min(a + size, n)) for a in range(0, n, size)]
+    bounds = chunk_bounds(p.numel(), size)
 
     def run():
         for a, b in bounds:

@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from zfbench.core.strategies import engine_host_chunk_elems
+from zfbench.core.strategies import chunk_bounds, engine_host_chunk_elems
 from zfbench.real import kernels
 from zfbench.real.backend import register_pinned, unregister_pinned
 
@@ -234,8 +234,7 @@ class RateProbe:
         """The engine's host update on `threads` threads, as it runs it: `host_adam` chunk
         by chunk (zfbench.core.strategies `engine_host_chunk_elems`: each chunk one
         parallel region, whose cost beyond its elements the rate then holds)."""
-        size = engine_host_chunk_elems(threads)
-        bounds = [(a, min(a + size, self.total)) for a in range(0, self.total, size)]
+        bounds = chunk_bounds(self.total, engine_host_chunk_elems(threads))
 
         def run() -> None:
             for a, b in bounds:

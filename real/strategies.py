@@ -27,6 +27,7 @@ import math
 
 import torch
 
+from zfbench.core.strategies import chunk_bounds
 from zfbench.real import kernels
 from zfbench.real.distributed import allreduce_sum_
 from zfbench.real.engine_protocol import EngineForStrategy
@@ -280,8 +281,7 @@ class HostState:
         self.m = new("host.m")
         self.v = new("host.v")
         self.grads = [new(f"host.grads[{i}]") for i in range(n_grad_buffers)]
-        step = max(1, int(engine.host_chunk_elems))
-        self.chunks = [(a, min(a + step, self.numel)) for a in range(0, self.numel, step)]
+        self.chunks = chunk_bounds(self.numel, engine.host_chunk_elems)
 
     def sync_master(self, flat_params: torch.Tensor) -> None:
         """The master shard from the device weights (a blocking d2h the caller declares):

@@ -79,3 +79,10 @@ def test_the_profile_times_the_host_update_in_the_engines_chunks(monkeypatch, th
     calls.clear()
     probe.host_adam()  # the whole master in one call (the contention probes' load)
     assert [c[0] for c in calls] == [5 * M]
+
+
+def test_chunk_bounds_cover_every_element_once():
+    from zfbench.core.strategies import chunk_bounds
+    assert chunk_bounds(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert chunk_bounds(8, 4) == [(0, 4), (4, 8)]
+    assert chunk_bounds(0, 4) == [] and chunk_bounds(3, 0) == [(0, 1), (1, 2), (2, 3)]

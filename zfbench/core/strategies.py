@@ -97,6 +97,12 @@ def engine_host_chunk_elems(host_threads: int) -> int:
                ENGINE_HOST_CHUNK_ELEMS_PER_THREAD * max(1, int(host_threads)))
 
 
+def chunk_bounds(n: int, size: int) -> list[tuple[int, int]]:
+    """[lo, hi) of consecutive chunks of `size` elements (the last shorter) over `n`."""
+    size = max(1, int(size))
+    return [(a, min(a + size, n)) for a in range(0, n, size)]
+
+
 def _trait(name: str, trait: str):
     s = STRATEGY.get(name)
     return None if s is None else getattr(s, trait)
