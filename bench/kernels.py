@@ -20,7 +20,11 @@ machine's bandwidth: the best GB/s of four streaming references measured round-r
 with the rest at the same thread count (`fp32 a += b`, 12 B per element; `a += b c`,
 16 B; `a = b + s c`, 12 B; `a = b`, 8 B; the write-allocate reads of the last two not
 counted, as STREAM does not). Shares above 1 mean the kernel streams faster than these
-references reach on the machine (e.g. more streams per core in flight). Bytes per element (s: the device dtype's size, 2 or 4):
+references reach on the machine (e.g. more streams per core in flight). The kernels that
+only read (the norms, `all_finite`, `column_scores`) are also given as a share of the read
+bandwidth: the best of two read-only references in the same round-robin (`a.sum()`, 4 B
+per element; `dot(a, b)`, 8 B), since one core may read alone well below the rate it
+streams reads and writes together. Bytes per element (s: the device dtype's size, 2 or 4):
 
     host_adamw_            28        p, g, m, v read; p, m, v written (fp32)
       + h2d wire           28 + s    the new parameters also written in the device dtype
@@ -79,6 +83,11 @@ ALL = "device, " + OFFLOAD
 # the streaming references: (row name, bytes per element); the bandwidth is their best
 REFERENCES = (("fp32 a += b (bandwidth)", 12), ("fp32 a += b c (bandwidth)", 16),
               ("fp32 a = b + s c (bandwidth)", 12), ("fp32 a = b (bandwidth)", 8))
+# the read-only references: the read bandwidth, their best, which the kernels that write
+# nothing of their input's size are also held to (one core may read alone far slower than
+# it streams reads and writes together: 34-40 GB/s against 59 on a 2-core EPYC Zen 5)
+READ_REFERENCES = (("fp32 a.sum() (read bandwidth)", 4),
+                   ("fp32 dot(a, b) (read bandwidth)", 8))
 HP = dict(lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
 ROWS = 4096  # rows of the 2-D weight the column kernels work on (e.g. a 7B model's hidden)
 
@@ -96,12 +105,12 @@ class Table:
         self.rows: dict[str, tuple] = {}
 
     def add(self, kernel: str, fn, elems: int, per_elem: float, strategies: str, lane: str,
-            dtypes: str, function: str, path: str = "torch") -> None:
+            dtypes: str, function: str, path: str = "torch", reads_only: bool = False) -> None:
         key = f"{kernel} [{dtypes}]"
         self.rows[key] = (fn, elems, per_elem, {
             "kernel": kernel, "function": function, "path": path, "strategies": strategies,
             "lane": lane, "dtypes": dtypes, "elems": elems, "bytes_per_elem": per_elem,
-            "bytes": elems * per_elem})
+            "bytes": elems * per_elem, "reads_only": reads_only})
 
 
 def host_rows(t: Table, n: int) -> None:
@@ -120,12 +129,16 @@ def host_rows(t: Table, n: int) -> None:
     t.add("adamw_foreach_ (whole model)",
           lambda: K.adamw_foreach_([dp], [g], [dm], [dv], [1], scratch=[ds], **HP),
           n, 28, "device", "compute", "fp32 master, grads, m, v", "real.adamw.adamw_foreach_")
+    (total, total_b), (dot, dot_b) = READ_REFERENCES
+    t.add(total, lambda: c.sum(), n, total_b, "-", "-", "fp32", "Tensor.sum", reads_only=True)
+    t.add(dot, lambda: torch.dot(b, c), n, dot_b, "-", "-", "fp32 . fp32", "torch.dot",
+          reads_only=True)
     t.add("sum_of_squares (host clip)", lambda: K.sum_of_squares(g), n, 4,
           OFFLOAD + " (clipping)", "host", "fp32", "real.kernels.sum_of_squares",
-          host_fused.backend())
+          host_fused.backend(), reads_only=True)
     t.add("vector_norm fp32 (reference: the host clip before)",
           lambda: torch.linalg.vector_norm(g), n, 4, "- (replaced by sum_of_squares)",
-          "host", "fp32", "torch.linalg.vector_norm")
+          "host", "fp32", "torch.linalg.vector_norm", reads_only=True)
     t.add("mul_ (scale)", lambda: g.mul_(1.0), n, 8,
           OFFLOAD + " (clip scale, zenflow 1/U)", "host", "fp32", "Tensor.mul_ (inline)")
 
@@ -202,7 +215,7 @@ def dtype_rows(t: Table, n: int, dtype: torch.dtype, ratio: float) -> None:
           "zero-offload-dpu, zenflow (upload applied); link copies", "compute / d2h / h2d",
           f"{d} -> {d}", "real.kernels.copy_")
     t.add("all_finite", lambda: K.all_finite(flat), n, s, ALL, "compute", d,
-          "real.kernels.all_finite")
+          "real.kernels.all_finite", reads_only=True)
     zeros = torch.zeros_like(flat)
     t.add("zero_ (grads)", lambda: zeros.zero_(), n, s, ALL, "compute", d,
           "Tensor.zero_ (Engine._zero_grads)")
@@ -213,7 +226,8 @@ def dtype_rows(t: Table, n: int, dtype: torch.dtype, ratio: float) -> None:
               "real.kernels.grad_norm")
         t.add("vector_norm dtype=fp32 (reference: the slow path)",
               lambda: torch.linalg.vector_norm(flat, dtype=torch.float32), n, s,
-              "- (replaced by grad_norm's scratch)", "compute", d, "torch.linalg.vector_norm")
+              "- (replaced by grad_norm's scratch)", "compute", d, "torch.linalg.vector_norm",
+              reads_only=True)
     if dtype == torch.float16:
         t.add("mul_ (loss-scale unscale)", lambda: zeros.mul_(1.0), n, 2 * s,
               ALL + " (fp16)", "compute", d, "Tensor.mul_ (inline)")
@@ -230,7 +244,8 @@ def dtype_rows(t: Table, n: int, dtype: torch.dtype, ratio: float) -> None:
     staged = torch.empty(shape, dtype=dtype) if low else None
     sel = k * ROWS
     t.add("column_scores", lambda: K.column_scores(grad), cols * ROWS, s, "zenflow",
-          "compute", f"{d} [{ROWS}x{cols}] -> fp32", "real.kernels.column_scores")
+          "compute", f"{d} [{ROWS}x{cols}] -> fp32", "real.kernels.column_scores",
+          reads_only=True)
     t.add("top_columns", lambda: K.top_columns(scores, k), cols, 4, "zenflow", "compute",
           f"fp32 [{cols}], k={k}", "real.kernels.top_columns")
     t.add("gather_grads_", lambda: K.gather_grads_(grad, idx, out, staged), sel, s + 4,
@@ -291,24 +306,33 @@ def main(argv: list[str] | None = None) -> int:
         times = measure(table, args.repeats)
         refs = {name: n * per / min(times[key]) for key, (_, _, per, desc) in table.rows.items()
                 for name, _ in REFERENCES if desc["kernel"] == name}
-        ref = max(refs.values())
+        reads = {name: n * per / min(times[key])
+                 for key, (_, _, per, desc) in table.rows.items()
+                 for name, _ in READ_REFERENCES if desc["kernel"] == name}
+        ref, read_ref = max(refs.values()), max(reads.values())
         for key, (_, elems, per_elem, desc) in table.rows.items():
             best = min(times[key])
             gbs = elems * per_elem / best
             rows.append({"threads": threads, **desc, "best_s": best,
                          "median_s": statistics.median(times[key]),
                          "g_elems_per_s": elems / best / 1e9, "gb_per_s": gbs / 1e9,
-                         "bandwidth_gb_per_s": ref / 1e9, "share_of_bandwidth": gbs / ref})
+                         "bandwidth_gb_per_s": ref / 1e9, "share_of_bandwidth": gbs / ref,
+                         "read_bandwidth_gb_per_s": read_ref / 1e9,
+                         "share_of_read_bandwidth": (gbs / read_ref if desc["reads_only"]
+                                                     else float("nan"))})
         print(f"{threads} thread(s): {len(table.rows)} kernels, {n / 2**20:.0f}M elements, "
               f"bandwidth {ref / 1e9:.1f} GB/s (" + ", ".join(
                   f"{k.removesuffix(' (bandwidth)')} {v / 1e9:.1f}" for k, v in refs.items())
-              + ")", flush=True)
+              + f"), read bandwidth {read_ref / 1e9:.1f} GB/s (" + ", ".join(
+                  f"{k.removesuffix(' (read bandwidth)')} {v / 1e9:.1f}"
+                  for k, v in reads.items()) + ")", flush=True)
     load["after"] = os.getloadavg()
     frame = write_rows(args.out, "kernels", rows, provenance(argv, "python bench/kernels.py"),
                        load)
     with pd.option_context("display.width", 220, "display.max_colwidth", 52):
         print(frame[["threads", "kernel", "dtypes", "path", "best_s", "g_elems_per_s",
-                     "gb_per_s", "share_of_bandwidth"]].to_string(index=False))
+                     "gb_per_s", "share_of_bandwidth", "share_of_read_bandwidth"]]
+              .to_string(index=False, na_rep="-"))
     print(f"wrote {args.out}/kernels.csv, kernels.json")
     return 0
 

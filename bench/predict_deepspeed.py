@@ -17,7 +17,11 @@ ZeRO-Offload baseline ran everything on all cores; the overlap prediction assume
 training process's work slows in proportion (`--overlap-compute-scale`, default cores /
 (cores // 2)): its compute, and on a CPU accelerator also its "transfers", which are
 copies (and DeepSpeed's gradient checks, inside `bwd_allreduce`) done by the training
-process's own threads; host AdamW runs on half the host's cores. Device-side costs ZeRO-Offload never pays: the
+process's own threads; host AdamW runs on half the host's cores. Beside that judgment each
+overlap row also carries the prediction with both slowdowns probed on this host at the
+run's shape (`overlap_slowdown`: the model's forward and backward, and a copy over its
+gradient elements, at half and at all cores; `predicted_probed_slowdown_s`), so a run on
+any host shows how far the judgment is from what that host measures. Device-side costs ZeRO-Offload never pays: the
 column scores come from the GPU preset (close to zero); the top-k update on the "device",
 here the CPU, is probed (below).
 
@@ -50,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import tempfile
@@ -76,6 +81,8 @@ DEEPSPEED_PIN_MEMORY_DEFAULT = True
 # `overlap_comm_valid` turns into `stage == 3` (deepspeed/runtime/zero/config.py lines 138
 # and 382-386); the config's `stage` defaults to 0 (line 95)
 DEEPSPEED_OVERLAP_COMM_STAGE = 3
+# `overlap_slowdown`'s copies per timed call
+COPIES_PER_CALL = 8
 
 
 def pin_memory(run_summary: dict) -> bool:
@@ -143,6 +150,76 @@ def cpu_accelerator_ops(zo: dict, knobs: dict, topk_ratio: float, presets: Path,
     return probes[key]
 
 
+def overlap_slowdown(zo: dict, repeats: int, probes: dict) -> dict | None:
+    """On DeepSpeed's CPU accelerator, how much slower the training process's work runs on
+    the threads DeepSpeed's overlap mode leaves it (half the host's cores; bench/
+    ds_wallclock.py sets them as DeepSpeed does) than on all of them, probed on this host at
+    the run's shape (once a shape: `probes`): the model's forward and backward (its
+    compute) and a copy over its fp32 gradient elements (what the accelerator's "copies"
+    are; `COPIES_PER_CALL` a timed call), each at both thread counts, all four alternated
+    round-robin, medians. The
+    judgment it is held beside is `cores / (cores // 2)` for both. DeepSpeed's optimizer
+    process on the other cores is not running beside the probe (it updates once a window).
+    None on a GPU."""
+    if zo.get("device") == "cuda":
+        return None
+    import statistics
+
+    import torch
+
+    from zfbench.core.models import get_model
+    from zfbench.core.provenance import machine
+    from zfbench.real.data import synthetic_batches
+    from zfbench.real.model import build_model
+    from zfbench.real.rate_probe import round_robin_times
+
+    knobs = shape_knobs(zo)
+    key = f"{zo['shape']} b{knobs['micro_batch']} s{knobs['seq']}"
+    if key in probes:
+        return probes[key]
+    shape = get_model(knobs["model"])
+    if knobs.get("layers") is not None:
+        shape = shape.with_layers(knobs["layers"])
+    cores = int(zo.get("threads", {}).get("cores") or os.cpu_count() or 2)
+    counts = {"all": cores, "overlap": max(1, cores // 2)}
+    before = torch.get_num_threads()
+    model = build_model(shape, seed=0)
+    batch = next(synthetic_batches(shape.vocab, knobs["micro_batch"], knobs["seq"], seed=0))
+    n = sum(p.numel() for p in model.parameters())
+    src, dst = torch.randn(n), torch.empty(n)
+
+    def at(threads: int, fn):
+        def timed():
+            torch.set_num_threads(threads)
+            fn()
+        return timed
+
+    def compute():
+        model.zero_grad(set_to_none=True)
+        model(batch["input_ids"], batch["labels"]).backward()
+
+    def copies():  # eight a call: one copy takes milliseconds, the timer's noise is larger
+        for _ in range(COPIES_PER_CALL):
+            dst.copy_(src)
+
+    fns = {(what, name): at(t, fn) for name, t in counts.items()
+           for what, fn in (("compute", compute), ("copy", copies))}
+    loads = [os.getloadavg()]
+    try:
+        times = round_robin_times(fns, repeats)
+    finally:
+        torch.set_num_threads(before)
+    loads.append(os.getloadavg())
+    med = {k: statistics.median(v) for k, v in times.items()}
+    probes[key] = {
+        "threads": counts, "repeats": repeats, "machine": machine(),
+        "loadavg_before_after": loads, "gradient_elems": n,
+        "median_s": {f"{what} {name}": t for (what, name), t in med.items()},
+        "compute_slowdown": med[("compute", "overlap")] / med[("compute", "all")],
+        "copy_slowdown": med[("copy", "overlap")] / med[("copy", "all")]}
+    return probes[key]
+
+
 def shape_knobs(run_summary: dict) -> dict:
     match = re.fullmatch(r"(.+?)(?:\[(\d+)L\])?", run_summary["shape"])
     knobs = {"model": match.group(1), "gpus": 1, "gpus_per_switch": 1,
@@ -184,7 +261,7 @@ def with_fresh_pages(s: SimSettings, gb_per_s: float, path: Path) -> SimSettings
 
 def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_scale: float,
                 work: Path, fresh_page_gbps: float | None = None, probe_repeats: int = 15,
-                probes: dict | None = None) -> list[dict]:
+                probes: dict | None = None, slowdowns: dict | None = None) -> list[dict]:
     knobs = shape_knobs(next(iter(zenflow_runs.values()), zo))
     for name, read in (("pin_memory", pin_memory), ("overlap_comm", overlap_comm),
                        ("activation_checkpointing", activation_checkpointing)):
@@ -204,21 +281,29 @@ def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_sc
         settings = [with_fresh_pages(s, fresh_page_gbps, work / f"fresh_pages_{i}.json")
                     for i, s in enumerate(settings)]
     rows = []
+    slow = (overlap_slowdown(zo, max(3, probe_repeats // 3),
+                             {} if slowdowns is None else slowdowns)
+            if "zenflow_overlap" in zenflow_runs else None)
     for engine, overlap in MODES.items():
         actual = zenflow_runs.get(engine)
         if actual is None or actual.get("step_s_mean") is None:
             continue
-        predicted, compute_only = [], None
+        predicted, compute_only, probed = [], None, None
         for f, fitted in zip(fits, settings):
             s = fitted.with_(steps=steps, overlap_step=overlap)
             if overlap:
                 host = s.machine.parts()[2]
-                s = s.with_(mfu=f.scales.mfu / overlap_scale,
-                            host_cores=max(1, host.cores // 2))
+                halved = s.with_(host_cores=max(1, host.cores // 2))
+                s = halved.with_(mfu=f.scales.mfu / overlap_scale)
                 if compute_only is None:  # the first assumption tried: transfers unslowed
                     compute_only = run([({}, s)], ["zenflow"], quiet=True)[0][0][
                         "step_time_s"]
                 s = s.with_(bandwidth_scale=1 / overlap_scale)
+                if slow and probed is None:  # beside it: the slowdowns probed on this host
+                    probed = run([({}, halved.with_(
+                        mfu=f.scales.mfu / slow["compute_slowdown"],
+                        bandwidth_scale=1 / slow["copy_slowdown"]))], ["zenflow"],
+                        quiet=True)[0][0]["step_time_s"]
             case_rows, _ = run([({}, s)], ["zenflow"], quiet=True)
             predicted.append(case_rows[0]["step_time_s"])
         rows.append({
@@ -236,6 +321,11 @@ def predict_one(zo: dict, zenflow_runs: dict, logs: Path, steps: int, overlap_sc
             "predicted_transfers_unslowed_s": compute_only,
             "error_transfers_unslowed": (compute_only / actual["step_s_mean"] - 1
                                          if compute_only else None),
+            "predicted_probed_slowdown_s": probed,
+            "error_probed_slowdown": (probed / actual["step_s_mean"] - 1
+                                      if probed else None),
+            "probed_compute_slowdown": slow and overlap and slow["compute_slowdown"],
+            "probed_copy_slowdown": slow and overlap and slow["copy_slowdown"],
             "foreign_cpu_share": max(zo.get("foreign_cpu_share") or 0,
                                      actual.get("foreign_cpu_share") or 0),
             "inferred_mfu": fits[0].scales.mfu, "inferred_d2h_factor": fits[0].scales.d2h,
@@ -283,7 +373,7 @@ def main(argv=None) -> int:
     by_key: dict[tuple, dict] = {}
     for r in summary["runs"]:
         by_key.setdefault((r["shape"], r["batch"], r["seq"], r["repeat"]), {})[r["engine"]] = r
-    rows, probes = [], {}
+    rows, probes, slowdowns = [], {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, (key, engines) in enumerate(sorted(by_key.items())):
             if "zero_offload" not in engines:
@@ -294,7 +384,7 @@ def main(argv=None) -> int:
             try:
                 rows += predict_one(engines["zero_offload"], zenflow, args.runs, args.steps,
                                     scale, work, args.fresh_page_GBps,
-                                    args.probe_repeats, probes)
+                                    args.probe_repeats, probes, slowdowns)
             except (SimSettingsError, ValueError) as err:
                 print(f"{key}: no prediction: {err}", file=sys.stderr)
     if not rows:
@@ -309,12 +399,17 @@ def main(argv=None) -> int:
               "goal_mean_abs_error": 0.15,
               "mean_abs_error_overlap_transfers_unslowed": float(
                   frame["error_transfers_unslowed"].dropna().abs().mean()),
+              "mean_abs_error_overlap_probed_slowdown": float(
+                  frame["error_probed_slowdown"].dropna().abs().mean()),
+              "mean_abs_error_all_probed_slowdown": float(
+                  frame["error_probed_slowdown"].fillna(frame["error"]).abs().mean()),
               "note": "The sequential prediction has no tuned assumption. The overlap "
                       "prediction's assumption was revised after the first comparison: "
                       "first only compute slowed with the halved thread budget (error in "
                       "mean_abs_error_overlap_transfers_unslowed), then also the CPU "
                       "accelerator's copies, which the training process does itself.",
-              "cpu_accelerator_probes": probes, "rows": rows}
+              "cpu_accelerator_probes": probes, "overlap_slowdown_probes": slowdowns,
+              "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.out / "predict_deepspeed.csv", index=False)
     (args.out / "predict_deepspeed.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -324,6 +419,13 @@ def main(argv=None) -> int:
     print(frame[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print("mean |error|: " + ", ".join(f"{m} {100 * e:.0f}%" for m, e in mae.items())
           + f"; all {100 * result['mean_abs_error_all']:.0f}% (goal <= 15%)")
+    if slowdowns:
+        print("overlap with the slowdowns probed on this host in place of the judgment "
+              f"({scale:g}x): mean |error| "
+              f"{100 * result['mean_abs_error_overlap_probed_slowdown']:.0f}% (all rows "
+              f"{100 * result['mean_abs_error_all_probed_slowdown']:.0f}%); probed " + "; "
+              .join(f"{k}: compute {v['compute_slowdown']:.2f}x, copy "
+                    f"{v['copy_slowdown']:.2f}x" for k, v in slowdowns.items()))
     print(f"wrote {args.out}/predict_deepspeed.csv, predict_deepspeed.json")
     return 0
 

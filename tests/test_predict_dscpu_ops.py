@@ -181,3 +181,28 @@ def test_predict_probes_only_on_a_cpu_accelerator(tmp_path):
     assert link["thread_selective_step_elems_per_s"]["value"] == pytest.approx(
         result["fits"]["step"]["elems_per_s"])
     assert pdd.cpu_accelerator_ops({}, knobs, 0.1, presets, 1, probes) is result
+
+
+def test_overlap_slowdown_is_the_probes_median_ratios():
+    """The overlap's slowdowns probed on this host (one tiny shape, three rounds; no timing
+    asserted): each is its op's median at half the cores over its median at all of them,
+    the shape is probed once, torch's thread count is given back, and a GPU run gets
+    none."""
+    import torch
+
+    zo = {"shape": "gpt2:layers=1,hidden=64,heads=2", "batch": 1, "seq": 16,
+          "update_interval": 4, "threads": {"cores": 2}}
+    probes: dict = {}
+    threads = torch.get_num_threads()
+    assert pdd.overlap_slowdown({**zo, "device": "cuda"}, 3, probes) is None and not probes
+    r = pdd.overlap_slowdown(zo, 3, probes)
+    assert torch.get_num_threads() == threads
+    assert r["threads"] == {"all": 2, "overlap": 1}
+    med = r["median_s"]
+    assert r["compute_slowdown"] == pytest.approx(med["compute overlap"] / med["compute all"])
+    assert r["copy_slowdown"] == pytest.approx(med["copy overlap"] / med["copy all"])
+    from zfbench.core.models import get_model
+    from zfbench.real.model import build_model
+    assert r["gradient_elems"] == sum(
+        p.numel() for p in build_model(get_model(zo["shape"])).parameters())
+    assert pdd.overlap_slowdown(zo, 3, probes) is r
