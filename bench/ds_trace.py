@@ -15,12 +15,19 @@ DeepSpeed's own timers (`wall_clock_breakdown`) are read from its printed lines 
 traced window, per step. Files per engine:
 `<shape>__<engine>.methods.csv`, `.ops.csv`, `.log`; `summary.json` with the machine,
 load and each engine's timers per step.
+
+`--no-profile --windows N`: the methods alone over N windows, without torch.profiler
+(`<shape>__<engine>.unprofiled.methods.csv`, `.unprofiled.log`,
+`summary_unprofiled.json`). The profiler slows some ops more in one engine than the other
+(ZenFlow's copies into the reduction bucket at 2.2-2.8x ZeRO-Offload's traced, equal
+without it: bench/ds_bucket_copy.py), so sizes are read from this mode.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import json
 import os
@@ -136,7 +143,9 @@ def run_engine(ds, args, spec, engine: str, data: list) -> dict:
         tracer.wrap(sel, m, f"selective.{m}")
     tracer.wrap(opt.optimizer, "step", "host_adam.step")
     tag = f"{name.replace('[', '-').replace(']', '')}_b{batch}_s{seq}__{engine}"
-    warm = args.warmup_windows * U
+    if args.no_profile:
+        tag += ".unprofiled"
+    warm, steps = args.warmup_windows * U, args.windows * U
     walls = []
     try:
         with capture_deepspeed(args.out / f"{tag}.log", False) as cap:
@@ -147,8 +156,10 @@ def run_engine(ds, args, spec, engine: str, data: list) -> dict:
             cap.take()
             tracer.on = True
             load = os.getloadavg()
-            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-                for b in data[warm:warm + U]:
+            window = (contextlib.nullcontext() if args.no_profile else
+                      profile(activities=[ProfilerActivity.CPU], record_shapes=True))
+            with window as prof:
+                for b in data[warm:warm + steps]:
                     t0 = time.perf_counter()
                     with record_function("phase::forward"):
                         loss = dse(b["input_ids"], b["labels"])
@@ -167,13 +178,14 @@ def run_engine(ds, args, spec, engine: str, data: list) -> dict:
         for name_, sep, value in (f.partition(":") for f in
                                   (match.group(1).split("|") if match else ())):
             if sep and not name_.strip().endswith("_microstep"):
-                per_step[name_.strip()] += float(value) / U
-    methods = [{"method": k, "calls_per_step": v[0] / U, "wall_ms_per_step": 1e3 * v[1] / U,
-                "thread_cpu_ms_per_step": 1e3 * v[2] / U}
+                per_step[name_.strip()] += float(value) / steps
+    methods = [{"method": k, "calls_per_step": v[0] / steps,
+                "wall_ms_per_step": 1e3 * v[1] / steps,
+                "thread_cpu_ms_per_step": 1e3 * v[2] / steps}
                for k, v in sorted(tracer.stats.items(), key=lambda kv: -kv[1][1])]
-    ops = attribute(prof, U)
+    files = [("methods", methods)] + ([] if args.no_profile else [("ops", attribute(prof, U))])
     import csv
-    for suffix, rows in (("methods", methods), ("ops", ops)):
+    for suffix, rows in files:
         with open(args.out / f"{tag}.{suffix}.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
@@ -182,7 +194,8 @@ def run_engine(ds, args, spec, engine: str, data: list) -> dict:
             "step_s_traced_mean": sum(walls) / len(walls), "loadavg_before": list(load),
             "deepspeed_timers_ms_per_step": dict(per_step),
             "n_params": sum(p.numel() for p in model.parameters()),
-            "files": [f"{tag}.methods.csv", f"{tag}.ops.csv", f"{tag}.log"]}
+            "steps": steps, "profiled": not args.no_profile,
+            "files": [f"{tag}.{suffix}.csv" for suffix, _ in files] + [f"{tag}.log"]}
 
 
 def main(argv=None) -> int:
@@ -192,6 +205,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="opt-350m[2L]:1:128", help="NAME:BATCH:SEQ")
     ap.add_argument("--engines", default="zero_offload,zenflow_seq,zenflow_overlap")
     ap.add_argument("--warmup-windows", type=int, default=2)
+    ap.add_argument("--windows", type=int, default=1, help="windows timed (U steps each)")
+    ap.add_argument("--no-profile", action="store_true",
+                    help="time the methods only, without torch.profiler")
     ap.add_argument("--out", type=Path, default=BENCH / "results" / "predict_deepspeed_trace")
     args = ap.parse_args(argv)
     from ds_engines import import_deepspeed, seeded_batches
@@ -210,17 +226,21 @@ def main(argv=None) -> int:
     spec = parse_shapes(args.shape)[0]
     ds = import_deepspeed(False, "cpu")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.windows < 1 or (args.windows > 1 and not args.no_profile):
+        ap.error(f"--windows {args.windows}: at least 1, and more only with --no-profile")
     data = seeded_batches(get_model(spec[0]).vocab, spec[1], spec[2],
-                          (args.warmup_windows + 1) * args.update_interval, 0)
+                          (args.warmup_windows + args.windows) * args.update_interval, 0)
+    summary = "summary_unprofiled.json" if args.no_profile else "summary.json"
     result = {"benchmark": "ds_trace", "machine": machine(), "deepspeed": ds.__version__,
               "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "runs": []}
     for engine in engines:
         result["runs"].append(run_engine(ds, args, spec, engine, data))
-        print(f"{engine}: {result['runs'][-1]['step_s_traced_mean']:.3f} s/step traced",
+        print(f"{engine}: {result['runs'][-1]['step_s_traced_mean']:.3f} s/step "
+              f"{'timed' if args.no_profile else 'traced'}",
               flush=True)
-        (args.out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
+        (args.out / summary).write_text(json.dumps(result, indent=1) + "\n")
     result["loadavg_end"] = list(os.getloadavg())
-    (args.out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / summary).write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 
