@@ -140,9 +140,10 @@ def cpu_accelerator_ops(zo: dict, knobs: dict, topk_ratio: float, presets: Path,
     result. None (nothing written) on a GPU."""
     if zo.get("device") == "cuda":
         return None
-    key = f"{knobs['model']}[{knobs.get('layers')}L] topk {topk_ratio}"
+    tokens = int(knobs.get("micro_batch", 1)) * int(knobs.get("seq", 32))
+    key = f"{knobs['model']}[{knobs.get('layers')}L] topk {topk_ratio} tokens {tokens}"
     if key not in probes:
-        probes[key] = probe(knobs["model"], knobs.get("layers"), topk_ratio, repeats)
+        probes[key] = probe(knobs["model"], knobs.get("layers"), topk_ratio, repeats, tokens)
     node = json.loads(presets.read_text())
     for link in node["host_links"].values():
         link.update(link_fields(probes[key]))

@@ -63,12 +63,13 @@ TABLE_KINDS = ("embedding", "position")
 
 
 def layout_s(costs: CostModel) -> float:
-    """Seconds backward spends, on DeepSpeed's CPU accelerator under ZenFlow, putting the
-    embedding tables' gradients into the column-major layout: each table copied at the
-    thread's `thread_layout_copy_elems_per_s`, a table tied to the head (the shape's
-    `tied_embeddings`, its token table) summed at the extra of a cross-layout sum
-    (`thread_layout_add_extra_elems_per_s`); a table whose rate the link lacks (a real
-    link, or no probe) adds 0."""
+    """Seconds backward spends, on DeepSpeed's CPU accelerator under ZenFlow, beyond
+    ZeRO-Offload because the embedding tables are column-major: each table's backward
+    extra at the thread's `thread_layout_copy_elems_per_s` (the gradient copied into the
+    layout), a table tied to the head (the shape's `tied_embeddings`, its token table) at
+    `thread_layout_add_extra_elems_per_s` (both contributions summed across layouts); the
+    probe measures each as the column-major backward's extra over the row-major one. A
+    table whose rate the link lacks (a real link, or no probe) adds 0."""
     link, tied = costs.node.link, costs.shape.tied_embeddings
     seconds = 0.0
     for m in costs.shape.matrices():

@@ -160,9 +160,20 @@ def test_probe_sums_its_medians_with_deepspeeds_counts():
         sum(p["count"] * p["step_s"] for p in r["per_parameter"]), rel=1e-12)
     lay, fields = r["layout"], ops.link_fields(r)
     assert lay["copied_elems"] == 1024 * 64 and lay["summed_elems"] == 50257 * 64
-    assert fields["thread_layout_copy_elems_per_s"]["value"] == pytest.approx(
-        lay["copied_elems"] / lay["copy_s"])
+    # each table's extra is its column-major backward over its row-major one
+    assert lay["copy_s"] == pytest.approx(med[("table", 1024, 64, "table_col")]
+                                          - med[("table", 1024, 64, "table_row")])
+    assert lay["sum_extra_s"] == pytest.approx(med[("table", 50257, 64, "tied_col")]
+                                               - med[("table", 50257, 64, "tied_row")])
+    for field, elems, sec in (("thread_layout_copy_elems_per_s", "copied_elems", "copy_s"),
+                              ("thread_layout_add_extra_elems_per_s", "summed_elems",
+                               "sum_extra_s")):
+        if lay[sec] > 0:  # a tiny table's extra may come out <= 0: then no rate
+            assert fields[field]["value"] == pytest.approx(lay[elems] / lay[sec])
+        else:
+            assert field not in fields
     assert fields["thread_selective_step_op_s"]["value"] == r["fits"]["step"]["op_s"]
+    assert r["tokens"] == 32
     assert r["torch_threads"] >= 1 and len(r["loadavg_before"]) == 3
 
 
@@ -206,3 +217,24 @@ def test_overlap_slowdown_is_the_probes_median_ratios():
     assert r["gradient_elems"] == sum(
         p.numel() for p in build_model(get_model(zo["shape"])).parameters())
     assert pdd.overlap_slowdown(zo, 3, probes) is r
+
+
+def test_table_backward_ops_differ_only_in_the_weights_layout():
+    """The probe's two table backwards give the same gradient values (the layout is all
+    that differs), the column-major one in the weight's column-major strides; tied, the
+    head's contribution is in it."""
+    import torch
+
+    for tied in (False, True):
+        torch.manual_seed(0)
+        fns = ops.layout_ops(40, 8, tokens=5, tied=tied)
+        kind = "tied" if tied else "table"
+        row, col = fns[f"{kind}_row"], fns[f"{kind}_col"]
+        row()
+        col()
+        w_row, w_col = row.weight, col.weight
+        assert w_col.stride() == (1, 40) and w_row.stride() == (8, 1)
+        assert w_col.grad.stride() == (1, 40) and w_row.grad.stride() == (8, 1)
+        torch.testing.assert_close(w_row.grad, w_col.grad.contiguous(), rtol=1e-6, atol=1e-6)
+        looked_up = int((w_row.grad.abs().sum(1) > 0).sum())
+        assert looked_up <= 5 if not tied else looked_up == 40  # the head touches every row

@@ -100,9 +100,11 @@ class HostLink:
     # rate (read from the run: zfbench.predict.inputs.deepspeed_pass_rate); None: a link
     training_thread_bytes_per_s: float | None = None
     # on a CPU accelerator, the ops DeepSpeed's ZenFlow adds to that thread, probed on the
-    # host (bench/zenflow_cpu_ops.py; zfbench.sims.cpu_accelerator): an embedding table's
-    # gradient across layouts (copied; tied, the extra of a cross-layout sum) and one
-    # parameter's selective-optimizer ops on a window's inner and last step; None: absent
+    # host (bench/zenflow_cpu_ops.py; zfbench.sims.cpu_accelerator): what the column-major
+    # layout adds to an embedding table's backward (its gradient copied into the layout;
+    # tied to the head, both contributions summed across layouts), as table elements per
+    # second of that extra, and one parameter's selective-optimizer ops on a window's
+    # inner and last step; None: absent
     thread_layout_copy_elems_per_s: float | None = None
     thread_layout_add_extra_elems_per_s: float | None = None
     thread_selective_step_op_s: float | None = None
