@@ -135,7 +135,7 @@ def read_deepspeed_log(path: str | Path, skip: int = 1,
     mean = {k: sum(p[k] for p in per_step) / len(per_step) for k in per_step[0]}
     spread = {k: statistics.stdev(p[k] for p in per_step) if len(per_step) > 1 else 0.0
               for k in mean}
-    return Breakdown(**mean, spread_s=spread,
+    return Breakdown(**mean, spread_s=spread, steps=len(per_step),
                      source=f"DeepSpeed log {path.name} ({len(kept)} steps of "
                             f"{len(ranks)} rank(s) after {skip} left out)")
 
@@ -222,13 +222,14 @@ def read_run(path: str | Path) -> tuple[Breakdown, dict, dict | None]:
     if base is None or "settings" not in summary:
         raise ValueError(f"--from-run {path}: no zero-offload row; run python -m zfbench.run "
                          f"with --strategy zero-offload (or all)")
-    parts, spread, spans = {}, {}, None
+    parts, spread, spans, counted = {}, {}, None, None
     skip = int(base.get("steps_left_out", 0))
     try:
         tl = Timeline.read_csv(path, prefix="zero-offload.")
         spans, steps = tl.spans_frame(), tl.steps_frame()
         table = step_breakdown(spans, steps)
         table = table[table["step"] >= skip]
+        counted = len(table) or None
         for part, column in (("compute_s", "compute_s"), ("io_s", "exposed_io_s"),
                              ("stall_s", "host_wait_s")):
             spread[part] = _spread(table[column])
@@ -238,7 +239,8 @@ def read_run(path: str | Path) -> tuple[Breakdown, dict, dict | None]:
             lane_table = step_breakdown(mine, steps)
             spread[f"{lane}_s"] = _spread(lane_table[lane_table["step"] >= skip]["exposed_io_s"])
     except (OSError, ValueError, KeyError):
-        parts, spread = {}, {}  # no timeline files: the exposed transfer stays one number
+        # no timeline files: the exposed transfer stays one number
+        parts, spread, counted = {}, {}, None
     io = float(base["exposed_io_s"])
     split = parts and math.isclose(parts["d2h"] + parts["h2d"], io, rel_tol=1e-6,
                                    abs_tol=1e-9)
@@ -247,7 +249,8 @@ def read_run(path: str | Path) -> tuple[Breakdown, dict, dict | None]:
     breakdown = Breakdown(float(base["compute_s"]), io, float(base["host_wait_s"]),
                           parts["d2h"] if split else None, parts["h2d"] if split else None,
                           source=f"zfbench run {path.name} (zero-offload)",
-                          spread_s=spread or None, copy_latency_s=copy_latency(path),
+                          spread_s=spread or None, steps=counted if spread else None,
+                          copy_latency_s=copy_latency(path),
                           link_Bps=measured_link(spans, skip, base, path.name))
     machine = summary.get("machine") or {}
     emulated = summary["settings"].get("device") == "cpu" or not machine.get("cuda_device")
