@@ -238,3 +238,12 @@ def test_table_backward_ops_differ_only_in_the_weights_layout():
         torch.testing.assert_close(w_row.grad, w_col.grad.contiguous(), rtol=1e-6, atol=1e-6)
         looked_up = int((w_row.grad.abs().sum(1) > 0).sum())
         assert looked_up <= 5 if not tied else looked_up == 40  # the head touches every row
+
+
+def test_selective_adamw_takes_deepspeeds_transposed_gradient():
+    """The probe's AdamW runs on the gathered [rows, k] weights with the gradient laid out
+    as DeepSpeed passes it (its flat [k, rows] buffer viewed transposed), not like the
+    weights: the strides cross, which is what makes DeepSpeed's selective step slow."""
+    t = ops.selective_ops(64, 40, 4)["adamw"].tensors
+    assert t["param"].shape == t["grad"].shape == (64, 4)
+    assert t["grad"].stride() == (1, 64) and t["param"].stride() == (4, 1)
