@@ -42,7 +42,8 @@ def one_engine(engine: str, shape_spec: str, steps: int) -> dict:
     """The timed copies of one engine's last quarter of `steps` steps, by size."""
     import torch
 
-    from ds_engines import ds_config, import_deepspeed, make_ds, seeded_batches, train_step
+    from ds_engines import import_deepspeed, make_ds, seeded_batches, train_step
+    from ds_wallclock import default_engine_args, engine_config, parse_shapes
     from zfbench.core.models import get_model
     from zfbench.core.provenance import machine
     from zfbench.real.model import build_model
@@ -50,13 +51,9 @@ def one_engine(engine: str, shape_spec: str, steps: int) -> dict:
     ds = import_deepspeed(False)
     from deepspeed.runtime.zero import stage_1_and_2 as zero2
 
-    name, batch, seq = shape_spec.rsplit(":", 2)
+    [(name, batch, seq)] = parse_shapes(shape_spec)
     shape = get_model(name)
-    zenflow = {"topk_ratio": 0.1, "update_interval": 4, "select_strategy": "step",
-               "select_interval": 0, "overlap_step": False, "full_warm_up_rounds": 0}
-    cfg = ds_config(int(batch), zenflow, 1e-4, 0.01, 0.0)
-    if engine == "zero_offload":
-        del cfg["zero_optimization"]["zenflow"]
+    cfg = engine_config(default_engine_args(), batch, engine)
     copies, inside = [], [False]
     plain_copy = torch.Tensor.copy_
 
@@ -85,7 +82,7 @@ def one_engine(engine: str, shape_spec: str, steps: int) -> dict:
     torch.Tensor.copy_ = timed_copy
     dse = make_ds(ds, build_model(shape, seed=0), cfg)
     keep_from = steps - max(1, steps // 4)
-    for t, b in enumerate(seeded_batches(shape.vocab, int(batch), int(seq), steps, 0)):
+    for t, b in enumerate(seeded_batches(shape.vocab, batch, seq, steps, 0)):
         if t == keep_from:
             copies.clear()
         train_step(dse, b, [])

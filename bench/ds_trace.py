@@ -199,8 +199,6 @@ def run_engine(ds, args, spec, engine: str, data: list) -> dict:
 
 
 def main(argv=None) -> int:
-    from zfbench.core.config_zenflow import SCENARIO_ZENFLOW
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--shape", default="opt-350m[2L]:1:128", help="NAME:BATCH:SEQ")
     ap.add_argument("--engines", default="zero_offload,zenflow_seq,zenflow_overlap")
@@ -211,7 +209,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=BENCH / "results" / "predict_deepspeed_trace")
     args = ap.parse_args(argv)
     from ds_engines import import_deepspeed, seeded_batches
-    from ds_wallclock import ENGINES, parse_shapes
+    from ds_wallclock import ENGINES, default_engine_args, parse_shapes
     from ds_wallclock_observe import machine
     from zfbench.core.models import get_model
 
@@ -219,10 +217,7 @@ def main(argv=None) -> int:
     if set(engines) - set(ENGINES):
         ap.error(f"--engines {args.engines!r}: choose from {', '.join(ENGINES)}")
     # bench/ds_wallclock.py's defaults for what engine_config reads
-    args.topk_ratio, args.update_interval = SCENARIO_ZENFLOW["topk_ratio"], \
-        SCENARIO_ZENFLOW["update_interval"]
-    args.select_interval, args.lr, args.weight_decay, args.clip, args.dtype = \
-        SCENARIO_ZENFLOW["select_interval"], 1e-4, 0.01, 0.0, "fp32"
+    vars(args).update(vars(default_engine_args()))
     spec = parse_shapes(args.shape)[0]
     ds = import_deepspeed(False, "cpu")
     args.out.mkdir(parents=True, exist_ok=True)

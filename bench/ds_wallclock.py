@@ -60,6 +60,20 @@ CSV_FIELDS = ("shape", "engine", "mode", "repeat", "device", "dtype", "batch", "
 
 
 # ------------------------------------------------------------------ one run
+def default_engine_args(**given) -> argparse.Namespace:
+    """What `engine_config` reads, at this script's command-line defaults (the scenario's
+    ZenFlow knobs, lr 1e-4, weight decay 0.01, no clipping, fp32), `given` on top: for the
+    scripts that build DeepSpeed's engines as this one does (bench/ds_trace.py,
+    bench/ds_bucket_copy.py)."""
+    from zfbench.core.config_zenflow import SCENARIO_ZENFLOW
+
+    return argparse.Namespace(**{
+        "topk_ratio": SCENARIO_ZENFLOW["topk_ratio"],
+        "update_interval": SCENARIO_ZENFLOW["update_interval"],
+        "select_interval": SCENARIO_ZENFLOW["select_interval"], "lr": 1e-4,
+        "weight_decay": 0.01, "clip": 0.0, "dtype": "fp32", **given})
+
+
 def engine_config(args, batch: int, engine: str) -> dict:
     from ds_engines import ds_config
 

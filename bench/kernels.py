@@ -276,6 +276,14 @@ def write_rows(out: Path, stem: str, rows: list[dict], prov: dict, load: dict,
     return frame
 
 
+def reference_rates(table: Table, times: dict, references) -> dict[str, float]:
+    """Bytes per second of each of `references` ((row name, bytes per element)), at its
+    best time."""
+    return {desc["kernel"]: elems * per / min(times[key])
+            for key, (_, elems, per, desc) in table.rows.items()
+            if desc["kernel"] in dict(references)}
+
+
 def measure(table: Table, repeats: int) -> dict[str, list[float]]:
     """Round-robin: every kernel once per round, so a noisy minute hits them all."""
     return round_robin_times({key: fn for key, (fn, *_) in table.rows.items()}, repeats)
@@ -304,11 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
         times = measure(table, args.repeats)
-        refs = {name: n * per / min(times[key]) for key, (_, _, per, desc) in table.rows.items()
-                for name, _ in REFERENCES if desc["kernel"] == name}
-        reads = {name: n * per / min(times[key])
-                 for key, (_, _, per, desc) in table.rows.items()
-                 for name, _ in READ_REFERENCES if desc["kernel"] == name}
+        refs, reads = (reference_rates(table, times, names)
+                       for names in (REFERENCES, READ_REFERENCES))
         ref, read_ref = max(refs.values()), max(reads.values())
         for key, (_, elems, per_elem, desc) in table.rows.items():
             best = min(times[key])
